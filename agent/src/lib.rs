@@ -1,0 +1,1 @@
+//! Per-node agent: readiness gate, shutdown re-taint and stale-node pruning

@@ -1,0 +1,1 @@
+//! CA and serving certificate generation for the nodegate webhook

@@ -1,0 +1,10 @@
+//! Types and rules shared by the nodegate webhook and agent: taint specs,
+//! the keys nodegate writes on Nodes, the reboot rule and JSON patch builders.
+
+pub mod keys;
+pub mod node;
+pub mod patch;
+pub mod taint;
+
+pub use node::NodeView;
+pub use taint::{Effect, TaintError, TaintSpec};

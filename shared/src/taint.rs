@@ -1,0 +1,318 @@
+//! Taint specs as users write them on the command line: `key[=value]:Effect`.
+//!
+//! Validation follows Kubernetes' own rules (`ValidateTaint` in
+//! `pkg/apis/core/validation`) so that a spec accepted here is never refused
+//! by the API server when the webhook or the agent writes it.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+/// Key prefix that belongs to Kubernetes' own node lifecycle controller.
+/// Reusing it would let the node controller remove our taint.
+const RESERVED_PREFIX: &str = "node.kubernetes.io/";
+
+/// The effect of a taint, exactly as the API spells it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Effect {
+    NoSchedule,
+    PreferNoSchedule,
+    NoExecute,
+}
+
+impl Effect {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Effect::NoSchedule => "NoSchedule",
+            Effect::PreferNoSchedule => "PreferNoSchedule",
+            Effect::NoExecute => "NoExecute",
+        }
+    }
+}
+
+impl FromStr for Effect {
+    type Err = TaintError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "NoSchedule" => Ok(Effect::NoSchedule),
+            "PreferNoSchedule" => Ok(Effect::PreferNoSchedule),
+            "NoExecute" => Ok(Effect::NoExecute),
+            other => Err(TaintError::Effect(other.to_owned())),
+        }
+    }
+}
+
+impl fmt::Display for Effect {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Why a taint spec was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TaintError {
+    #[error("taint {0:?} has no effect: expected key[=value]:Effect")]
+    MissingEffect(String),
+    #[error("unknown taint effect {0:?}: expected NoSchedule, PreferNoSchedule or NoExecute")]
+    Effect(String),
+    #[error("invalid taint key {key:?}: {reason}")]
+    Key { key: String, reason: String },
+    #[error("invalid taint value {value:?}: {reason}")]
+    Value { value: String, reason: String },
+    #[error(
+        "taint key {0:?} uses the reserved prefix node.kubernetes.io/ (the node controller owns it)"
+    )]
+    Reserved(String),
+    #[error("taint {0} is listed twice (key and effect identify a taint)")]
+    Duplicate(String),
+}
+
+/// One configured taint. Identity is key + effect, as in the API server.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct TaintSpec {
+    key: String,
+    value: Option<String>,
+    effect: Effect,
+}
+
+impl TaintSpec {
+    /// Builds a spec after validating each part.
+    pub fn new(key: &str, value: Option<&str>, effect: Effect) -> Result<Self, TaintError> {
+        validate_key(key)?;
+        if let Some(v) = value {
+            validate_value(v)?;
+        }
+        Ok(Self {
+            key: key.to_owned(),
+            value: value.filter(|v| !v.is_empty()).map(str::to_owned),
+            effect,
+        })
+    }
+
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    pub fn value(&self) -> Option<&str> {
+        self.value.as_deref()
+    }
+
+    pub fn effect(&self) -> Effect {
+        self.effect
+    }
+
+    /// True when `taint` (a JSON taint from a Node) has the same key and effect.
+    pub fn matches(&self, taint: &Value) -> bool {
+        taint.get("key").and_then(Value::as_str) == Some(self.key.as_str())
+            && taint.get("effect").and_then(Value::as_str) == Some(self.effect.as_str())
+    }
+
+    /// True when some entry of `taints` is this taint.
+    pub fn is_in(&self, taints: &[Value]) -> bool {
+        taints.iter().any(|t| self.matches(t))
+    }
+
+    /// The taint as the API serializes it (`value` omitted when empty).
+    pub fn to_json(&self) -> Value {
+        match &self.value {
+            Some(v) => json!({"key": self.key, "value": v, "effect": self.effect.as_str()}),
+            None => json!({"key": self.key, "effect": self.effect.as_str()}),
+        }
+    }
+}
+
+impl fmt::Display for TaintSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.value {
+            Some(v) => write!(f, "{}={}:{}", self.key, v, self.effect),
+            None => write!(f, "{}:{}", self.key, self.effect),
+        }
+    }
+}
+
+impl FromStr for TaintSpec {
+    type Err = TaintError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (kv, effect) = s
+            .rsplit_once(':')
+            .ok_or_else(|| TaintError::MissingEffect(s.to_owned()))?;
+        let effect: Effect = effect.parse()?;
+        match kv.split_once('=') {
+            Some((k, v)) => TaintSpec::new(k, Some(v), effect),
+            None => TaintSpec::new(kv, None, effect),
+        }
+    }
+}
+
+/// Checks a list of specs for duplicates (same key and effect).
+pub fn check_unique(specs: &[TaintSpec]) -> Result<(), TaintError> {
+    for (i, a) in specs.iter().enumerate() {
+        if specs[..i]
+            .iter()
+            .any(|b| a.key == b.key && a.effect == b.effect)
+        {
+            return Err(TaintError::Duplicate(a.to_string()));
+        }
+    }
+    Ok(())
+}
+
+fn key_err(key: &str, reason: impl Into<String>) -> TaintError {
+    TaintError::Key {
+        key: key.to_owned(),
+        reason: reason.into(),
+    }
+}
+
+/// A qualified name: optional DNS-1123 subdomain prefix and `/`, then a name
+/// of at most 63 alphanumerics, `-`, `_`, `.`, starting and ending alphanumeric.
+fn validate_key(key: &str) -> Result<(), TaintError> {
+    if key.starts_with(RESERVED_PREFIX) {
+        return Err(TaintError::Reserved(key.to_owned()));
+    }
+    let (prefix, name) = match key.split_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, key),
+    };
+    if let Some(p) = prefix {
+        if p.is_empty() {
+            return Err(key_err(key, "prefix part must be non-empty"));
+        }
+        if p.len() > 253 {
+            return Err(key_err(
+                key,
+                "prefix part must be no more than 253 characters",
+            ));
+        }
+        if !is_dns1123_subdomain(p) {
+            return Err(key_err(
+                key,
+                "prefix part must be a lowercase RFC 1123 subdomain (e.g. example.com)",
+            ));
+        }
+    }
+    if name.is_empty() {
+        return Err(key_err(key, "name part must be non-empty"));
+    }
+    if name.len() > 63 {
+        return Err(key_err(key, "name part must be no more than 63 characters"));
+    }
+    if !is_qualified_name_part(name) {
+        return Err(key_err(
+            key,
+            "name part must consist of alphanumerics, '-', '_' or '.', and start and end with an alphanumeric",
+        ));
+    }
+    Ok(())
+}
+
+/// A label value: empty, or at most 63 characters with the name-part alphabet.
+fn validate_value(value: &str) -> Result<(), TaintError> {
+    if value.len() > 63 {
+        return Err(TaintError::Value {
+            value: value.to_owned(),
+            reason: "must be no more than 63 characters".into(),
+        });
+    }
+    if !value.is_empty() && !is_qualified_name_part(value) {
+        return Err(TaintError::Value {
+            value: value.to_owned(),
+            reason: "must consist of alphanumerics, '-', '_' or '.', and start and end with an alphanumeric".into(),
+        });
+    }
+    Ok(())
+}
+
+fn is_qualified_name_part(s: &str) -> bool {
+    let b = s.as_bytes();
+    let edge_ok = |c: u8| c.is_ascii_alphanumeric();
+    match (b.first(), b.last()) {
+        (Some(&f), Some(&l)) => {
+            edge_ok(f)
+                && edge_ok(l)
+                && b.iter()
+                    .all(|&c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+        }
+        _ => false,
+    }
+}
+
+fn is_dns1123_subdomain(s: &str) -> bool {
+    s.split('.').all(|label| {
+        let b = label.as_bytes();
+        !b.is_empty()
+            && b.len() <= 63
+            && b.iter()
+                .all(|&c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-')
+            && b[0] != b'-'
+            && b[b.len() - 1] != b'-'
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_default_taint() {
+        let t: TaintSpec = "node.cilium.io/agent-not-ready=true:NoSchedule"
+            .parse()
+            .unwrap();
+        assert_eq!(t.key(), "node.cilium.io/agent-not-ready");
+        assert_eq!(t.value(), Some("true"));
+        assert_eq!(t.effect(), Effect::NoSchedule);
+        assert_eq!(
+            t.to_string(),
+            "node.cilium.io/agent-not-ready=true:NoSchedule"
+        );
+        assert_eq!(
+            t.to_json(),
+            json!({"key":"node.cilium.io/agent-not-ready","value":"true","effect":"NoSchedule"})
+        );
+    }
+
+    #[test]
+    fn value_is_optional_and_empty_value_is_omitted() {
+        let t: TaintSpec = "example.com/gate:NoExecute".parse().unwrap();
+        assert_eq!(t.value(), None);
+        assert_eq!(
+            t.to_json(),
+            json!({"key":"example.com/gate","effect":"NoExecute"})
+        );
+        let t: TaintSpec = "gate=:PreferNoSchedule".parse().unwrap();
+        assert_eq!(t.value(), None);
+    }
+
+    #[test]
+    fn rejects_bad_specs_with_reason() {
+        let cases = [
+            ("no-effect", "has no effect"),
+            ("k=v:Sometimes", "unknown taint effect"),
+            ("Bad_Prefix.com/k:NoSchedule", "prefix part"),
+            ("/k:NoSchedule", "prefix part must be non-empty"),
+            ("example.com/:NoSchedule", "name part must be non-empty"),
+            ("-k:NoSchedule", "start and end"),
+            (&format!("{}:NoSchedule", "k".repeat(64)), "63"),
+            (&format!("k={}:NoSchedule", "v".repeat(64)), "63"),
+            ("k=a b:NoSchedule", "alphanumerics"),
+            ("node.kubernetes.io/not-ready:NoSchedule", "reserved prefix"),
+        ];
+        for (input, want) in cases {
+            let err = input.parse::<TaintSpec>().unwrap_err().to_string();
+            assert!(err.contains(want), "{input}: {err} should mention {want}");
+        }
+    }
+
+    #[test]
+    fn identity_is_key_and_effect() {
+        let t: TaintSpec = "a/b=x:NoSchedule".parse().unwrap();
+        assert!(t.matches(&json!({"key":"a/b","value":"other","effect":"NoSchedule"})));
+        assert!(!t.matches(&json!({"key":"a/b","value":"x","effect":"NoExecute"})));
+        let dup = vec![t.clone(), "a/b:NoSchedule".parse().unwrap()];
+        assert!(matches!(check_unique(&dup), Err(TaintError::Duplicate(_))));
+        let ok = vec![t, "a/b:NoExecute".parse().unwrap()];
+        assert!(check_unique(&ok).is_ok());
+    }
+}

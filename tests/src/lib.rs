@@ -1,0 +1,1 @@
+//! Kubernetes API server emulator for Nodes and nodegate's end-to-end harness

@@ -1,0 +1,1 @@
+//! Mutating admission webhook that taints Nodes until their network agent is ready

@@ -1,0 +1,1 @@
+//! Load generator and transport-limit baseline for the nodegate webhook.

@@ -1,1 +1,497 @@
-//! CA and serving certificate generation for the nodegate webhook
+//! CA and serving certificate generation for the nodegate webhook.
+//!
+//! The API server reaches a service webhook at `<svc>.<ns>.svc`, verifies the
+//! chain against the configuration's `caBundle` and checks SANs only (no CN
+//! fallback), so the leaf carries every service DNS form as a SAN and the CA
+//! PEM goes into `clientConfig.caBundle` of the MutatingWebhookConfiguration.
+
+use std::fs;
+use std::io::Write;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+
+use base64::Engine;
+use rcgen::{
+    BasicConstraints, CertificateParams, CertifiedIssuer, DistinguishedName, DnType,
+    ExtendedKeyUsagePurpose, IsCa, KeyPair, KeyUsagePurpose, PKCS_ECDSA_P256_SHA256, SanType,
+};
+use time::{Duration, OffsetDateTime};
+
+/// File names inside the output directory, as a `kubernetes.io/tls` Secret
+/// (plus `ca.crt`) mounts them.
+pub const CA_FILE: &str = "ca.crt";
+pub const CERT_FILE: &str = "tls.crt";
+pub const KEY_FILE: &str = "tls.key";
+
+/// Validity is capped so that `now + days` can never overflow the date types.
+const MAX_DAYS: u32 = 36_500;
+
+/// Why certificates could not be generated, written or injected.
+#[derive(Debug, thiserror::Error)]
+pub enum CertError {
+    #[error("invalid request: {0}")]
+    Invalid(String),
+    #[error("certificate generation failed: {0}")]
+    Generate(#[from] rcgen::Error),
+    #[error("cannot write {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("webhook configuration is not valid YAML: {0}")]
+    Yaml(#[from] serde_yaml::Error),
+    #[error("webhook configuration: {0}")]
+    NotWebhookConfig(String),
+}
+
+/// A self-signed CA that can issue serving certificates.
+pub struct Ca {
+    issuer: CertifiedIssuer<'static, KeyPair>,
+    cert_pem: String,
+}
+
+impl std::fmt::Debug for Ca {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never print the signing key.
+        f.debug_struct("Ca").finish_non_exhaustive()
+    }
+}
+
+/// What the serving certificate is for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServingRequest {
+    pub service: String,
+    pub namespace: String,
+    /// Extra IP SANs, for running the webhook outside the cluster (tests, local use).
+    pub ips: Vec<IpAddr>,
+    pub days: u32,
+}
+
+/// A serving certificate and its private key, both PEM.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ServingCert {
+    pub cert_pem: String,
+    pub key_pem: String,
+}
+
+impl std::fmt::Debug for ServingCert {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServingCert")
+            .field("cert_pem", &self.cert_pem)
+            .field("key_pem", &"<redacted>")
+            .finish()
+    }
+}
+
+impl ServingRequest {
+    /// The DNS SANs: every name a client inside the cluster may use for the service.
+    pub fn dns_names(&self) -> Vec<String> {
+        let (svc, ns) = (&self.service, &self.namespace);
+        vec![
+            svc.clone(),
+            format!("{svc}.{ns}"),
+            format!("{svc}.{ns}.svc"),
+            format!("{svc}.{ns}.svc.cluster.local"),
+        ]
+    }
+
+    fn validate(&self) -> Result<(), CertError> {
+        for (what, v) in [("service", &self.service), ("namespace", &self.namespace)] {
+            if !is_dns1123_label(v) {
+                return Err(CertError::Invalid(format!(
+                    "{what} {v:?} must be a DNS-1123 label (lowercase alphanumerics and '-', at most 63)"
+                )));
+            }
+        }
+        check_days(self.days)
+    }
+}
+
+fn check_days(days: u32) -> Result<(), CertError> {
+    if days == 0 || days > MAX_DAYS {
+        return Err(CertError::Invalid(format!(
+            "days must be between 1 and {MAX_DAYS}, got {days}"
+        )));
+    }
+    Ok(())
+}
+
+fn is_dns1123_label(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b.iter()
+            .all(|&c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-')
+        && b[0] != b'-'
+        && b[b.len() - 1] != b'-'
+}
+
+/// Backdated a little so a client with a slightly slow clock accepts a fresh cert.
+fn validity(params: &mut CertificateParams, days: u32) {
+    let now = OffsetDateTime::now_utc();
+    params.not_before = now - Duration::minutes(5);
+    params.not_after = now + Duration::days(i64::from(days));
+}
+
+impl Ca {
+    /// A new ECDSA P-256 CA valid for `days`.
+    pub fn generate(days: u32) -> Result<Ca, CertError> {
+        check_days(days)?;
+        let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256)?;
+        let mut params = CertificateParams::default();
+        let mut dn = DistinguishedName::new();
+        dn.push(DnType::CommonName, "nodegate-webhook-ca");
+        params.distinguished_name = dn;
+        params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+        params.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        validity(&mut params, days);
+        let issuer = CertifiedIssuer::self_signed(params, key)?;
+        let cert_pem = issuer.pem();
+        Ok(Ca { issuer, cert_pem })
+    }
+
+    /// The CA certificate, for `ca.crt` and the webhook's `caBundle`.
+    pub fn cert_pem(&self) -> &str {
+        &self.cert_pem
+    }
+
+    /// A fresh ECDSA P-256 serving certificate for the service, signed by this CA.
+    pub fn issue(&self, req: &ServingRequest) -> Result<ServingCert, CertError> {
+        req.validate()?;
+        let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256)?;
+        let mut params = CertificateParams::new(req.dns_names())?;
+        params
+            .subject_alt_names
+            .extend(req.ips.iter().copied().map(SanType::IpAddress));
+        let mut dn = DistinguishedName::new();
+        dn.push(
+            DnType::CommonName,
+            format!("{}.{}.svc", req.service, req.namespace),
+        );
+        params.distinguished_name = dn;
+        params.is_ca = IsCa::ExplicitNoCa;
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        params.use_authority_key_identifier_extension = true;
+        validity(&mut params, req.days);
+        let cert = params.signed_by(&key, &self.issuer)?;
+        Ok(ServingCert {
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+        })
+    }
+}
+
+/// Writes `ca.crt`, `tls.crt` and `tls.key` (mode 0600) into `dir`, creating it.
+///
+/// Each file is written to a temporary name and renamed into place, so a
+/// reader (the webhook's reloader) never sees a partly written file.
+pub fn write_files(
+    dir: impl AsRef<Path>,
+    ca_pem: &str,
+    serving: &ServingCert,
+) -> Result<(), CertError> {
+    let dir = dir.as_ref();
+    fs::create_dir_all(dir).map_err(|source| CertError::Io {
+        path: dir.to_owned(),
+        source,
+    })?;
+    write_atomic(&dir.join(CA_FILE), ca_pem.as_bytes(), 0o644)?;
+    write_atomic(&dir.join(KEY_FILE), serving.key_pem.as_bytes(), 0o600)?;
+    write_atomic(&dir.join(CERT_FILE), serving.cert_pem.as_bytes(), 0o644)?;
+    Ok(())
+}
+
+fn write_atomic(path: &Path, data: &[u8], mode: u32) -> Result<(), CertError> {
+    let io = |source| CertError::Io {
+        path: path.to_owned(),
+        source,
+    };
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = path.with_file_name(format!(".{name}.tmp-{}", std::process::id()));
+    let result = (|| {
+        let mut opts = fs::OpenOptions::new();
+        opts.write(true).create(true).truncate(true);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::OpenOptionsExt;
+            opts.mode(mode);
+        }
+        #[cfg(not(unix))]
+        let _ = mode;
+        let mut f = opts.open(&tmp)?;
+        // The mode given to open() only applies when the file is created.
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            f.set_permissions(fs::Permissions::from_mode(mode))?;
+        }
+        f.write_all(data)?;
+        f.sync_all()?;
+        fs::rename(&tmp, path)
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result.map_err(io)
+}
+
+/// Sets `clientConfig.caBundle` (base64 of `ca_pem`) on every webhook of a
+/// MutatingWebhookConfiguration given as YAML (or JSON), and returns the YAML.
+pub fn inject_ca_bundle(webhook_config_yaml: &str, ca_pem: &str) -> Result<String, CertError> {
+    use serde_yaml::Value;
+    let mut doc: Value = serde_yaml::from_str(webhook_config_yaml)?;
+    let root = doc.as_mapping_mut().ok_or_else(|| {
+        CertError::NotWebhookConfig("expected a single YAML mapping (one document)".into())
+    })?;
+    let kind = root.get("kind").and_then(Value::as_str).unwrap_or("");
+    if kind != "MutatingWebhookConfiguration" {
+        return Err(CertError::NotWebhookConfig(format!(
+            "expected kind MutatingWebhookConfiguration, found {:?}",
+            kind
+        )));
+    }
+    let api = root.get("apiVersion").and_then(Value::as_str).unwrap_or("");
+    if api != "admissionregistration.k8s.io/v1" {
+        return Err(CertError::NotWebhookConfig(format!(
+            "expected apiVersion admissionregistration.k8s.io/v1, found {api:?}"
+        )));
+    }
+    let webhooks = root
+        .get_mut("webhooks")
+        .and_then(Value::as_sequence_mut)
+        .filter(|w| !w.is_empty())
+        .ok_or_else(|| CertError::NotWebhookConfig("it has no webhooks".into()))?;
+    let bundle = base64::engine::general_purpose::STANDARD.encode(ca_pem);
+    for (i, hook) in webhooks.iter_mut().enumerate() {
+        let hook = hook.as_mapping_mut().ok_or_else(|| {
+            CertError::NotWebhookConfig(format!("webhooks[{i}] is not a mapping"))
+        })?;
+        let client = hook
+            .entry("clientConfig".into())
+            .or_insert_with(|| Value::Mapping(Default::default()));
+        let client = client.as_mapping_mut().ok_or_else(|| {
+            CertError::NotWebhookConfig(format!("webhooks[{i}].clientConfig is not a mapping"))
+        })?;
+        client.insert("caBundle".into(), Value::String(bundle.clone()));
+    }
+    Ok(serde_yaml::to_string(&doc)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use rustls::client::WebPkiServerVerifier;
+    use rustls::client::danger::ServerCertVerifier;
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+
+    use super::*;
+
+    fn request() -> ServingRequest {
+        ServingRequest {
+            service: "nodegate-webhook".into(),
+            namespace: "nodegate".into(),
+            ips: vec!["127.0.0.1".parse().unwrap(), "::1".parse().unwrap()],
+            days: 30,
+        }
+    }
+
+    fn verifier(ca_pem: &str) -> Arc<WebPkiServerVerifier> {
+        let mut roots = rustls::RootCertStore::empty();
+        roots
+            .add(CertificateDer::from_pem_slice(ca_pem.as_bytes()).unwrap())
+            .unwrap();
+        WebPkiServerVerifier::builder_with_provider(
+            Arc::new(roots),
+            Arc::new(rustls::crypto::ring::default_provider()),
+        )
+        .build()
+        .unwrap()
+    }
+
+    fn verify(ca_pem: &str, leaf_pem: &str, name: &str) -> Result<(), rustls::Error> {
+        let leaf = CertificateDer::from_pem_slice(leaf_pem.as_bytes()).unwrap();
+        let name = ServerName::try_from(name.to_owned()).unwrap();
+        verifier(ca_pem)
+            .verify_server_cert(&leaf, &[], &name, &[], UnixTime::now())
+            .map(|_| ())
+    }
+
+    #[test]
+    fn leaf_verifies_against_ca_for_every_san() {
+        let ca = Ca::generate(365).unwrap();
+        let leaf = ca.issue(&request()).unwrap();
+        for name in [
+            "nodegate-webhook",
+            "nodegate-webhook.nodegate",
+            "nodegate-webhook.nodegate.svc",
+            "nodegate-webhook.nodegate.svc.cluster.local",
+            "127.0.0.1",
+            "::1",
+        ] {
+            verify(ca.cert_pem(), &leaf.cert_pem, name)
+                .unwrap_or_else(|e| panic!("{name} should verify: {e}"));
+        }
+        let err = verify(ca.cert_pem(), &leaf.cert_pem, "other.nodegate.svc").unwrap_err();
+        assert!(err.to_string().contains("not valid for name"), "{err}");
+        // The key is a usable PKCS#8 EC key matching the cert.
+        let key = PrivateKeyDer::from_pem_slice(leaf.key_pem.as_bytes()).unwrap();
+        assert!(matches!(key, PrivateKeyDer::Pkcs8(_)));
+    }
+
+    #[test]
+    fn leaf_from_another_ca_is_rejected() {
+        let ca = Ca::generate(1).unwrap();
+        let other = Ca::generate(1).unwrap();
+        let leaf = other.issue(&request()).unwrap();
+        assert!(
+            verify(
+                ca.cert_pem(),
+                &leaf.cert_pem,
+                "nodegate-webhook.nodegate.svc"
+            )
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn rotation_issues_a_new_leaf_from_the_same_ca() {
+        let ca = Ca::generate(1).unwrap();
+        let a = ca.issue(&request()).unwrap();
+        let b = ca.issue(&request()).unwrap();
+        assert_ne!(a.cert_pem, b.cert_pem);
+        assert_ne!(a.key_pem, b.key_pem);
+        verify(ca.cert_pem(), &b.cert_pem, "nodegate-webhook.nodegate.svc").unwrap();
+    }
+
+    #[test]
+    fn refuses_bad_requests() {
+        let ca = Ca::generate(1).unwrap();
+        let mut req = request();
+        req.service = "Bad_Name".into();
+        let err = ca.issue(&req).unwrap_err().to_string();
+        assert!(err.contains("service \"Bad_Name\""), "{err}");
+        let mut req = request();
+        req.days = 0;
+        assert!(ca.issue(&req).unwrap_err().to_string().contains("days"));
+        assert!(Ca::generate(MAX_DAYS + 1).is_err());
+    }
+
+    #[test]
+    fn writes_files_atomically_with_private_key_mode() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("certs");
+        let ca = Ca::generate(1).unwrap();
+        let leaf = ca.issue(&request()).unwrap();
+        write_files(&out, ca.cert_pem(), &leaf).unwrap();
+        assert_eq!(
+            fs::read_to_string(out.join(CA_FILE)).unwrap(),
+            ca.cert_pem()
+        );
+        assert_eq!(
+            fs::read_to_string(out.join(CERT_FILE)).unwrap(),
+            leaf.cert_pem
+        );
+        assert_eq!(
+            fs::read_to_string(out.join(KEY_FILE)).unwrap(),
+            leaf.key_pem
+        );
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = fs::metadata(out.join(KEY_FILE))
+                .unwrap()
+                .permissions()
+                .mode();
+            assert_eq!(mode & 0o777, 0o600);
+        }
+        // Overwriting works and leaves no temporary files behind.
+        let leaf2 = ca.issue(&request()).unwrap();
+        write_files(&out, ca.cert_pem(), &leaf2).unwrap();
+        assert_eq!(
+            fs::read_to_string(out.join(CERT_FILE)).unwrap(),
+            leaf2.cert_pem
+        );
+        let mut names: Vec<_> = fs::read_dir(&out)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["ca.crt", "tls.crt", "tls.key"]);
+    }
+
+    const CONFIG: &str = r#"
+apiVersion: admissionregistration.k8s.io/v1
+kind: MutatingWebhookConfiguration
+metadata:
+  name: nodegate
+webhooks:
+  - name: nodes.nodegate.dev
+    clientConfig:
+      service: {name: nodegate-webhook, namespace: nodegate, path: /mutate}
+    failurePolicy: Ignore
+  - name: status.nodegate.dev
+    clientConfig:
+      caBundle: b2xk
+      service: {name: nodegate-webhook, namespace: nodegate, path: /mutate}
+"#;
+
+    #[test]
+    fn inject_sets_ca_bundle_on_every_webhook() {
+        let ca = Ca::generate(1).unwrap();
+        let out = inject_ca_bundle(CONFIG, ca.cert_pem()).unwrap();
+        let doc: serde_yaml::Value = serde_yaml::from_str(&out).unwrap();
+        let hooks = doc["webhooks"].as_sequence().unwrap();
+        assert_eq!(hooks.len(), 2);
+        for hook in hooks {
+            let b64 = hook["clientConfig"]["caBundle"].as_str().unwrap();
+            let pem = base64::engine::general_purpose::STANDARD
+                .decode(b64)
+                .unwrap();
+            assert_eq!(pem, ca.cert_pem().as_bytes());
+            assert_eq!(hook["clientConfig"]["service"]["path"], "/mutate");
+        }
+        assert_eq!(hooks[0]["failurePolicy"], "Ignore");
+        // Round trip: injecting again replaces, never duplicates.
+        let again = inject_ca_bundle(&out, ca.cert_pem()).unwrap();
+        assert_eq!(again, out);
+    }
+
+    #[test]
+    fn inject_refuses_what_is_not_a_webhook_config() {
+        let cases = [
+            ("webhooks: [unclosed", "not valid YAML"),
+            ("- a\n- b\n", "single YAML mapping"),
+            (
+                "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n",
+                "found \"ConfigMap\"",
+            ),
+            (
+                "apiVersion: admissionregistration.k8s.io/v1beta1\nkind: MutatingWebhookConfiguration\nwebhooks: [{name: a}]\n",
+                "apiVersion",
+            ),
+            (
+                "apiVersion: admissionregistration.k8s.io/v1\nkind: MutatingWebhookConfiguration\nwebhooks: []\n",
+                "no webhooks",
+            ),
+            (
+                "apiVersion: admissionregistration.k8s.io/v1\nkind: MutatingWebhookConfiguration\nwebhooks: [{name: a, clientConfig: 3}]\n",
+                "clientConfig is not a mapping",
+            ),
+        ];
+        for (input, want) in cases {
+            let err = inject_ca_bundle(input, "pem").unwrap_err().to_string();
+            assert!(err.contains(want), "{input:?}: {err} should mention {want}");
+        }
+    }
+}

@@ -1,0 +1,176 @@
+//! Wires everything together: snapshot first, then the API client, admin
+//! port, pruner and gate; on shutdown the re-taint and the last snapshot.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use k8s_openapi::api::core::v1::Node;
+use kube::{Api, Client};
+use tokio::sync::{Notify, mpsc, watch};
+use tokio::time::Instant;
+
+use crate::config::{Args, ConfigError};
+use crate::gate::{Gate, GateConfig};
+use crate::handler::{CommandHandler, Dispatcher, NodeDeleteHandler};
+use crate::metrics::Metrics;
+use crate::probe::Probe;
+use crate::prune::{self, PruneContext, Pruner};
+use crate::record::SlimNode;
+use crate::snapshot::{self, Loaded};
+use crate::taint::{AddReason, NodeTaints};
+use crate::{admin, handler};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("invalid configuration: {0}")]
+    Config(#[from] ConfigError),
+    #[error("cannot read the snapshot in {dir}: {source}")]
+    Snapshot { dir: String, source: std::io::Error },
+    #[error("no Kubernetes credentials (in-cluster or KUBECONFIG): {0}")]
+    Client(#[from] kube::Error),
+    #[error("cannot bind the admin address {addr}: {source}")]
+    Bind {
+        addr: std::net::SocketAddr,
+        source: std::io::Error,
+    },
+}
+
+/// Runs the agent until `shutdown` resolves, then re-taints (if enabled) and
+/// writes the last snapshot within `--shutdown-deadline`.
+pub async fn run(args: Args, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
+    let started = Instant::now();
+    args.validate()?;
+    let metrics = Metrics::default();
+
+    // Read the snapshot before anything could overwrite it.
+    let snapshot_nodes = if args.prune {
+        let loaded = snapshot::load(&args.state_dir).map_err(|source| Error::Snapshot {
+            dir: args.state_dir.display().to_string(),
+            source,
+        })?;
+        match &loaded {
+            Loaded::Missing => {
+                tracing::info!(dir = %args.state_dir.display(), "no snapshot: first start")
+            }
+            Loaded::Found(n) => tracing::info!(nodes = n.len(), "snapshot loaded"),
+            Loaded::MovedAside { to, reason } => {
+                metrics.snapshot_corrupt.inc();
+                tracing::warn!(moved_to = %to.display(), %reason, "unusable snapshot moved aside; treating as empty");
+            }
+        }
+        loaded.into_nodes()
+    } else {
+        Vec::new()
+    };
+
+    let client = Client::try_default().await?;
+    let (stop_tx, stop_rx) = watch::channel(false);
+
+    let listed = Arc::new(AtomicBool::new(!args.prune));
+    let registry = Arc::new(metrics.registry());
+    let listener = admin::bind(args.admin_listen)
+        .await
+        .map_err(|source| Error::Bind {
+            addr: args.admin_listen,
+            source,
+        })?;
+    let admin_task = tokio::spawn(admin::serve(
+        listener,
+        admin::router(registry, listed.clone()),
+        stop_rx.clone(),
+    ));
+
+    let prune_task = if args.prune {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let mut handlers: Vec<Arc<dyn NodeDeleteHandler>> = Vec::new();
+        if let Some(cmd) = &args.on_node_delete {
+            handlers.push(Arc::new(CommandHandler {
+                command: cmd.clone(),
+                timeout: args.on_node_delete_timeout,
+                retries: args.on_node_delete_retries,
+            }));
+        }
+        tokio::spawn(handler::Dispatcher::run(
+            Dispatcher::new(handlers, metrics.clone()),
+            rx,
+        ));
+        let ctx = PruneContext {
+            state_dir: args.state_dir.clone(),
+            snapshot_interval: args.snapshot_interval,
+            metrics: metrics.clone(),
+            listed,
+            deletions: tx,
+        };
+        let api: Api<SlimNode> = Api::all(client.clone());
+        Some(tokio::spawn(prune::run(
+            api,
+            Pruner::new(args.node_name.clone(), snapshot_nodes),
+            ctx,
+            stop_rx.clone(),
+        )))
+    } else {
+        None
+    };
+
+    let taints = NodeTaints {
+        api: Api::<Node>::all(client.clone()),
+        name: args.node_name.clone(),
+        specs: args.taints.clone(),
+        metrics: metrics.clone(),
+    };
+    let wake = Arc::new(Notify::new());
+    let probes: Vec<Probe> = args
+        .probe_specs()?
+        .into_iter()
+        .map(|s| Probe::new(s, Some(&client), &args.node_name, wake.clone()))
+        .collect();
+    if probes.is_empty() {
+        tracing::warn!("no probes configured: the node counts as ready at once");
+    }
+    let gate = Gate {
+        taints: taints.clone(),
+        probes,
+        wake,
+        cfg: GateConfig {
+            period: args.probe_period,
+            timeout: args.probe_timeout,
+            thresholds: args.thresholds(),
+            continuous: args.continuous,
+        },
+        metrics: metrics.clone(),
+        started,
+    };
+    let gate_task = tokio::spawn(gate.run(stop_rx));
+
+    shutdown.await;
+    let deadline = Instant::now() + args.shutdown_deadline;
+    tracing::info!(deadline = ?args.shutdown_deadline, "shutting down");
+    let _ = stop_tx.send(true);
+    let _ = tokio::time::timeout_at(deadline, gate_task).await;
+
+    let retaint = async {
+        if args.taint_on_shutdown {
+            match taints
+                .add_missing(AddReason::Shutdown, deadline, |_| true)
+                .await
+            {
+                Ok(n) => tracing::info!(added = n, "shutdown re-taint done"),
+                Err(e) => tracing::error!(error = %e, "shutdown re-taint failed"),
+            }
+        }
+    };
+    let last_snapshot = async {
+        if let Some(t) = prune_task {
+            let _ = t.await;
+        }
+    };
+    if tokio::time::timeout_at(deadline, futures::future::join(retaint, last_snapshot))
+        .await
+        .is_err()
+    {
+        tracing::error!("shutdown deadline reached before re-taint and snapshot finished");
+    }
+    let _ = tokio::time::timeout_at(deadline, admin_task).await;
+    Ok(())
+}

@@ -1,0 +1,235 @@
+//! Command-line flags, each with an environment fallback (a DaemonSet sets
+//! env more easily than args).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{ArgAction, Parser};
+use nodegate_shared::keys::DEFAULT_TAINT;
+use nodegate_shared::taint::{TaintSpec, check_unique};
+
+use crate::probe::{ProbeSpec, ProbeSpecError, Thresholds};
+
+/// Parses `500ms`, `2s`, `1.5s`, `3m`, `1h` or a bare number of seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (num, unit) = match s.find(|c: char| !(c.is_ascii_digit() || c == '.')) {
+        Some(i) => s.split_at(i),
+        None => (s, "s"),
+    };
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("invalid duration {s:?}: expected e.g. 500ms, 2s, 1m"))?;
+    let secs = match unit {
+        "ms" => n / 1000.0,
+        "s" => n,
+        "m" => n * 60.0,
+        "h" => n * 3600.0,
+        _ => return Err(format!("invalid duration unit in {s:?}: use ms, s, m or h")),
+    };
+    Duration::try_from_secs_f64(secs).map_err(|e| format!("invalid duration {s:?}: {e}"))
+}
+
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "nodegate-agent",
+    version,
+    about = "Removes the nodegate taint from its own Node once the network agent is ready, and prunes state of Nodes deleted while it was down"
+)]
+pub struct Args {
+    /// This node's name (downward API `spec.nodeName`).
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: String,
+
+    /// Taint managed by the agent, `key[=value]:Effect`; repeatable. Must match the webhook's.
+    #[arg(long = "taint", env = "NODEGATE_TAINTS", value_delimiter = ',', default_value = DEFAULT_TAINT)]
+    pub taints: Vec<TaintSpec>,
+
+    /// HTTP GET that must answer 2xx; repeatable.
+    #[arg(long, env = "NODEGATE_PROBE_HTTP", value_delimiter = ',')]
+    pub probe_http: Vec<String>,
+
+    /// HOST:PORT that must accept a TCP connection; repeatable.
+    #[arg(long, env = "NODEGATE_PROBE_TCP", value_delimiter = ',')]
+    pub probe_tcp: Vec<String>,
+
+    /// File that must exist and be non-empty (watched with inotify); repeatable.
+    #[arg(long, env = "NODEGATE_PROBE_FILE", value_delimiter = ',')]
+    pub probe_file: Vec<String>,
+
+    /// Shell command (`sh -c`) that must exit 0 within the probe timeout; repeatable.
+    #[arg(long, env = "NODEGATE_PROBE_EXEC")]
+    pub probe_exec: Vec<String>,
+
+    /// NAMESPACE/LABEL_SELECTOR: a pod with these labels on this node must be Ready; repeatable.
+    #[arg(long, env = "NODEGATE_PROBE_POD")]
+    pub probe_pod: Vec<String>,
+
+    /// Time between probe rounds.
+    #[arg(long, env = "NODEGATE_PROBE_PERIOD", default_value = "2s", value_parser = parse_duration)]
+    pub probe_period: Duration,
+
+    /// Time limit of one probe.
+    #[arg(long, env = "NODEGATE_PROBE_TIMEOUT", default_value = "1s", value_parser = parse_duration)]
+    pub probe_timeout: Duration,
+
+    /// Consecutive passing rounds before the node counts as ready.
+    #[arg(long, env = "NODEGATE_SUCCESS_THRESHOLD", default_value_t = 1)]
+    pub success_threshold: u32,
+
+    /// Consecutive failing rounds before a ready node counts as not ready.
+    #[arg(long, env = "NODEGATE_FAILURE_THRESHOLD", default_value_t = 3)]
+    pub failure_threshold: u32,
+
+    /// Put the taint back on SIGTERM (`--taint-on-shutdown=false` to disable).
+    #[arg(long, env = "NODEGATE_TAINT_ON_SHUTDOWN", default_value_t = true, action = ArgAction::Set)]
+    pub taint_on_shutdown: bool,
+
+    /// Everything done on SIGTERM (re-taint, last snapshot) must finish within this.
+    #[arg(long, env = "NODEGATE_SHUTDOWN_DEADLINE", default_value = "10s", value_parser = parse_duration)]
+    pub shutdown_deadline: Duration,
+
+    /// Keep probing after ready: re-taint after the failure threshold, untaint when ready again.
+    #[arg(long, env = "NODEGATE_CONTINUOUS")]
+    pub continuous: bool,
+
+    /// Directory of `nodes.json` (keep it on a hostPath under /var/run).
+    #[arg(long, env = "NODEGATE_STATE_DIR", default_value = "/var/run/nodegate")]
+    pub state_dir: PathBuf,
+
+    /// At most one snapshot write per interval, however many events arrive.
+    #[arg(long, env = "NODEGATE_SNAPSHOT_INTERVAL", default_value = "1s", value_parser = parse_duration)]
+    pub snapshot_interval: Duration,
+
+    /// Watch Nodes and prune deleted ones (`--prune=false` to run the gate only).
+    #[arg(long, env = "NODEGATE_PRUNE", default_value_t = true, action = ArgAction::Set)]
+    pub prune: bool,
+
+    /// Command (`sh -c`) run for each deleted node: record JSON on stdin,
+    /// NODEGATE_NODE_NAME, NODEGATE_NODE_IPS, NODEGATE_DELETE_SOURCE in env.
+    #[arg(long, env = "NODEGATE_ON_NODE_DELETE")]
+    pub on_node_delete: Option<String>,
+
+    /// Time limit of one run of the deletion command.
+    #[arg(long, env = "NODEGATE_ON_NODE_DELETE_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
+    pub on_node_delete_timeout: Duration,
+
+    /// Extra attempts of the deletion command after a failure.
+    #[arg(long, env = "NODEGATE_ON_NODE_DELETE_RETRIES", default_value_t = 3)]
+    pub on_node_delete_retries: u32,
+
+    /// Admin HTTP address: /livez, /readyz, /metrics.
+    #[arg(long, env = "NODEGATE_ADMIN_LISTEN", default_value = "0.0.0.0:9091")]
+    pub admin_listen: SocketAddr,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error(transparent)]
+    Probe(#[from] ProbeSpecError),
+    #[error(transparent)]
+    Taint(#[from] nodegate_shared::TaintError),
+    #[error("--node-name (or NODE_NAME) must not be empty")]
+    NodeName,
+}
+
+impl Args {
+    /// Validates and returns every configured probe.
+    pub fn probe_specs(&self) -> Result<Vec<ProbeSpec>, ConfigError> {
+        let mut out = Vec::new();
+        for s in &self.probe_http {
+            out.push(ProbeSpec::http(s)?);
+        }
+        for s in &self.probe_tcp {
+            out.push(ProbeSpec::tcp(s)?);
+        }
+        for s in &self.probe_file {
+            out.push(ProbeSpec::file(s)?);
+        }
+        for s in &self.probe_exec {
+            out.push(ProbeSpec::exec(s)?);
+        }
+        for s in &self.probe_pod {
+            out.push(ProbeSpec::pod(s)?);
+        }
+        Ok(out)
+    }
+
+    /// Checks everything that can be checked before touching the cluster.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.node_name.trim().is_empty() {
+            return Err(ConfigError::NodeName);
+        }
+        check_unique(&self.taints)?;
+        self.probe_specs()?;
+        Ok(())
+    }
+
+    pub fn thresholds(&self) -> Thresholds {
+        Thresholds {
+            success: self.success_threshold,
+            failure: self.failure_threshold,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("2s").unwrap(), Duration::from_secs(2));
+        assert_eq!(parse_duration("1.5s").unwrap(), Duration::from_millis(1500));
+        assert_eq!(parse_duration("3").unwrap(), Duration::from_secs(3));
+        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+        assert!(parse_duration("2 days").is_err());
+        assert!(parse_duration("x").is_err());
+    }
+
+    #[test]
+    fn defaults_and_repeatable_flags() {
+        let a = Args::try_parse_from([
+            "nodegate-agent",
+            "--node-name",
+            "n1",
+            "--probe-file",
+            "/a",
+            "--probe-file",
+            "/b",
+            "--probe-http",
+            "http://127.0.0.1:9879/healthz",
+            "--taint-on-shutdown=false",
+        ])
+        .unwrap();
+        assert_eq!(a.taints.len(), 1);
+        assert_eq!(a.taints[0].to_string(), DEFAULT_TAINT);
+        assert!(!a.taint_on_shutdown);
+        assert!(a.prune);
+        assert_eq!(a.probe_specs().unwrap().len(), 3);
+        assert_eq!(a.state_dir, PathBuf::from("/var/run/nodegate"));
+        assert_eq!(a.admin_listen.port(), 9091);
+        a.validate().unwrap();
+    }
+
+    #[test]
+    fn bad_input_is_refused_clearly() {
+        let err = Args::try_parse_from(["a", "--node-name", "n", "--taint", "bad"]).unwrap_err();
+        assert!(err.to_string().contains("no effect"), "{err}");
+        let a = Args::try_parse_from([
+            "a",
+            "--node-name",
+            "n",
+            "--taint",
+            "a/b:NoSchedule",
+            "--taint",
+            "a/b=x:NoSchedule",
+        ])
+        .unwrap();
+        assert!(a.validate().unwrap_err().to_string().contains("twice"));
+        let a = Args::try_parse_from(["a", "--node-name", "n", "--probe-tcp", "nohost"]).unwrap();
+        assert!(a.validate().unwrap_err().to_string().contains("HOST:PORT"));
+    }
+}

@@ -1,0 +1,154 @@
+//! Prometheus metrics (`nodegate_agent_*`) served on the admin port.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ProbeLabels {
+    pub probe: String,
+    pub result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ProbeName {
+    pub probe: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Reason {
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Source {
+    pub source: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HandlerLabels {
+    pub handler: String,
+}
+
+/// All agent metrics; cheap to clone (every field is an `Arc` inside).
+#[derive(Clone)]
+pub struct Metrics {
+    pub probe_results: Family<ProbeLabels, Counter>,
+    pub probe_up: Family<ProbeName, Gauge>,
+    pub ready: Gauge,
+    pub time_to_ready: Histogram,
+    pub taint_adds: Family<Reason, Counter>,
+    pub taint_removals: Counter,
+    pub pruned_nodes: Family<Source, Counter>,
+    pub nodes_known: Gauge,
+    pub snapshot_nodes: Gauge,
+    pub snapshot_bytes: Gauge,
+    pub snapshot_write_seconds: Histogram,
+    pub snapshot_write_failures: Counter,
+    pub snapshot_corrupt: Counter,
+    pub handler_failures: Family<HandlerLabels, Counter>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self {
+            probe_results: Family::default(),
+            probe_up: Family::default(),
+            ready: Gauge::default(),
+            // 0.25 s .. ~34 min
+            time_to_ready: Histogram::new(exponential_buckets(0.25, 2.0, 14)),
+            taint_adds: Family::default(),
+            taint_removals: Counter::default(),
+            pruned_nodes: Family::default(),
+            nodes_known: Gauge::default(),
+            snapshot_nodes: Gauge::default(),
+            snapshot_bytes: Gauge::default(),
+            // 100 µs .. ~3 s
+            snapshot_write_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
+            snapshot_write_failures: Counter::default(),
+            snapshot_corrupt: Counter::default(),
+            handler_failures: Family::default(),
+        }
+    }
+}
+
+impl Metrics {
+    /// A registry with every metric under the `nodegate_agent` prefix.
+    pub fn registry(&self) -> Registry {
+        let mut r = Registry::with_prefix("nodegate_agent");
+        r.register(
+            "probe_results",
+            "Probe rounds by probe and result (ok|fail)",
+            self.probe_results.clone(),
+        );
+        r.register(
+            "probe_up",
+            "1 when the probe's last result passed",
+            self.probe_up.clone(),
+        );
+        r.register(
+            "ready",
+            "1 while the readiness gate considers the node ready",
+            self.ready.clone(),
+        );
+        r.register(
+            "time_to_ready_seconds",
+            "Seconds from agent start (or reboot seen) to the taint removal",
+            self.time_to_ready.clone(),
+        );
+        r.register(
+            "taint_adds",
+            "Taint additions by the agent, by reason (safety_net|shutdown|continuous)",
+            self.taint_adds.clone(),
+        );
+        r.register(
+            "taint_removals",
+            "Successful ready patches that removed the taint",
+            self.taint_removals.clone(),
+        );
+        r.register(
+            "pruned_nodes",
+            "Node deletions dispatched to handlers, by source (watch|snapshot)",
+            self.pruned_nodes.clone(),
+        );
+        r.register(
+            "nodes_known",
+            "Nodes in the pruner's live set (own node excluded)",
+            self.nodes_known.clone(),
+        );
+        r.register(
+            "snapshot_nodes",
+            "Nodes in the last snapshot written",
+            self.snapshot_nodes.clone(),
+        );
+        r.register(
+            "snapshot_bytes",
+            "Size of the last snapshot written",
+            self.snapshot_bytes.clone(),
+        );
+        r.register(
+            "snapshot_write_duration_seconds",
+            "Time to encode and durably write one snapshot",
+            self.snapshot_write_seconds.clone(),
+        );
+        r.register(
+            "snapshot_write_failures",
+            "Snapshot writes that failed",
+            self.snapshot_write_failures.clone(),
+        );
+        r.register(
+            "snapshot_corrupt",
+            "Snapshots found corrupt or of unknown version at start and moved aside",
+            self.snapshot_corrupt.clone(),
+        );
+        r.register(
+            "handler_failures",
+            "Node deletion handler runs that failed after all retries",
+            self.handler_failures.clone(),
+        );
+        r
+    }
+}

@@ -1,0 +1,363 @@
+//! Stale-node pruning: the live set of Nodes from a watch, the diff against
+//! the snapshot read at start, and the coalesced snapshot writer.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use kube::Api;
+use kube::runtime::{WatchStreamExt, watcher};
+use tokio::sync::{mpsc, watch};
+
+use crate::handler::DeleteSource;
+use crate::metrics::Metrics;
+use crate::record::{NodeRecord, SlimNode};
+use crate::snapshot;
+
+/// Nodes of `snapshot` that are not live now, compared by name AND uid: a
+/// node re-created under the same name is a different node, so the old one
+/// counts as deleted. The own node is never reported.
+pub fn diff(
+    snapshot: Vec<NodeRecord>,
+    live: &HashMap<String, NodeRecord>,
+    own: &str,
+) -> Vec<NodeRecord> {
+    snapshot
+        .into_iter()
+        .filter(|n| n.name != own)
+        .filter(|n| live.get(&n.name).map(|l| l.uid.as_str()) != Some(n.uid.as_str()))
+        .collect()
+}
+
+/// The watch-driven state, free of I/O so it can be tested event by event.
+#[derive(Debug)]
+pub struct Pruner {
+    own: String,
+    live: HashMap<String, NodeRecord>,
+    /// Snapshot read at start; consumed by the first complete list.
+    snapshot: Option<Vec<NodeRecord>>,
+    /// Objects of a list in progress (between `Init` and `InitDone`).
+    pending: Option<HashMap<String, NodeRecord>>,
+    initialized: bool,
+    dirty: bool,
+}
+
+pub type Deletion = (NodeRecord, DeleteSource);
+
+impl Pruner {
+    pub fn new(own: impl Into<String>, snapshot: Vec<NodeRecord>) -> Self {
+        Self {
+            own: own.into(),
+            live: HashMap::new(),
+            snapshot: Some(snapshot),
+            pending: None,
+            initialized: false,
+            dirty: false,
+        }
+    }
+
+    /// True once the first full list is in: the live set is complete and the
+    /// snapshot may be written.
+    pub fn is_initialized(&self) -> bool {
+        self.initialized
+    }
+
+    pub fn len(&self) -> usize {
+        self.live.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.live.is_empty()
+    }
+
+    pub fn records(&self) -> impl Iterator<Item = &NodeRecord> {
+        self.live.values()
+    }
+
+    /// Returns and clears "changed since the last snapshot write".
+    pub fn take_dirty(&mut self) -> bool {
+        std::mem::take(&mut self.dirty) && self.initialized
+    }
+
+    /// Applies one watcher event and returns the deletions it implies.
+    pub fn apply(&mut self, event: watcher::Event<SlimNode>) -> Vec<Deletion> {
+        match event {
+            watcher::Event::Init => {
+                self.pending = Some(HashMap::with_capacity(self.live.len()));
+                Vec::new()
+            }
+            watcher::Event::InitApply(node) => {
+                if let Some(r) = node.into_record().filter(|r| r.name != self.own) {
+                    self.pending
+                        .get_or_insert_with(HashMap::new)
+                        .insert(r.name.clone(), r);
+                }
+                Vec::new()
+            }
+            watcher::Event::InitDone => {
+                let listed = self.pending.take().unwrap_or_default();
+                let deletions = match self.snapshot.take() {
+                    // First list: whatever the snapshot has that is gone now.
+                    Some(snap) => diff(snap, &listed, &self.own)
+                        .into_iter()
+                        .map(|r| (r, DeleteSource::Snapshot))
+                        .collect(),
+                    // Relist after a watch gap: deletions the watch missed.
+                    None => {
+                        let old: Vec<NodeRecord> = self.live.drain().map(|(_, r)| r).collect();
+                        diff(old, &listed, &self.own)
+                            .into_iter()
+                            .map(|r| (r, DeleteSource::Watch))
+                            .collect()
+                    }
+                };
+                self.live = listed;
+                self.initialized = true;
+                self.dirty = true;
+                deletions
+            }
+            watcher::Event::Apply(node) => {
+                let Some(r) = node.into_record().filter(|r| r.name != self.own) else {
+                    return Vec::new();
+                };
+                self.dirty = true;
+                match self.live.insert(r.name.clone(), r) {
+                    // Same name, new uid: the old node was deleted meanwhile.
+                    Some(old) if Some(&old.uid) != self.live.get(&old.name).map(|n| &n.uid) => {
+                        vec![(old, DeleteSource::Watch)]
+                    }
+                    _ => Vec::new(),
+                }
+            }
+            watcher::Event::Delete(node) => {
+                let Some(r) = node.into_record().filter(|r| r.name != self.own) else {
+                    return Vec::new();
+                };
+                match self.live.get(&r.name) {
+                    Some(stored) if stored.uid == r.uid => {
+                        self.dirty = true;
+                        // The stored record is the full one to hand on.
+                        let stored = self.live.remove(&r.name).unwrap_or(r);
+                        vec![(stored, DeleteSource::Watch)]
+                    }
+                    // A delete of an older incarnation already replaced.
+                    Some(_) => Vec::new(),
+                    None => vec![(r, DeleteSource::Watch)],
+                }
+            }
+        }
+    }
+}
+
+/// Everything the prune loop needs besides the API.
+pub struct PruneContext {
+    pub state_dir: PathBuf,
+    pub snapshot_interval: Duration,
+    pub metrics: Metrics,
+    /// Set after the first full list (`/readyz`).
+    pub listed: Arc<AtomicBool>,
+    pub deletions: mpsc::UnboundedSender<Deletion>,
+}
+
+/// Watches all Nodes until `shutdown` flips, writing the snapshot at most
+/// once per interval while dirty, and once more at the end.
+pub async fn run(
+    api: Api<SlimNode>,
+    mut pruner: Pruner,
+    ctx: PruneContext,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let stream = watcher(api, watcher::Config::default()).default_backoff();
+    let mut stream = std::pin::pin!(stream);
+    let mut tick = tokio::time::interval(ctx.snapshot_interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            ev = stream.next() => match ev {
+                Some(Ok(ev)) => {
+                    for d in pruner.apply(ev) {
+                        let _ = ctx.deletions.send(d);
+                    }
+                    ctx.metrics.nodes_known.set(pruner.len() as i64);
+                    if pruner.is_initialized() && !ctx.listed.swap(true, Ordering::SeqCst) {
+                        tracing::info!(nodes = pruner.len(), "first full list of nodes complete");
+                    }
+                }
+                Some(Err(e)) => tracing::warn!(error = %e, "node watch failed, retrying"),
+                None => break,
+            },
+            _ = tick.tick() => {
+                if pruner.take_dirty() {
+                    write_snapshot(&pruner, &ctx).await;
+                }
+            }
+            _ = crate::stopped(&mut shutdown) => break,
+        }
+    }
+    if pruner.is_initialized() {
+        write_snapshot(&pruner, &ctx).await;
+    }
+}
+
+/// Encodes and writes the live set; failures are logged and counted (the
+/// next tick retries, as the state stays in memory).
+pub async fn write_snapshot(pruner: &Pruner, ctx: &PruneContext) {
+    let start = Instant::now();
+    let bytes = match snapshot::encode(pruner.records()) {
+        Ok(b) => b,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot encode snapshot");
+            return;
+        }
+    };
+    let len = bytes.len();
+    let dir = ctx.state_dir.clone();
+    let res = tokio::task::spawn_blocking(move || snapshot::write_atomic(&dir, &bytes)).await;
+    match res {
+        Ok(Ok(())) => {
+            ctx.metrics
+                .snapshot_write_seconds
+                .observe(start.elapsed().as_secs_f64());
+            ctx.metrics.snapshot_nodes.set(pruner.len() as i64);
+            ctx.metrics.snapshot_bytes.set(len as i64);
+            tracing::debug!(nodes = pruner.len(), bytes = len, "snapshot written");
+        }
+        Ok(Err(e)) => {
+            ctx.metrics.snapshot_write_failures.inc();
+            tracing::error!(error = %e, dir = %ctx.state_dir.display(), "cannot write snapshot");
+        }
+        Err(e) => {
+            ctx.metrics.snapshot_write_failures.inc();
+            tracing::error!(error = %e, "snapshot writer task failed");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn rec(name: &str, uid: &str) -> NodeRecord {
+        NodeRecord {
+            name: name.into(),
+            uid: uid.into(),
+            addresses: vec![],
+            pod_cidrs: vec![format!("10.0.{}.0/24", name.len())],
+            provider_id: None,
+            boot_id: None,
+            labels: Default::default(),
+        }
+    }
+
+    fn node(name: &str, uid: &str) -> SlimNode {
+        serde_json::from_value(json!({"metadata": {"name": name, "uid": uid},
+            "spec": {"podCIDR": format!("10.0.{}.0/24", name.len())}}))
+        .unwrap()
+    }
+
+    fn names(d: &[Deletion]) -> Vec<(&str, &str, DeleteSource)> {
+        let mut v: Vec<_> = d
+            .iter()
+            .map(|(r, s)| (r.name.as_str(), r.uid.as_str(), *s))
+            .collect();
+        v.sort();
+        v
+    }
+
+    fn live(nodes: &[(&str, &str)]) -> HashMap<String, NodeRecord> {
+        nodes
+            .iter()
+            .map(|(n, u)| (n.to_string(), rec(n, u)))
+            .collect()
+    }
+
+    #[test]
+    fn diff_by_name_and_uid_excluding_own() {
+        let snap = vec![
+            rec("gone", "1"),
+            rec("same", "2"),
+            rec("recreated", "3"),
+            rec("me", "4"),
+        ];
+        let now = live(&[("same", "2"), ("recreated", "33"), ("new", "5")]);
+        let d = diff(snap, &now, "me");
+        let got: Vec<_> = d
+            .iter()
+            .map(|r| (r.name.as_str(), r.uid.as_str()))
+            .collect();
+        assert_eq!(got, vec![("gone", "1"), ("recreated", "3")]);
+        // The full stored record is what handlers get.
+        assert_eq!(d[0], rec("gone", "1"));
+    }
+
+    #[test]
+    fn first_list_synthesizes_deletions_and_never_resurrects() {
+        let snap = vec![rec("a", "1"), rec("b", "2"), rec("c", "3"), rec("me", "0")];
+        let mut p = Pruner::new("me", snap);
+        assert!(p.apply(watcher::Event::Init).is_empty());
+        for (n, u) in [("a", "1"), ("c", "33"), ("d", "4"), ("me", "0")] {
+            assert!(p.apply(watcher::Event::InitApply(node(n, u))).is_empty());
+        }
+        assert!(!p.is_initialized());
+        assert!(
+            !p.take_dirty(),
+            "nothing written before the first full list"
+        );
+        let d = p.apply(watcher::Event::InitDone);
+        assert_eq!(
+            names(&d),
+            vec![
+                ("b", "2", DeleteSource::Snapshot),
+                ("c", "3", DeleteSource::Snapshot)
+            ]
+        );
+        let mut live: Vec<_> = p
+            .records()
+            .map(|r| (r.name.clone(), r.uid.clone()))
+            .collect();
+        live.sort();
+        let want: Vec<(String, String)> = [("a", "1"), ("c", "33"), ("d", "4")]
+            .iter()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect();
+        assert_eq!(
+            live, want,
+            "own node not stored, deleted ones not resurrected"
+        );
+        assert!(p.take_dirty());
+        assert!(!p.take_dirty());
+    }
+
+    #[test]
+    fn watch_deletions_and_relist_gaps() {
+        let mut p = Pruner::new("me", vec![]);
+        p.apply(watcher::Event::Init);
+        p.apply(watcher::Event::InitApply(node("a", "1")));
+        p.apply(watcher::Event::InitApply(node("b", "2")));
+        assert!(p.apply(watcher::Event::InitDone).is_empty(), "first start");
+        // Delete: the stored record goes to the handlers.
+        let d = p.apply(watcher::Event::Delete(node("a", "1")));
+        assert_eq!(names(&d), vec![("a", "1", DeleteSource::Watch)]);
+        assert_eq!(d[0].0, rec("a", "1"));
+        // Re-created under the same name without a DELETED seen.
+        let d = p.apply(watcher::Event::Apply(node("b", "22")));
+        assert_eq!(names(&d), vec![("b", "2", DeleteSource::Watch)]);
+        // A late delete of the old incarnation does not remove the new one.
+        assert!(p.apply(watcher::Event::Delete(node("b", "2"))).is_empty());
+        assert_eq!(p.len(), 1);
+        // Own node events are ignored.
+        assert!(p.apply(watcher::Event::Apply(node("me", "0"))).is_empty());
+        assert!(p.apply(watcher::Event::Delete(node("me", "0"))).is_empty());
+        // A relist that misses "b" reports it as a watch deletion.
+        p.apply(watcher::Event::Apply(node("c", "3")));
+        p.apply(watcher::Event::Init);
+        p.apply(watcher::Event::InitApply(node("c", "3")));
+        let d = p.apply(watcher::Event::InitDone);
+        assert_eq!(names(&d), vec![("b", "22", DeleteSource::Watch)]);
+        assert_eq!(p.len(), 1);
+    }
+}

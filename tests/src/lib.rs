@@ -1,1 +1,19 @@
-//! Kubernetes API server emulator for Nodes and nodegate's end-to-end harness
+//! nodegate-tests: an emulated Kubernetes API server for Nodes (with the real
+//! admission order and webhook calls), a simulated kubelet, helpers that run
+//! the real nodegate binaries, and the `nodegate-sim` demo.
+
+pub mod admission;
+pub mod api;
+pub mod discovery;
+pub mod resources;
+pub mod selectors;
+pub mod server;
+pub mod smp;
+pub mod status;
+pub mod store;
+pub mod table;
+pub mod tls;
+pub mod users;
+pub mod util;
+
+pub use server::{Emulator, EmulatorOptions};

@@ -1,0 +1,450 @@
+//! The admission chain in kube-apiserver's order: built-in mutation
+//! (defaulting, TaintNodesByCondition), mutating webhooks (with reinvocation),
+//! then NodeRestriction. Storage happens after, in the API handlers.
+
+pub mod cel;
+pub mod webhook;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::admissionregistration::v1::{MutatingWebhook, MutatingWebhookConfiguration};
+use serde_json::{Value, json};
+
+use crate::resources::{self, ResourceDef};
+use crate::status::ApiError;
+use crate::store::Store;
+use crate::users;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operation {
+    Create,
+    Update,
+    Delete,
+}
+
+/// What admission knows about a request.
+#[derive(Debug, Clone)]
+pub struct Attributes<'a> {
+    pub res: &'static ResourceDef,
+    pub subresource: &'a str,
+    pub operation: Operation,
+    pub name: &'a str,
+    pub namespace: &'a str,
+    pub user: &'a str,
+    pub dry_run: bool,
+    /// CreateOptions / UpdateOptions / DeleteOptions, as sent to webhooks.
+    pub options: Value,
+}
+
+/// The object after admission and the warnings for the client.
+#[derive(Debug)]
+pub struct Admitted {
+    pub object: Value,
+    pub warnings: Vec<String>,
+}
+
+/// One webhook call, for latency statistics.
+#[derive(Debug, Clone)]
+pub struct CallRecord {
+    pub webhook: String,
+    pub duration: Duration,
+    pub ok: bool,
+}
+
+/// Admission state shared by all requests.
+#[derive(Debug)]
+pub struct Admission {
+    store: Arc<Store>,
+    endpoints: RwLock<HashMap<String, SocketAddr>>,
+    calls: Mutex<Vec<CallRecord>>,
+}
+
+pub const NOT_READY_TAINT_KEY: &str = "node.kubernetes.io/not-ready";
+
+/// TaintNodesByCondition: every new Node starts `not-ready:NoSchedule`.
+fn taint_nodes_by_condition(obj: &mut Value) {
+    let has = obj
+        .pointer("/spec/taints")
+        .and_then(Value::as_array)
+        .is_some_and(|t| {
+            t.iter().any(|t| {
+                t.get("key").and_then(Value::as_str) == Some(NOT_READY_TAINT_KEY)
+                    && t.get("effect").and_then(Value::as_str) == Some("NoSchedule")
+            })
+        });
+    if has {
+        return;
+    }
+    let taint = json!({"key": NOT_READY_TAINT_KEY, "effect": "NoSchedule"});
+    if !obj.get("spec").is_some_and(Value::is_object) {
+        obj["spec"] = json!({});
+    }
+    match obj["spec"].get_mut("taints").and_then(Value::as_array_mut) {
+        Some(list) => list.push(taint),
+        None => obj["spec"]["taints"] = json!([taint]),
+    }
+}
+
+fn taints_of(obj: &Value) -> Value {
+    match obj.pointer("/spec/taints") {
+        Some(Value::Array(a)) if !a.is_empty() => Value::Array(a.clone()),
+        _ => json!([]),
+    }
+}
+
+impl Admission {
+    pub fn new(store: Arc<Store>, endpoints: HashMap<String, SocketAddr>) -> Self {
+        Self {
+            store,
+            endpoints: RwLock::new(endpoints),
+            calls: Mutex::new(Vec::new()),
+        }
+    }
+
+    pub fn set_endpoint(&self, service: &str, addr: SocketAddr) {
+        self.endpoints
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(service.to_string(), addr);
+    }
+
+    pub fn remove_endpoint(&self, service: &str) {
+        self.endpoints
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(service);
+    }
+
+    /// Every webhook call so far (and clears the record when `drain`).
+    pub fn calls(&self, drain: bool) -> Vec<CallRecord> {
+        let mut g = self.calls.lock().unwrap_or_else(|p| p.into_inner());
+        if drain {
+            std::mem::take(&mut *g)
+        } else {
+            g.clone()
+        }
+    }
+
+    fn builtin_mutation(&self, a: &Attributes<'_>, obj: &mut Value) {
+        if a.operation != Operation::Create || !a.subresource.is_empty() {
+            return;
+        }
+        if a.res.key() == resources::NODES.key() {
+            taint_nodes_by_condition(obj);
+        }
+        if a.res.key() == resources::PODS.key() {
+            if obj.pointer("/status/phase").is_none() {
+                if !obj.get("status").is_some_and(Value::is_object) {
+                    obj["status"] = json!({});
+                }
+                obj["status"]["phase"] = json!("Pending");
+            }
+            if obj.pointer("/spec/schedulerName").is_none() && obj["spec"].is_object() {
+                obj["spec"]["schedulerName"] = json!("default-scheduler");
+            }
+        }
+    }
+
+    /// NodeRestriction for Node writes by a kubelet.
+    fn node_restriction(
+        &self,
+        a: &Attributes<'_>,
+        obj: &Value,
+        old: Option<&Value>,
+    ) -> Result<(), ApiError> {
+        let Some(me) = users::node_name_of(a.user) else {
+            return Ok(());
+        };
+        if a.res.key() != resources::NODES.key() {
+            return Ok(());
+        }
+        let forbidden = |why: String| ApiError::forbidden(a.res.plural, a.res.group, a.name, &why);
+        if a.name != me {
+            return Err(forbidden(format!(
+                "node \"{me}\" is not allowed to modify node \"{}\"",
+                a.name
+            )));
+        }
+        if a.operation == Operation::Update
+            && let Some(old) = old
+            && taints_of(obj) != taints_of(old)
+        {
+            return Err(forbidden(format!(
+                "node \"{me}\" is not allowed to modify taints"
+            )));
+        }
+        Ok(())
+    }
+
+    fn webhooks(&self) -> Vec<MutatingWebhook> {
+        let (configs, _) = self.store.list(&resources::MUTATING_WEBHOOKS, None);
+        // The API server orders configurations by name.
+        let mut hooks = Vec::new();
+        for c in configs {
+            match serde_json::from_value::<MutatingWebhookConfiguration>((*c).clone()) {
+                Ok(cfg) => hooks.extend(cfg.webhooks.unwrap_or_default()),
+                Err(e) => {
+                    tracing::warn!(error = %e, "ignoring unreadable MutatingWebhookConfiguration")
+                }
+            }
+        }
+        hooks
+    }
+
+    fn target(&self, hook: &MutatingWebhook) -> Result<webhook::Target, String> {
+        let cc = &hook.client_config;
+        if let Some(svc) = &cc.service {
+            let server_name = format!("{}.{}.svc", svc.name, svc.namespace);
+            let addr = self
+                .endpoints
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(&server_name)
+                .copied()
+                .ok_or_else(|| {
+                    format!(
+                        "failed to call webhook: service \"{}/{}\" has no endpoints",
+                        svc.namespace, svc.name
+                    )
+                })?;
+            return Ok(webhook::Target {
+                addr,
+                server_name,
+                port: u16::try_from(svc.port.unwrap_or(443)).unwrap_or(443),
+                path: svc.path.clone().unwrap_or_else(|| "/".into()),
+            });
+        }
+        let url = cc
+            .url
+            .as_deref()
+            .ok_or("webhook has neither service nor url")?;
+        let rest = url
+            .strip_prefix("https://")
+            .ok_or("webhook url must be https")?;
+        let (hostport, path) = rest
+            .split_once('/')
+            .map(|(h, p)| (h, format!("/{p}")))
+            .unwrap_or((rest, "/".into()));
+        let (host, port) = match hostport.rsplit_once(':') {
+            Some((h, p)) => (
+                h.to_string(),
+                p.parse::<u16>()
+                    .map_err(|e| format!("webhook url port: {e}"))?,
+            ),
+            None => (hostport.to_string(), 443),
+        };
+        let addr = format!("{host}:{port}")
+            .parse::<SocketAddr>()
+            .map_err(|_| {
+                format!("webhook url host {host} must be an IP address in the emulator")
+            })?;
+        Ok(webhook::Target {
+            addr,
+            server_name: host,
+            port,
+            path,
+        })
+    }
+
+    fn review(&self, a: &Attributes<'_>, uid: &str, obj: &Value, old: &Value) -> Value {
+        let gvr = json!({"group": a.res.group, "version": a.res.version, "resource": a.res.plural});
+        let gvk = json!({"group": a.res.group, "version": a.res.version, "kind": a.res.kind});
+        let mut req = json!({
+            "uid": uid,
+            "kind": gvk,
+            "resource": gvr,
+            "requestKind": gvk,
+            "requestResource": gvr,
+            "name": a.name,
+            "operation": a.operation.as_str(),
+            "userInfo": users::user_info(a.user),
+            "object": obj,
+            "oldObject": old,
+            "dryRun": a.dry_run,
+            "options": a.options,
+        });
+        if !a.subresource.is_empty() {
+            req["subResource"] = json!(a.subresource);
+            req["requestSubResource"] = json!(a.subresource);
+        }
+        if !a.namespace.is_empty() {
+            req["namespace"] = json!(a.namespace);
+        }
+        json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": req})
+    }
+
+    /// Runs one webhook if it matches: `None` when it was not called,
+    /// `Some(changed)` when it was.
+    async fn run_webhook(
+        &self,
+        hook: &MutatingWebhook,
+        a: &Attributes<'_>,
+        obj: &mut Value,
+        old: &Value,
+        warnings: &mut Vec<String>,
+    ) -> Result<Option<bool>, ApiError> {
+        let ignore = webhook::failure_policy_ignore(hook);
+        let fail = |msg: String| -> Result<Option<bool>, ApiError> {
+            if ignore {
+                tracing::warn!(webhook = %hook.name, error = %msg, "webhook failed, failurePolicy Ignore");
+                Ok(None)
+            } else {
+                Err(ApiError::internal(format!(
+                    "failed calling webhook \"{}\": {msg}",
+                    hook.name
+                )))
+            }
+        };
+        match webhook::matches(hook, a, obj, old) {
+            Ok(true) => {}
+            Ok(false) => return Ok(None),
+            Err(e) => return fail(e),
+        }
+        let uid = uuid_like();
+        let review = self.review(a, &uid, obj, old);
+        for mc in hook.match_conditions.as_deref().unwrap_or_default() {
+            match cel::eval_condition(&mc.expression, obj, old, &review["request"]) {
+                Ok(true) => {}
+                Ok(false) => return Ok(None),
+                Err(e) => {
+                    return fail(format!(
+                        "failed to evaluate match condition \"{}\": {e}",
+                        mc.name
+                    ));
+                }
+            }
+        }
+        if a.dry_run && !matches!(hook.side_effects.as_str(), "None" | "NoneOnDryRun") {
+            return Err(ApiError::bad_request(format!(
+                "admission webhook \"{}\" does not support dry run",
+                hook.name
+            )));
+        }
+        let target = match self.target(hook) {
+            Ok(t) => t,
+            Err(e) => return fail(e),
+        };
+        let start = Instant::now();
+        let verdict = webhook::call(hook, &target, &review, &uid).await;
+        self.calls
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(CallRecord {
+                webhook: hook.name.clone(),
+                duration: start.elapsed(),
+                ok: verdict.is_ok(),
+            });
+        let verdict = match verdict {
+            Ok(v) => v,
+            Err(e) => return fail(e),
+        };
+        warnings.extend(verdict.warnings);
+        if !verdict.allowed {
+            let result = verdict.result.unwrap_or_default();
+            let code = result
+                .get("code")
+                .and_then(Value::as_u64)
+                .filter(|c| *c >= 400)
+                .unwrap_or(400);
+            let msg = result
+                .get("message")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            let mut e = ApiError::new(
+                u16::try_from(code).unwrap_or(400),
+                "BadRequest",
+                format!(
+                    "admission webhook \"{}\" denied the request: {msg}",
+                    hook.name
+                ),
+            );
+            if code == 403 {
+                e.reason = "Forbidden";
+            }
+            return Err(e);
+        }
+        let Some(patch) = verdict.patch else {
+            return Ok(Some(false));
+        };
+        let before = obj.clone();
+        // A patch that does not apply fails the request whatever the policy.
+        json_patch::patch(obj, &patch).map_err(ApiError::internal)?;
+        Ok(Some(*obj != before))
+    }
+
+    /// Runs the chain; the returned object is what storage sees.
+    pub async fn admit(
+        &self,
+        a: &Attributes<'_>,
+        mut obj: Value,
+        old: Option<&Value>,
+    ) -> Result<Admitted, ApiError> {
+        let old_v = old.cloned().unwrap_or(Value::Null);
+        let mut warnings = Vec::new();
+        self.builtin_mutation(a, &mut obj);
+        let hooks = self.webhooks();
+        // version counts webhook mutations; seen[i] is the version webhook i last saw.
+        let mut version = 0u32;
+        let mut seen: Vec<Option<u32>> = vec![None; hooks.len()];
+        for (i, hook) in hooks.iter().enumerate() {
+            if let Some(changed) = self
+                .run_webhook(hook, a, &mut obj, &old_v, &mut warnings)
+                .await?
+            {
+                version += u32::from(changed);
+                seen[i] = Some(version);
+            }
+        }
+        if version > 0 {
+            // Mutating webhooks changed the object: the built-in mutating
+            // plugins and every IfNeeded webhook that has not seen the latest
+            // object run once more.
+            self.builtin_mutation(a, &mut obj);
+            for (i, hook) in hooks.iter().enumerate() {
+                let reinvoke = hook.reinvocation_policy.as_deref() == Some("IfNeeded")
+                    && seen[i].is_some_and(|s| s < version);
+                if reinvoke {
+                    self.run_webhook(hook, a, &mut obj, &old_v, &mut warnings)
+                        .await?;
+                }
+            }
+        }
+        self.node_restriction(a, &obj, old)?;
+        Ok(Admitted {
+            object: obj,
+            warnings,
+        })
+    }
+}
+
+fn uuid_like() -> String {
+    let b: [u8; 16] = rand::random();
+    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn not_ready_taint_added_once() {
+        let mut n = json!({"metadata": {"name": "n"}});
+        taint_nodes_by_condition(&mut n);
+        taint_nodes_by_condition(&mut n);
+        assert_eq!(
+            n["spec"]["taints"],
+            json!([{"key": NOT_READY_TAINT_KEY, "effect": "NoSchedule"}])
+        );
+    }
+}

@@ -1,0 +1,191 @@
+//! The resource types the emulator serves, with what discovery and storage need to know.
+
+/// One served resource type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ResourceDef {
+    pub group: &'static str,
+    pub version: &'static str,
+    pub plural: &'static str,
+    pub singular: &'static str,
+    pub kind: &'static str,
+    pub namespaced: bool,
+    /// Subresources served besides the main resource (`status`, `binding`).
+    pub subresources: &'static [&'static str],
+    pub short_names: &'static [&'static str],
+    /// Field selectors the real API server accepts for this type, besides
+    /// `metadata.name` and `metadata.namespace`.
+    pub field_selectors: &'static [&'static str],
+}
+
+impl ResourceDef {
+    /// `v1` or `group/version`, as `apiVersion` spells it.
+    pub fn api_version(&self) -> String {
+        if self.group.is_empty() {
+            self.version.to_string()
+        } else {
+            format!("{}/{}", self.group, self.version)
+        }
+    }
+
+    pub fn list_kind(&self) -> String {
+        format!("{}List", self.kind)
+    }
+
+    pub fn has_status(&self) -> bool {
+        self.subresources.contains(&"status")
+    }
+
+    /// Storage key, unique per type (`events` exists in two groups).
+    pub fn key(&self) -> (&'static str, &'static str) {
+        (self.group, self.plural)
+    }
+}
+
+const VERBS: &[&str] = &[
+    "create",
+    "delete",
+    "deletecollection",
+    "get",
+    "list",
+    "patch",
+    "update",
+    "watch",
+];
+
+macro_rules! res {
+    ($group:expr, $version:expr, $plural:expr, $singular:expr, $kind:expr, $ns:expr, $subs:expr, $short:expr, $fields:expr) => {
+        ResourceDef {
+            group: $group,
+            version: $version,
+            plural: $plural,
+            singular: $singular,
+            kind: $kind,
+            namespaced: $ns,
+            subresources: $subs,
+            short_names: $short,
+            field_selectors: $fields,
+        }
+    };
+}
+
+pub const NODES: ResourceDef = res!(
+    "",
+    "v1",
+    "nodes",
+    "node",
+    "Node",
+    false,
+    &["status"],
+    &["no"],
+    &["spec.unschedulable"]
+);
+pub const PODS: ResourceDef = res!(
+    "",
+    "v1",
+    "pods",
+    "pod",
+    "Pod",
+    true,
+    &["status", "binding"],
+    &["po"],
+    &["spec.nodeName", "status.phase", "spec.schedulerName"]
+);
+pub const EVENTS: ResourceDef = res!(
+    "",
+    "v1",
+    "events",
+    "event",
+    "Event",
+    true,
+    &[],
+    &["ev"],
+    &[
+        "involvedObject.kind",
+        "involvedObject.name",
+        "involvedObject.namespace",
+        "involvedObject.uid",
+        "reason",
+        "type"
+    ]
+);
+pub const NAMESPACES: ResourceDef = res!(
+    "",
+    "v1",
+    "namespaces",
+    "namespace",
+    "Namespace",
+    false,
+    &["status"],
+    &["ns"],
+    &["status.phase"]
+);
+pub const EVENTS_V1: ResourceDef = res!(
+    "events.k8s.io",
+    "v1",
+    "events",
+    "event",
+    "Event",
+    true,
+    &[],
+    &["ev"],
+    &[
+        "regarding.kind",
+        "regarding.name",
+        "regarding.namespace",
+        "reason",
+        "type"
+    ]
+);
+pub const LEASES: ResourceDef = res!(
+    "coordination.k8s.io",
+    "v1",
+    "leases",
+    "lease",
+    "Lease",
+    true,
+    &[],
+    &[],
+    &[]
+);
+pub const MUTATING_WEBHOOKS: ResourceDef = res!(
+    "admissionregistration.k8s.io",
+    "v1",
+    "mutatingwebhookconfigurations",
+    "mutatingwebhookconfiguration",
+    "MutatingWebhookConfiguration",
+    false,
+    &[],
+    &[],
+    &[]
+);
+
+/// Every served type, in discovery order.
+pub const ALL: &[ResourceDef] = &[
+    NODES,
+    PODS,
+    EVENTS,
+    NAMESPACES,
+    EVENTS_V1,
+    LEASES,
+    MUTATING_WEBHOOKS,
+];
+
+/// API groups other than the core group, each with its one version.
+pub fn groups() -> Vec<(&'static str, &'static str)> {
+    let mut g: Vec<(&str, &str)> = ALL
+        .iter()
+        .filter(|r| !r.group.is_empty())
+        .map(|r| (r.group, r.version))
+        .collect();
+    g.dedup();
+    g
+}
+
+pub fn lookup(group: &str, version: &str, plural: &str) -> Option<&'static ResourceDef> {
+    ALL.iter()
+        .find(|r| r.group == group && r.version == version && r.plural == plural)
+}
+
+pub fn verbs() -> &'static [&'static str] {
+    VERBS
+}

@@ -1,1 +1,5 @@
-fn main() {}
+use std::process::ExitCode;
+
+fn main() -> anyhow::Result<ExitCode> {
+    nodegate_bench::cli::main()
+}

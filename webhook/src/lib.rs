@@ -1,1 +1,201 @@
-//! Mutating admission webhook that taints Nodes until their network agent is ready
+//! Mutating admission webhook that taints Nodes until their network agent is ready.
+//!
+//! Modules: [`rules`] decides (pure), [`wire`] decodes/encodes AdmissionReviews,
+//! [`app`] holds the HTTP routes, [`serve`] the TLS/HTTP stack (reused by the
+//! performance harness), [`tls`] reloads the serving certificate, [`patcher`]
+//! does the background reboot patches, [`metrics`] exports Prometheus metrics.
+
+pub mod app;
+pub mod config;
+pub mod fixtures;
+pub mod metrics;
+pub mod patcher;
+pub mod rules;
+pub mod serve;
+pub mod slim;
+pub mod tls;
+pub mod wire;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use anyhow::Context;
+use futures::FutureExt;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+pub use config::{Args, Config, KubeMode};
+
+use crate::app::{Health, Webhook, admin_router, webhook_router};
+use crate::metrics::Metrics;
+use crate::patcher::RebootPatcher;
+use crate::rules::Rules;
+use crate::serve::{ServeOptions, crypto_provider, serve_https_with, tls_server_config};
+use crate::tls::CertReloader;
+
+/// A started webhook.
+#[derive(Debug)]
+pub struct Running {
+    pub https_addr: SocketAddr,
+    pub admin_addr: SocketAddr,
+    pub metrics: Arc<Metrics>,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl Running {
+    /// Waits until the servers have drained after shutdown.
+    pub async fn wait(self) -> anyhow::Result<()> {
+        self.task.await.context("webhook task panicked")?
+    }
+}
+
+/// Binds both ports, loads the certificate and starts serving; returns once
+/// the webhook accepts connections. Logs
+/// `listening https=<addr> admin=<addr>`. Stops when `shutdown` resolves:
+/// readiness turns false, no new connections, in-flight requests finish
+/// (up to the shutdown timeout).
+pub async fn start(
+    config: Config,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<Running> {
+    let rules = Arc::new(Rules::new(config.taints.clone()).context("invalid --taint")?);
+    let metrics = Arc::new(Metrics::new());
+
+    let reloader = Arc::new(
+        CertReloader::load(&config.tls_cert, &config.tls_key, crypto_provider())
+            .context("loading the serving certificate")?,
+    );
+    let tls = tls_server_config(reloader.clone()).context("building the TLS config")?;
+
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("binding --listen {}", config.listen))?;
+    let admin = TcpListener::bind(config.admin_listen)
+        .await
+        .with_context(|| format!("binding --admin-listen {}", config.admin_listen))?;
+    let https_addr = listener.local_addr()?;
+    let admin_addr = admin.local_addr()?;
+
+    let client = match config.kube {
+        KubeMode::Disabled => {
+            tracing::warn!("reboot patches after status writes are disabled (counted as skipped)");
+            None
+        }
+        KubeMode::Client(c) => Some(c),
+        KubeMode::Infer => match kube::Client::try_default().await {
+            Ok(c) => Some(c),
+            Err(err) => {
+                tracing::warn!(%err, "no cluster credentials: reboot patches after status writes are disabled (counted as skipped)");
+                None
+            }
+        },
+    };
+    let (patcher, patcher_task) = match client {
+        Some(c) => {
+            let (p, t) = RebootPatcher::spawn(c, rules.clone(), metrics.clone(), config.patcher);
+            (p, Some(t))
+        }
+        None => (RebootPatcher::disabled(metrics.clone()), None),
+    };
+
+    // One shutdown signal fanned out to the servers and the reloader.
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stopped = move || {
+        let mut rx = stop_rx.clone();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+    };
+    let watcher = reloader
+        .clone()
+        .spawn_watcher(config.tls_reload_interval, metrics.clone(), stopped())
+        .context("watching the certificate directory")?;
+
+    let health = Arc::new(Health::default());
+    let hook = Arc::new(Webhook {
+        rules,
+        patcher,
+        metrics: metrics.clone(),
+    });
+    let opts = ServeOptions {
+        header_read_timeout: config.header_read_timeout,
+        drain_timeout: config.shutdown_timeout,
+        ..ServeOptions::default()
+    };
+    let https = tokio::spawn(serve_https_with(
+        listener,
+        tls,
+        webhook_router(hook),
+        stopped(),
+        opts,
+    ));
+    let admin_task = {
+        let router = admin_router(health.clone(), metrics.clone());
+        let stop = stopped();
+        tokio::spawn(async move {
+            axum::serve(admin, router)
+                .with_graceful_shutdown(stop)
+                .await
+        })
+    };
+    health.set_ready(true);
+    tracing::info!("listening https={https_addr} admin={admin_addr}");
+
+    let task = tokio::spawn(async move {
+        shutdown.await;
+        tracing::info!("shutting down: draining in-flight requests");
+        health.set_ready(false);
+        let _ = stop_tx.send(true);
+        let https = https.await.context("https server panicked")?;
+        let admin = admin_task.await.context("admin server panicked")?;
+        let _ = watcher.await;
+        if let Some(t) = patcher_task {
+            t.abort();
+        }
+        https.context("https server")?;
+        admin.context("admin server")?;
+        tracing::info!("stopped");
+        Ok(())
+    });
+    Ok(Running {
+        https_addr,
+        admin_addr,
+        metrics,
+        task,
+    })
+}
+
+/// [`start`] from command-line arguments, then wait for shutdown to finish.
+pub async fn run(
+    args: Args,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let config = Config::try_from(args)?;
+    start(config, shutdown.boxed()).await?.wait().await
+}
+
+/// Resolves on SIGTERM or Ctrl-C (SIGINT).
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(err) => {
+                tracing::warn!(%err, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = term => {}
+    }
+}

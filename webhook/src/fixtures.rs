@@ -1,0 +1,200 @@
+//! Realistic Node objects and AdmissionReviews, as the API server sends them.
+//!
+//! Used by the tests and by the performance harness (issue 5) so both post
+//! the same shapes: a kubelet CREATE of about 25 KB (50 images, full status)
+//! and node-controller / kubelet UPDATEs with `oldObject`.
+
+use serde_json::{Value, json};
+
+/// A Node as a kubelet registers it: labels, annotations, spec without
+/// taints (TaintNodesByCondition adds `not-ready` before webhooks run, see
+/// [`with_taints`]), a full status with `images` entries.
+pub fn kubelet_node(name: &str, boot_id: &str, images: usize) -> Value {
+    let images: Vec<Value> = (0..images)
+        .map(|i| {
+            json!({
+                "names": [
+                    format!(
+                        "123456789012.dkr.ecr.eu-west-1.amazonaws.com/platform/service-component-{i}@sha256:{:064x}",
+                        i * 7919 + 17
+                    ),
+                    format!("123456789012.dkr.ecr.eu-west-1.amazonaws.com/platform/service-component-{i}:v1.{i}.3-eksbuild.1"),
+                    format!("mirror.registry.example.com/platform/service-component-{i}@sha256:{:064x}", i * 104_729 + 3)
+                ],
+                "sizeBytes": 10_000_000 + i * 123_457
+            })
+        })
+        .collect();
+    let condition = |t: &str, status: &str, reason: &str, msg: &str| {
+        json!({"type": t, "status": status, "lastHeartbeatTime": "2025-01-01T00:00:00Z",
+               "lastTransitionTime": "2025-01-01T00:00:00Z", "reason": reason, "message": msg})
+    };
+    json!({
+        "kind": "Node",
+        "apiVersion": "v1",
+        "metadata": {
+            "name": name,
+            "creationTimestamp": null,
+            "managedFields": [{
+                "manager": "kubelet",
+                "operation": "Update",
+                "apiVersion": "v1",
+                "time": "2025-01-01T00:00:00Z",
+                "fieldsType": "FieldsV1",
+                "fieldsV1": {
+                    "f:metadata": {"f:annotations": {".": {}, "f:node.alpha.kubernetes.io/ttl": {},
+                        "f:volumes.kubernetes.io/controller-managed-attach-detach": {}},
+                        "f:labels": {".": {}, "f:beta.kubernetes.io/arch": {}, "f:beta.kubernetes.io/os": {},
+                            "f:kubernetes.io/arch": {}, "f:kubernetes.io/hostname": {}, "f:kubernetes.io/os": {},
+                            "f:node.kubernetes.io/instance-type": {}, "f:topology.kubernetes.io/region": {},
+                            "f:topology.kubernetes.io/zone": {}}},
+                    "f:spec": {"f:podCIDR": {}, "f:podCIDRs": {".": {}, "v:\"10.244.1.0/24\"": {}},
+                        "f:providerID": {}},
+                    "f:status": {"f:addresses": {}, "f:allocatable": {}, "f:capacity": {}, "f:conditions": {},
+                        "f:daemonEndpoints": {}, "f:images": {}, "f:nodeInfo": {}}
+                }
+            }],
+            "labels": {
+                "beta.kubernetes.io/arch": "amd64",
+                "beta.kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "node.kubernetes.io/instance-type": "m5.xlarge",
+                "topology.kubernetes.io/region": "eu-west-1",
+                "topology.kubernetes.io/zone": "eu-west-1a"
+            },
+            "annotations": {
+                "node.alpha.kubernetes.io/ttl": "0",
+                "volumes.kubernetes.io/controller-managed-attach-detach": "true"
+            }
+        },
+        "spec": {
+            "podCIDR": "10.244.1.0/24",
+            "podCIDRs": ["10.244.1.0/24"],
+            "providerID": format!("aws:///eu-west-1a/i-0{name}")
+        },
+        "status": {
+            "capacity": {"cpu": "4", "ephemeral-storage": "104845292Ki", "hugepages-1Gi": "0",
+                         "hugepages-2Mi": "0", "memory": "16209800Ki", "pods": "110"},
+            "allocatable": {"cpu": "3920m", "ephemeral-storage": "96625420948", "hugepages-1Gi": "0",
+                            "hugepages-2Mi": "0", "memory": "15186824Ki", "pods": "110"},
+            "conditions": [
+                condition("MemoryPressure", "False", "KubeletHasSufficientMemory", "kubelet has sufficient memory available"),
+                condition("DiskPressure", "False", "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
+                condition("PIDPressure", "False", "KubeletHasSufficientPID", "kubelet has sufficient PID available"),
+                condition("Ready", "False", "KubeletNotReady", "container runtime network not ready: NetworkReady=false reason:NetworkPluginNotReady message:Network plugin returns error: cni plugin not initialized")
+            ],
+            "addresses": [
+                {"type": "InternalIP", "address": "10.0.12.34"},
+                {"type": "Hostname", "address": name},
+                {"type": "InternalDNS", "address": format!("{name}.eu-west-1.compute.internal")}
+            ],
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
+            "nodeInfo": {
+                "machineID": "ec2f1d8e3b6f4a0f9d1e2c3b4a596877",
+                "systemUUID": "ec2f1d8e-3b6f-4a0f-9d1e-2c3b4a596877",
+                "bootID": boot_id,
+                "kernelVersion": "6.1.112-124.190.amzn2023.x86_64",
+                "osImage": "Amazon Linux 2023.6.20241031",
+                "containerRuntimeVersion": "containerd://1.7.22",
+                "kubeletVersion": "v1.32.0",
+                "kubeProxyVersion": "v1.32.0",
+                "operatingSystem": "linux",
+                "architecture": "amd64"
+            },
+            "images": images
+        }
+    })
+}
+
+/// `node` with `spec.taints` set to `taints`.
+pub fn with_taints(mut node: Value, taints: Value) -> Value {
+    node["spec"]["taints"] = taints;
+    node
+}
+
+/// `node` with an annotation set.
+pub fn with_annotation(mut node: Value, key: &str, value: &str) -> Value {
+    node["metadata"]["annotations"][key] = Value::String(value.to_owned());
+    node
+}
+
+/// An `admission.k8s.io/v1` AdmissionReview request for a Node.
+pub fn review(
+    uid: &str,
+    operation: &str,
+    sub_resource: Option<&str>,
+    username: &str,
+    object: Value,
+    old_object: Option<Value>,
+    dry_run: bool,
+) -> Value {
+    let name = object["metadata"]["name"].clone();
+    let options_kind = if operation == "CREATE" {
+        "CreateOptions"
+    } else {
+        "UpdateOptions"
+    };
+    let mut req = json!({
+        "uid": uid,
+        "kind": {"group": "", "version": "v1", "kind": "Node"},
+        "resource": {"group": "", "version": "v1", "resource": "nodes"},
+        "requestKind": {"group": "", "version": "v1", "kind": "Node"},
+        "requestResource": {"group": "", "version": "v1", "resource": "nodes"},
+        "name": name,
+        "operation": operation,
+        "userInfo": {"username": username, "groups": ["system:authenticated"]},
+        "object": object,
+        "oldObject": old_object.unwrap_or(Value::Null),
+        "dryRun": dry_run,
+        "options": {"kind": options_kind, "apiVersion": "meta.k8s.io/v1"}
+    });
+    if let Some(sub) = sub_resource {
+        req["subResource"] = json!(sub);
+        req["requestSubResource"] = json!(sub);
+    }
+    json!({"kind": "AdmissionReview", "apiVersion": "admission.k8s.io/v1", "request": req})
+}
+
+/// The kubelet's registration: CREATE by `system:node:<name>` of a node
+/// with 50 images and the `not-ready` taint TaintNodesByCondition added.
+pub fn kubelet_create(uid: &str, name: &str) -> Value {
+    let node = with_taints(
+        kubelet_node(name, "b0f1a2c3-0000-4000-8000-000000000001", 50),
+        json!([{"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}]),
+    );
+    review(
+        uid,
+        "CREATE",
+        None,
+        &format!("system:node:{name}"),
+        node,
+        None,
+        false,
+    )
+}
+
+/// The node lifecycle controller's taint PATCH (an UPDATE of the main
+/// resource) on a node that rebooted since its agent recorded it ready.
+pub fn node_controller_update_after_reboot(uid: &str, name: &str) -> Value {
+    let old = with_annotation(
+        kubelet_node(name, "boot-2", 50),
+        nodegate_shared::keys::READY_BOOT_ID_ANNOTATION,
+        "boot-1",
+    );
+    let new = with_taints(
+        old.clone(),
+        json!([{"key": "node.kubernetes.io/unreachable", "effect": "NoSchedule",
+                "timeAdded": "2025-01-01T00:01:00Z"}]),
+    );
+    review(
+        uid,
+        "UPDATE",
+        None,
+        "system:serviceaccount:kube-system:node-controller",
+        new,
+        Some(old),
+        false,
+    )
+}

@@ -1,0 +1,17 @@
+//! `nodegate-webhook`: parse flags, set up logging, serve until SIGTERM.
+
+use clap::Parser;
+use tracing_subscriber::EnvFilter;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = nodegate_webhook::Args::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .init();
+    nodegate_webhook::run(args, nodegate_webhook::shutdown_signal()).await
+}

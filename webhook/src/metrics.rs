@@ -1,0 +1,216 @@
+//! Prometheus metrics, all named `nodegate_webhook_*`.
+//!
+//! Every label combination is created up front and its handle kept, so the
+//! hot path increments an atomic without a map lookup, and every series is
+//! exported (as 0) from the start.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use crate::rules::Reason;
+
+/// `operation` label values, in [`Op`] order.
+const OPERATIONS: [&str; 5] = ["CREATE", "UPDATE", "DELETE", "CONNECT", "UNKNOWN"];
+/// `result` label values of the request counter, in [`Outcome`] order.
+const OUTCOMES: [&str; 3] = ["patched", "allowed", "invalid"];
+
+/// The operation of a request; `Unknown` when it could not be decoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    Create,
+    Update,
+    Delete,
+    Connect,
+    Unknown,
+}
+
+impl From<&kube::core::admission::Operation> for Op {
+    fn from(op: &kube::core::admission::Operation) -> Self {
+        use kube::core::admission::Operation as O;
+        match op {
+            O::Create => Op::Create,
+            O::Update => Op::Update,
+            O::Delete => Op::Delete,
+            O::Connect => Op::Connect,
+        }
+    }
+}
+
+/// How a request was answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Allowed with a patch that adds taints.
+    Patched,
+    /// Allowed untouched.
+    Allowed,
+    /// Not a usable AdmissionReview (answered allowed, or HTTP 400/413).
+    Invalid,
+}
+
+/// Result of one background reboot patch (rule 3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Background {
+    /// Taints added to the main resource.
+    Ok,
+    /// Gave up after retries, or the queue was full.
+    Failed,
+    /// No cluster credentials: reboot patches are disabled.
+    Skipped,
+    /// Re-read showed nothing to do (agent ready again, taints present, node gone).
+    Unneeded,
+}
+
+const BACKGROUND: [&str; 4] = ["ok", "failed", "skipped", "unneeded"];
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RequestLabels {
+    operation: &'static str,
+    result: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabels {
+    result: &'static str,
+}
+
+/// The webhook's metrics and their registry.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    requests: Vec<[Counter; 3]>,
+    duration: Histogram,
+    taints_added: [Counter; 2],
+    background: [Counter; 4],
+    tls_reloads: [Counter; 2],
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("nodegate_webhook");
+        let requests_family = Family::<RequestLabels, Counter>::default();
+        let requests = OPERATIONS
+            .iter()
+            .map(|&operation| {
+                OUTCOMES.map(|result| {
+                    requests_family
+                        .get_or_create(&RequestLabels { operation, result })
+                        .clone()
+                })
+            })
+            .collect();
+        registry.register(
+            "requests",
+            "Admission requests by operation and result (patched, allowed, invalid)",
+            requests_family,
+        );
+        // 50 µs .. ~1.6 s.
+        let duration = Histogram::new(exponential_buckets(0.000_05, 2.0, 16));
+        registry.register(
+            "request_duration_seconds",
+            "Time to decode, decide and encode one admission request",
+            duration.clone(),
+        );
+        let reasons = Family::<ReasonLabels, Counter>::default();
+        let taints_added = ["create", "reboot"]
+            .map(|reason| reasons.get_or_create(&ReasonLabels { reason }).clone());
+        registry.register(
+            "taints_added",
+            "Taints added to Nodes, by reason (create, reboot)",
+            reasons,
+        );
+        let bg = Family::<ResultLabels, Counter>::default();
+        let background =
+            BACKGROUND.map(|result| bg.get_or_create(&ResultLabels { result }).clone());
+        registry.register(
+            "background_patches",
+            "Background reboot patches of the main Node resource after a status write, by result",
+            bg,
+        );
+        let tls = Family::<ResultLabels, Counter>::default();
+        let tls_reloads =
+            ["ok", "failed"].map(|result| tls.get_or_create(&ResultLabels { result }).clone());
+        registry.register(
+            "tls_reloads",
+            "Serving certificate reloads after the files changed, by result",
+            tls,
+        );
+        Self {
+            registry,
+            requests,
+            duration,
+            taints_added,
+            background,
+            tls_reloads,
+        }
+    }
+
+    pub fn request(&self, op: Op, outcome: Outcome, seconds: f64) {
+        self.requests[op as usize][outcome as usize].inc();
+        self.duration.observe(seconds);
+    }
+
+    pub fn taints_added(&self, reason: Reason, n: usize) {
+        let i = match reason {
+            Reason::Create => 0,
+            Reason::Reboot => 1,
+        };
+        self.taints_added[i].inc_by(n as u64);
+    }
+
+    pub fn background(&self, result: Background) {
+        self.background[result as usize].inc();
+    }
+
+    pub fn tls_reload(&self, ok: bool) {
+        self.tls_reloads[usize::from(!ok)].inc();
+    }
+
+    /// The OpenMetrics text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exports_every_series_with_the_documented_names() {
+        let m = Metrics::new();
+        m.request(Op::Create, Outcome::Patched, 0.001);
+        m.taints_added(Reason::Reboot, 2);
+        m.background(Background::Skipped);
+        m.tls_reload(false);
+        let text = m.encode();
+        for line in [
+            r#"nodegate_webhook_requests_total{operation="CREATE",result="patched"} 1"#,
+            r#"nodegate_webhook_requests_total{operation="UPDATE",result="invalid"} 0"#,
+            "nodegate_webhook_request_duration_seconds_count 1",
+            r#"nodegate_webhook_taints_added_total{reason="reboot"} 2"#,
+            r#"nodegate_webhook_taints_added_total{reason="create"} 0"#,
+            r#"nodegate_webhook_background_patches_total{result="skipped"} 1"#,
+            r#"nodegate_webhook_background_patches_total{result="ok"} 0"#,
+            r#"nodegate_webhook_tls_reloads_total{result="failed"} 1"#,
+        ] {
+            assert!(text.contains(line), "missing {line} in\n{text}");
+        }
+    }
+}

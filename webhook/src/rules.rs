@@ -1,0 +1,660 @@
+//! The admission decision: which requests get which taints (issue 2, rules 1–6).
+//!
+//! Pure and synchronous: no I/O, so it is table-tested directly and runs on
+//! the runtime threads without blocking them.
+
+use kube::core::admission::{AdmissionRequest, AdmissionResponse, Operation};
+use nodegate_shared::keys::NODE_USER_PREFIX;
+use nodegate_shared::node::{boot_id_changed, rebooted_since_ready};
+use nodegate_shared::patch::{Guard, add_taints};
+use nodegate_shared::taint::check_unique;
+use nodegate_shared::{NodeView, TaintError, TaintSpec};
+
+use crate::slim::SlimNode;
+
+/// Why taints were added; also the `reason` label of the taints metric.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    /// A Node create (rule 1).
+    Create,
+    /// A write after the node rebooted since its agent was last ready (rules 2, 3).
+    Reboot,
+}
+
+impl Reason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::Create => "create",
+            Reason::Reboot => "reboot",
+        }
+    }
+}
+
+/// The outcome of one review.
+#[derive(Debug)]
+pub struct Decision {
+    /// Always allowed; carries the patch and warnings when taints are added.
+    pub response: AdmissionResponse,
+    /// Taints added by the patch and why.
+    pub added: Option<(Reason, usize)>,
+    /// A status write after a reboot: the node named here needs a background
+    /// patch of its main resource (rule 3). `None` on dry-run.
+    pub reboot_patch: Option<String>,
+    /// One short phrase for the log line.
+    pub why: &'static str,
+}
+
+/// The configured taints with everything per-request work can reuse.
+#[derive(Debug, Clone)]
+pub struct Rules {
+    taints: Vec<TaintSpec>,
+    /// Warning per configured taint, built once: `[create, reboot]`.
+    warnings: Vec<[String; 2]>,
+}
+
+/// `system:node:<name>`: the kubelet of that node.
+fn is_node_itself(username: Option<&str>, node: Option<&str>) -> bool {
+    match (
+        username.and_then(|u| u.strip_prefix(NODE_USER_PREFIX)),
+        node,
+    ) {
+        (Some(user_node), Some(node)) => user_node == node,
+        _ => false,
+    }
+}
+
+impl Rules {
+    /// Refuses duplicates (same key and effect): the API server would reject
+    /// a Node carrying both.
+    pub fn new(taints: Vec<TaintSpec>) -> Result<Self, TaintError> {
+        check_unique(&taints)?;
+        let warnings = taints
+            .iter()
+            .map(|t| {
+                [
+                    format!("nodegate: added taint {t}: new node, its network agent is not ready yet"),
+                    format!(
+                        "nodegate: added taint {t}: node rebooted since its network agent was last ready"
+                    ),
+                ]
+            })
+            .collect();
+        Ok(Self { taints, warnings })
+    }
+
+    pub fn taints(&self) -> &[TaintSpec] {
+        &self.taints
+    }
+
+    /// Decides one admission request. Never denies: nodegate only adds taints.
+    pub fn review(&self, req: &AdmissionRequest<SlimNode>) -> Decision {
+        let allow = |why| Decision {
+            response: AdmissionResponse::from(req),
+            added: None,
+            reboot_patch: None,
+            why,
+        };
+        // Rule 4: other kinds are not ours.
+        if !req.kind.group.is_empty() || req.kind.version != "v1" || req.kind.kind != "Node" {
+            return allow("not a v1 Node");
+        }
+        let Some(node) = req.object.as_ref().map(|o| &o.view) else {
+            return allow("no object");
+        };
+        if node.is_excluded() {
+            return allow("node excluded by label");
+        }
+        let sub = req.sub_resource.as_deref().unwrap_or("");
+        match (&req.operation, sub) {
+            // Rule 1: a pure mutation, so dry-run gets it too.
+            (Operation::Create, "") => self.patch(req, node, Reason::Create, "create"),
+            (Operation::Update, "") => {
+                // Rule 2: NodeRestriction refuses a kubelet update that changes
+                // taints, and it runs again after a mutation.
+                if is_node_itself(req.user_info.username.as_deref(), node.name()) {
+                    return allow("update by the node itself");
+                }
+                let old_boot = req.old_object.as_ref().and_then(|o| o.view.boot_id());
+                if !rebooted_since_ready(node.ready_boot_id(), old_boot) {
+                    return allow("update: no reboot since ready");
+                }
+                self.patch(req, node, Reason::Reboot, "update after reboot")
+            }
+            (Operation::Update, "status") => {
+                // Rule 3: spec changes are dropped on a status write, so never
+                // patch here; fix the main resource in the background instead.
+                let old = req.old_object.as_ref().map(|o| &o.view);
+                let new_boot = node.boot_id();
+                let rebooted = boot_id_changed(old.and_then(NodeView::boot_id), new_boot)
+                    || rebooted_since_ready(node.ready_boot_id(), new_boot);
+                if !rebooted {
+                    return allow("status: no reboot");
+                }
+                // The stored spec is what a status write keeps.
+                let stored = old.filter(|o| o.has_spec()).unwrap_or(node);
+                if stored.missing(&self.taints).is_empty() {
+                    return allow("status: rebooted, taints present");
+                }
+                if req.dry_run {
+                    return allow("status: rebooted, dry-run");
+                }
+                let mut d = allow("status: rebooted, background patch");
+                d.reboot_patch = node.name().map(str::to_owned);
+                d
+            }
+            _ => allow("operation not handled"),
+        }
+    }
+
+    fn patch(
+        &self,
+        req: &AdmissionRequest<SlimNode>,
+        node: &NodeView,
+        reason: Reason,
+        why: &'static str,
+    ) -> Decision {
+        let response = AdmissionResponse::from(req);
+        let missing = node.missing(&self.taints);
+        if missing.is_empty() {
+            return Decision {
+                response,
+                added: None,
+                reboot_patch: None,
+                why: "taints already present",
+            };
+        }
+        let idx = match reason {
+            Reason::Create => 0,
+            Reason::Reboot => 1,
+        };
+        let warnings = self
+            .taints
+            .iter()
+            .zip(&self.warnings)
+            .filter(|(t, _)| missing.iter().any(|m| std::ptr::eq(*m, *t)))
+            .map(|(_, w)| w[idx].clone())
+            .collect();
+        let patch = add_taints(node, &missing, Guard::None);
+        match response.with_patch(patch) {
+            Ok(mut response) => {
+                response.warnings = Some(warnings);
+                Decision {
+                    response,
+                    added: Some((reason, missing.len())),
+                    reboot_patch: None,
+                    why,
+                }
+            }
+            // Serializing a patch of strings cannot fail; allow untouched if it does.
+            Err(_) => Decision {
+                response: AdmissionResponse::from(req),
+                added: None,
+                reboot_patch: None,
+                why: "patch serialization failed",
+            },
+        }
+    }
+
+    /// The background re-check (rule 3) on a freshly read node: taints to add,
+    /// or none when the node is excluded or its agent already recorded the
+    /// current boot as ready.
+    pub fn reboot_taints_needed<'a>(&'a self, node: &NodeView) -> Vec<&'a TaintSpec> {
+        if node.is_excluded() {
+            return Vec::new();
+        }
+        match (node.ready_boot_id(), node.boot_id()) {
+            (Some(ready), Some(now)) if ready == now => Vec::new(),
+            (_, None) => Vec::new(),
+            _ => node.missing(&self.taints),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use base64::Engine;
+    use serde_json::{Value, json};
+
+    use super::*;
+    use crate::fixtures::{kubelet_node, review, with_annotation, with_taints};
+    use crate::wire;
+    use nodegate_shared::keys::{DEFAULT_TAINT, EXCLUDE_LABEL, READY_BOOT_ID_ANNOTATION as ANN};
+
+    const CILIUM: &str = "node.cilium.io/agent-not-ready";
+    const NOT_READY: &str = "node.kubernetes.io/not-ready";
+    const KUBELET: &str = "system:node:n1";
+    const CONTROLLER: &str = "system:serviceaccount:kube-system:node-controller";
+
+    /// (name, user, new object, old object, expected taint keys or None).
+    type UpdateCase<'a> = (&'a str, &'a str, Value, Value, Option<Vec<&'a str>>);
+
+    fn rules() -> Rules {
+        Rules::new(vec![DEFAULT_TAINT.parse().unwrap()]).unwrap()
+    }
+
+    /// What the API server would see: the wire answer, and the object after
+    /// applying the (base64) patch with json-patch.
+    struct Answer {
+        wire: Value,
+        decision: Decision,
+        patched: Option<Value>,
+    }
+
+    fn answer(rules: &Rules, review: &Value) -> Answer {
+        let req = wire::decode_request(&serde_json::to_vec(review).unwrap()).unwrap();
+        let decision = rules.review(&req);
+        let wire: Value =
+            serde_json::from_slice(&wire::encode_response(&decision.response)).unwrap();
+        assert_eq!(wire["apiVersion"], "admission.k8s.io/v1");
+        assert_eq!(wire["kind"], "AdmissionReview");
+        assert_eq!(wire["response"]["uid"], review["request"]["uid"]);
+        assert_eq!(wire["response"]["allowed"], true);
+        let patched = wire["response"].get("patch").map(|p| {
+            assert_eq!(wire["response"]["patchType"], "JSONPatch");
+            let bytes = base64::engine::general_purpose::STANDARD
+                .decode(p.as_str().expect("patch is a base64 string"))
+                .unwrap();
+            let patch: json_patch::Patch = serde_json::from_slice(&bytes).unwrap();
+            let mut obj = review["request"]["object"].clone();
+            json_patch::patch(&mut obj, &patch).expect("patch applies to the object");
+            obj
+        });
+        if patched.is_none() {
+            assert!(wire["response"].get("patchType").is_none());
+            assert!(wire["response"].get("warnings").is_none());
+        }
+        Answer {
+            wire,
+            decision,
+            patched,
+        }
+    }
+
+    fn taint_keys(obj: &Value) -> Vec<String> {
+        obj["spec"]["taints"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|t| t["key"].as_str().unwrap().to_owned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Rule 5: the API server may call again with the mutated object.
+    fn assert_idempotent(rules: &Rules, review_json: &Value, patched: &Value) {
+        let mut again = review_json.clone();
+        again["request"]["object"] = patched.clone();
+        let a = answer(rules, &again);
+        assert!(a.patched.is_none(), "second call patched again: {}", a.wire);
+    }
+
+    fn node_with_not_ready() -> Value {
+        with_taints(
+            kubelet_node("n1", "boot-1", 3),
+            json!([{"key": NOT_READY, "effect": "NoSchedule"}]),
+        )
+    }
+
+    #[test]
+    fn create_table() {
+        let r = rules();
+        let no_spec = {
+            let mut n = kubelet_node("n1", "boot-1", 0);
+            n.as_object_mut().unwrap().remove("spec");
+            n
+        };
+        let no_taints = kubelet_node("n1", "boot-1", 0);
+        let present = with_taints(
+            kubelet_node("n1", "boot-1", 0),
+            json!([{"key": CILIUM, "value": "other", "effect": "NoSchedule"}]),
+        );
+        let mut excluded = node_with_not_ready();
+        excluded["metadata"]["labels"][EXCLUDE_LABEL] = json!("true");
+        let large = with_taints(
+            kubelet_node("n1", "boot-1", 50),
+            json!([{"key": NOT_READY, "effect": "NoSchedule"}]),
+        );
+        let size = serde_json::to_vec(&review(
+            "u",
+            "CREATE",
+            None,
+            KUBELET,
+            large.clone(),
+            None,
+            false,
+        ))
+        .unwrap()
+        .len();
+        assert!(
+            (20_000..32_000).contains(&size),
+            "review is {size} bytes, want about 25 KB"
+        );
+        // (name, object, dry_run, expected taint keys after, or None for no patch)
+        let cases: Vec<(&str, Value, bool, Option<Vec<&str>>)> = vec![
+            (
+                "kubelet create with not-ready",
+                node_with_not_ready(),
+                false,
+                Some(vec![NOT_READY, CILIUM]),
+            ),
+            ("no spec", no_spec, false, Some(vec![CILIUM])),
+            ("spec without taints", no_taints, false, Some(vec![CILIUM])),
+            ("taint already present (other value)", present, false, None),
+            (
+                "dry-run create is patched too",
+                node_with_not_ready(),
+                true,
+                Some(vec![NOT_READY, CILIUM]),
+            ),
+            ("excluded node", excluded, false, None),
+            (
+                "large node with 50 images",
+                large,
+                false,
+                Some(vec![NOT_READY, CILIUM]),
+            ),
+        ];
+        for (name, obj, dry_run, want) in cases {
+            let rv = review("u-1", "CREATE", None, KUBELET, obj.clone(), None, dry_run);
+            let a = answer(&r, &rv);
+            match (&want, &a.patched) {
+                (None, None) => {}
+                (Some(keys), Some(out)) => {
+                    assert_eq!(&taint_keys(out), keys, "{name}");
+                    let added = out["spec"]["taints"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .find(|t| t["key"] == CILIUM)
+                        .unwrap();
+                    assert_eq!(
+                        added,
+                        &json!({"key": CILIUM, "value": "true", "effect": "NoSchedule"})
+                    );
+                    // Nothing but spec.taints changed.
+                    let mut without = out.clone();
+                    let mut orig = obj.clone();
+                    without["spec"].as_object_mut().unwrap().remove("taints");
+                    if let Some(s) = orig.get_mut("spec") {
+                        s.as_object_mut().unwrap().remove("taints");
+                    } else {
+                        orig["spec"] = json!({});
+                    }
+                    assert_eq!(without, orig, "{name}: other fields changed");
+                    let warnings = a.wire["response"]["warnings"].as_array().unwrap();
+                    assert_eq!(warnings.len(), 1, "{name}");
+                    let w = warnings[0].as_str().unwrap();
+                    assert!(
+                        w.contains(DEFAULT_TAINT) && w.contains("new node"),
+                        "{name}: {w}"
+                    );
+                    assert_eq!(a.decision.added, Some((Reason::Create, 1)), "{name}");
+                    assert_idempotent(&r, &rv, out);
+                }
+                _ => panic!("{name}: expected {want:?}, got {}", a.wire),
+            }
+            assert_eq!(a.decision.reboot_patch, None, "{name}");
+        }
+    }
+
+    #[test]
+    fn several_taints_add_only_the_missing_ones_in_place() {
+        let r = Rules::new(vec![
+            DEFAULT_TAINT.parse().unwrap(),
+            "example.com/gate:NoExecute".parse().unwrap(),
+        ])
+        .unwrap();
+        let obj = with_taints(
+            kubelet_node("n1", "boot-1", 0),
+            json!([{"key": "a", "effect": "NoSchedule"}, {"key": CILIUM, "effect": "NoSchedule"},
+                   {"key": "b", "effect": "NoExecute"}]),
+        );
+        let rv = review("u", "CREATE", None, KUBELET, obj, None, false);
+        let a = answer(&r, &rv);
+        let out = a.patched.unwrap();
+        assert_eq!(taint_keys(&out), ["a", CILIUM, "b", "example.com/gate"]);
+        let warnings = a.wire["response"]["warnings"].as_array().unwrap();
+        assert_eq!(warnings.len(), 1);
+        assert!(
+            warnings[0]
+                .as_str()
+                .unwrap()
+                .contains("example.com/gate:NoExecute")
+        );
+        assert_idempotent(&r, &rv, &out);
+    }
+
+    #[test]
+    fn update_table() {
+        let r = rules();
+        // Stored node: rebooted (bootID boot-2), agent was last ready on boot-1.
+        let stored = with_annotation(kubelet_node("n1", "boot-2", 50), ANN, "boot-1");
+        let controller_write = with_taints(
+            stored.clone(),
+            json!([{"key": "node.kubernetes.io/unreachable", "effect": "NoSchedule",
+                    "timeAdded": "2025-01-01T00:01:00Z"}]),
+        );
+        let agent_write = with_annotation(kubelet_node("n1", "boot-2", 50), ANN, "boot-2");
+        let not_rebooted = with_annotation(kubelet_node("n1", "boot-1", 0), ANN, "boot-1");
+        let no_annotation = kubelet_node("n1", "boot-2", 0);
+        let mut excluded = controller_write.clone();
+        excluded["metadata"]["labels"][EXCLUDE_LABEL] = json!("true");
+        let cases: Vec<UpdateCase> = vec![
+            (
+                "node-controller PATCH after reboot",
+                CONTROLLER,
+                controller_write.clone(),
+                stored.clone(),
+                Some(vec!["node.kubernetes.io/unreachable", CILIUM]),
+            ),
+            (
+                "kubelet's own update",
+                KUBELET,
+                controller_write.clone(),
+                stored.clone(),
+                None,
+            ),
+            (
+                "another node's kubelet is not the node itself",
+                "system:node:n2",
+                controller_write.clone(),
+                stored.clone(),
+                Some(vec!["node.kubernetes.io/unreachable", CILIUM]),
+            ),
+            (
+                "agent records the current boot",
+                "system:serviceaccount:kube-system:nodegate-agent",
+                agent_write,
+                stored.clone(),
+                None,
+            ),
+            (
+                "no reboot since ready",
+                CONTROLLER,
+                not_rebooted.clone(),
+                not_rebooted,
+                None,
+            ),
+            (
+                "never ready (no annotation)",
+                CONTROLLER,
+                no_annotation.clone(),
+                no_annotation,
+                None,
+            ),
+            ("excluded node", CONTROLLER, excluded, stored.clone(), None),
+        ];
+        for (name, user, new, old, want) in cases {
+            let rv = review("u-2", "UPDATE", None, user, new, Some(old), false);
+            let a = answer(&r, &rv);
+            match (&want, &a.patched) {
+                (None, None) => {}
+                (Some(keys), Some(out)) => {
+                    assert_eq!(&taint_keys(out), keys, "{name}");
+                    // The controller's own taint entry is kept byte for byte.
+                    assert_eq!(
+                        out["spec"]["taints"][0]["timeAdded"],
+                        "2025-01-01T00:01:00Z"
+                    );
+                    let w = a.wire["response"]["warnings"][0].as_str().unwrap();
+                    assert!(w.contains("rebooted"), "{name}: {w}");
+                    assert_eq!(a.decision.added, Some((Reason::Reboot, 1)));
+                    assert_idempotent(&r, &rv, out);
+                }
+                _ => panic!("{name}: expected {want:?}, got {}", a.wire),
+            }
+            assert_eq!(a.decision.reboot_patch, None, "{name}");
+        }
+    }
+
+    #[test]
+    fn status_writes_never_patch_and_queue_only_real_reboots() {
+        let r = rules();
+        let old = with_annotation(kubelet_node("n1", "boot-1", 50), ANN, "boot-1");
+        let rebooted = with_annotation(kubelet_node("n1", "boot-2", 50), ANN, "boot-1");
+        let heartbeat = old.clone();
+        let first_status = kubelet_node("n1", "boot-1", 0);
+        let unannotated_old = kubelet_node("n1", "", 0);
+        let tainted_old = with_taints(
+            old.clone(),
+            json!([{"key": CILIUM, "value": "true", "effect": "NoSchedule"}]),
+        );
+        let tainted_new = with_taints(
+            rebooted.clone(),
+            json!([{"key": CILIUM, "value": "true", "effect": "NoSchedule"}]),
+        );
+        let stale_annotation_old = with_annotation(kubelet_node("n1", "boot-2", 0), ANN, "boot-1");
+        let stale_annotation_new = stale_annotation_old.clone();
+        let unannotated_reboot_old = kubelet_node("n1", "boot-1", 0);
+        let unannotated_reboot_new = kubelet_node("n1", "boot-2", 0);
+        let mut excluded = rebooted.clone();
+        excluded["metadata"]["labels"][EXCLUDE_LABEL] = json!("true");
+        // (name, new, old, dry_run, queued?)
+        let cases: Vec<(&str, Value, Value, bool, bool)> = vec![
+            ("bootID changed", rebooted.clone(), old.clone(), false, true),
+            (
+                "bootID changed, dry-run",
+                rebooted.clone(),
+                old.clone(),
+                true,
+                false,
+            ),
+            (
+                "heartbeat, bootID unchanged",
+                heartbeat,
+                old.clone(),
+                false,
+                false,
+            ),
+            (
+                "first status after registration (old bootID empty)",
+                first_status,
+                unannotated_old,
+                false,
+                false,
+            ),
+            (
+                "bootID changed but taint present",
+                tainted_new,
+                tainted_old,
+                false,
+                false,
+            ),
+            (
+                "annotation differs from current bootID",
+                stale_annotation_new,
+                stale_annotation_old,
+                false,
+                true,
+            ),
+            (
+                "bootID changed, never ready",
+                unannotated_reboot_new,
+                unannotated_reboot_old,
+                false,
+                true,
+            ),
+            ("excluded", excluded, old, false, false),
+        ];
+        for (name, new, old, dry_run, queued) in cases {
+            let rv = review(
+                "u-3",
+                "UPDATE",
+                Some("status"),
+                KUBELET,
+                new,
+                Some(old),
+                dry_run,
+            );
+            let a = answer(&r, &rv);
+            assert!(
+                a.patched.is_none(),
+                "{name}: status write patched: {}",
+                a.wire
+            );
+            assert_eq!(
+                a.decision.reboot_patch.as_deref(),
+                queued.then_some("n1"),
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn other_kinds_operations_and_subresources_are_untouched() {
+        let r = rules();
+        let node = node_with_not_ready();
+        let mut pod = review("u", "CREATE", None, "alice", node.clone(), None, false);
+        pod["request"]["kind"] = json!({"group": "", "version": "v1", "kind": "Pod"});
+        let delete = review(
+            "u",
+            "DELETE",
+            None,
+            "alice",
+            node.clone(),
+            Some(node.clone()),
+            false,
+        );
+        let connect = review("u", "CONNECT", None, "alice", node.clone(), None, false);
+        let proxy = review(
+            "u",
+            "UPDATE",
+            Some("proxy"),
+            "alice",
+            node.clone(),
+            Some(node.clone()),
+            false,
+        );
+        let mut no_object = review("u", "CREATE", None, "alice", node, None, false);
+        no_object["request"]["object"] = Value::Null;
+        for rv in [pod, delete, connect, proxy, no_object] {
+            let a = answer(&r, &rv);
+            assert!(a.patched.is_none(), "{}", a.wire);
+            assert_eq!(a.decision.added, None);
+        }
+    }
+
+    #[test]
+    fn background_recheck() {
+        let r = rules();
+        let view = |v: Value| serde_json::from_value::<NodeView>(v).unwrap();
+        let ready_now = with_annotation(kubelet_node("n1", "boot-2", 0), ANN, "boot-2");
+        assert!(r.reboot_taints_needed(&view(ready_now)).is_empty());
+        let stale = with_annotation(kubelet_node("n1", "boot-2", 0), ANN, "boot-1");
+        assert_eq!(r.reboot_taints_needed(&view(stale.clone())).len(), 1);
+        assert_eq!(
+            r.reboot_taints_needed(&view(kubelet_node("n1", "boot-2", 0)))
+                .len(),
+            1
+        );
+        let tainted = with_taints(
+            stale.clone(),
+            json!([{"key": CILIUM, "effect": "NoSchedule"}]),
+        );
+        assert!(r.reboot_taints_needed(&view(tainted)).is_empty());
+        let mut excluded = stale;
+        excluded["metadata"]["labels"][EXCLUDE_LABEL] = json!("true");
+        assert!(r.reboot_taints_needed(&view(excluded)).is_empty());
+    }
+}

@@ -1,0 +1,244 @@
+//! The serving certificate, re-read when its files change.
+//!
+//! Kubernetes updates a mounted Secret by writing a new timestamped directory
+//! and swapping the `..data` symlink, so the *directory* is watched (a watch
+//! on the file would follow the old inode). A periodic re-check covers
+//! platforms and volume types where events do not arrive. A pair that fails to
+//! parse or whose key does not match the certificate is refused and the
+//! previous pair stays in use: a bad rotation never takes the webhook down.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::Duration;
+
+use notify::{RecursiveMode, Watcher};
+use rustls::crypto::CryptoProvider;
+use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::sign::CertifiedKey;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use tokio::sync::Notify;
+
+use crate::metrics::Metrics;
+
+/// Why a certificate/key pair was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path} holds no PEM certificate")]
+    NoCertificate { path: PathBuf },
+    #[error("cannot parse {path}: {reason}")]
+    Pem { path: PathBuf, reason: String },
+    #[error("key {key} does not fit certificate {cert}: {source}")]
+    Mismatch {
+        cert: PathBuf,
+        key: PathBuf,
+        #[source]
+        source: rustls::Error,
+    },
+}
+
+/// Serves the current pair to every handshake; swaps it when the files change.
+pub struct CertReloader {
+    cert_path: PathBuf,
+    key_path: PathBuf,
+    provider: Arc<CryptoProvider>,
+    current: RwLock<Arc<CertifiedKey>>,
+    files: Mutex<Files>,
+}
+
+/// File contents last seen, so an unchanged re-check costs two reads and a
+/// refused pair is reported once, not on every tick.
+#[derive(Default)]
+struct Files {
+    loaded: (Vec<u8>, Vec<u8>),
+    refused: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl fmt::Debug for CertReloader {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CertReloader")
+            .field("cert_path", &self.cert_path)
+            .field("key_path", &self.key_path)
+            .finish_non_exhaustive()
+    }
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
+    std::fs::read(path).map_err(|source| TlsError::Read {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+fn parse(
+    cert_path: &Path,
+    key_path: &Path,
+    cert_pem: &[u8],
+    key_pem: &[u8],
+    provider: &CryptoProvider,
+) -> Result<CertifiedKey, TlsError> {
+    let chain = CertificateDer::pem_slice_iter(cert_pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| TlsError::Pem {
+            path: cert_path.to_owned(),
+            reason: e.to_string(),
+        })?;
+    if chain.is_empty() {
+        return Err(TlsError::NoCertificate {
+            path: cert_path.to_owned(),
+        });
+    }
+    let key = PrivateKeyDer::from_pem_slice(key_pem).map_err(|e| TlsError::Pem {
+        path: key_path.to_owned(),
+        reason: e.to_string(),
+    })?;
+    let ck = CertifiedKey::from_der(chain, key, provider).map_err(|source| TlsError::Mismatch {
+        cert: cert_path.to_owned(),
+        key: key_path.to_owned(),
+        source,
+    })?;
+    // from_der tolerates an "unknown" consistency result; we want a definite match.
+    ck.keys_match().map_err(|source| TlsError::Mismatch {
+        cert: cert_path.to_owned(),
+        key: key_path.to_owned(),
+        source,
+    })?;
+    Ok(ck)
+}
+
+impl CertReloader {
+    /// Loads the initial pair; fails when it is unusable (nothing to serve yet).
+    pub fn load(
+        cert_path: impl Into<PathBuf>,
+        key_path: impl Into<PathBuf>,
+        provider: Arc<CryptoProvider>,
+    ) -> Result<Self, TlsError> {
+        let cert_path = cert_path.into();
+        let key_path = key_path.into();
+        let cert_pem = read(&cert_path)?;
+        let key_pem = read(&key_path)?;
+        let ck = parse(&cert_path, &key_path, &cert_pem, &key_pem, &provider)?;
+        Ok(Self {
+            cert_path,
+            key_path,
+            provider,
+            current: RwLock::new(Arc::new(ck)),
+            files: Mutex::new(Files {
+                loaded: (cert_pem, key_pem),
+                refused: None,
+            }),
+        })
+    }
+
+    /// The pair handshakes get now.
+    pub fn current(&self) -> Arc<CertifiedKey> {
+        self.current
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Re-reads the files (blocking I/O): `Ok(true)` when a new pair is in
+    /// use, `Ok(false)` when nothing changed (or the same bad pair was already
+    /// refused), `Err` when the new pair is bad (the old one stays).
+    pub fn reload(&self) -> Result<bool, TlsError> {
+        let cert_pem = read(&self.cert_path)?;
+        let key_pem = read(&self.key_path)?;
+        let mut files = self.files.lock().unwrap_or_else(PoisonError::into_inner);
+        let pair = (cert_pem, key_pem);
+        if files.loaded == pair || files.refused.as_ref() == Some(&pair) {
+            return Ok(false);
+        }
+        match parse(
+            &self.cert_path,
+            &self.key_path,
+            &pair.0,
+            &pair.1,
+            &self.provider,
+        ) {
+            Ok(ck) => {
+                *self.current.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(ck);
+                files.loaded = pair;
+                files.refused = None;
+                Ok(true)
+            }
+            Err(err) => {
+                files.refused = Some(pair);
+                Err(err)
+            }
+        }
+    }
+
+    /// Watches the files' directories and re-checks every `interval` until
+    /// `shutdown`; reloads on change. Returns once the watch is set up.
+    pub fn spawn_watcher(
+        self: Arc<Self>,
+        interval: Duration,
+        metrics: Arc<Metrics>,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<tokio::task::JoinHandle<()>, notify::Error> {
+        let changed = Arc::new(Notify::new());
+        let signal = changed.clone();
+        // notify's callback runs on its own thread; Notify is safe to poke from there.
+        let mut watcher =
+            notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
+                if res.is_ok() {
+                    signal.notify_one();
+                }
+            })?;
+        let mut dirs: Vec<PathBuf> = [&self.cert_path, &self.key_path]
+            .iter()
+            .map(|p| match p.parent() {
+                Some(d) if !d.as_os_str().is_empty() => d.to_owned(),
+                _ => PathBuf::from("."),
+            })
+            .collect();
+        dirs.dedup();
+        for dir in &dirs {
+            watcher.watch(dir, RecursiveMode::NonRecursive)?;
+        }
+        Ok(tokio::spawn(async move {
+            let _watcher = watcher; // dropping it stops the watch
+            let mut tick = tokio::time::interval(interval);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            tick.tick().await;
+            tokio::pin!(shutdown);
+            loop {
+                tokio::select! {
+                    _ = &mut shutdown => return,
+                    _ = changed.notified() => {
+                        // Let a burst of events (several renames) settle first.
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                    _ = tick.tick() => {}
+                }
+                let this = self.clone();
+                match tokio::task::spawn_blocking(move || this.reload()).await {
+                    Ok(Ok(true)) => {
+                        metrics.tls_reload(true);
+                        tracing::info!(cert = %self.cert_path.display(), "serving certificate reloaded");
+                    }
+                    Ok(Ok(false)) => {}
+                    Ok(Err(err)) => {
+                        metrics.tls_reload(false);
+                        tracing::warn!(%err, "new serving certificate refused; keeping the previous one");
+                    }
+                    Err(err) => tracing::error!(%err, "certificate reload task failed"),
+                }
+            }
+        }))
+    }
+}
+
+impl ResolvesServerCert for CertReloader {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(self.current())
+    }
+}

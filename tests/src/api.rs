@@ -691,12 +691,17 @@ async fn delete(
     user: &str,
     body: &[u8],
 ) -> Result<Reply> {
-    let dry = dry_run(q)?;
     let opts: Value = if body.is_empty() {
         json!({})
     } else {
         json_body(body)?
     };
+    // DeleteOptions may carry dryRun in the body (kube-rs sends it there).
+    let dry = dry_run(q)?
+        || opts
+            .get("dryRun")
+            .and_then(Value::as_array)
+            .is_some_and(|d| d.iter().any(|x| x.as_str() == Some("All")));
     let precondition = opts
         .pointer("/preconditions/resourceVersion")
         .and_then(Value::as_str)

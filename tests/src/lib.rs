@@ -17,3 +17,10 @@ pub mod users;
 pub mod util;
 
 pub use server::{Emulator, EmulatorOptions};
+pub mod fake_webhook;
+pub mod kubelet;
+pub mod process;
+
+pub use process::{WebhookOptions, WebhookProcess, bin_path};
+pub mod cluster;
+pub mod raw;

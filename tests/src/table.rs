@@ -51,7 +51,10 @@ fn node_roles(obj: &Value) -> String {
     }
 }
 
-fn columns_and_cells(res: &ResourceDef) -> (Vec<Value>, fn(&Value) -> Vec<Value>) {
+/// Renders one object's row cells.
+type Cells = fn(&Value) -> Vec<Value>;
+
+fn columns_and_cells(res: &ResourceDef) -> (Vec<Value>, Cells) {
     let name = col(
         "Name",
         "string",

@@ -1,0 +1,316 @@
+//! Running the real nodegate binaries next to the emulator.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use nodegate_certs::{Ca, ServingRequest};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+use crate::Emulator;
+
+/// `target/<profile>/<name>`, found from the running executable (a test
+/// binary lives in `target/<profile>/deps/`). Check `exists()` before use:
+/// [`WebhookProcess::start`] reports a missing binary as an error.
+pub fn bin_path(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().unwrap_or_default();
+    let mut dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
+    if dir.ends_with("deps") {
+        dir.pop();
+    }
+    dir.join(name)
+}
+
+fn existing_bin(name: &str, package: &str) -> anyhow::Result<PathBuf> {
+    let p = bin_path(name);
+    if !p.exists() {
+        bail!(
+            "binary {name} not found at {}: build it first (`cargo build -p {package}`)",
+            p.display()
+        );
+    }
+    Ok(p)
+}
+
+/// The repository's `manifests/` directory (compiled in; override with
+/// `NODEGATE_MANIFESTS`).
+pub fn manifests_dir() -> PathBuf {
+    std::env::var_os("NODEGATE_MANIFESTS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../manifests"))
+}
+
+/// The project's MutatingWebhookConfiguration, as shipped (no caBundle).
+pub fn shipped_webhook_config() -> anyhow::Result<String> {
+    let p = manifests_dir().join("webhook/mutatingwebhookconfiguration.yaml");
+    std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))
+}
+
+/// The service the shipped configuration points at.
+pub const WEBHOOK_SERVICE: &str = "nodegate-webhook";
+pub const WEBHOOK_NAMESPACE: &str = "nodegate";
+
+/// Options for [`WebhookProcess::start`].
+#[derive(Debug, Clone, Default)]
+pub struct WebhookOptions {
+    /// `--taint` values; empty means the binary's default.
+    pub taints: Vec<String>,
+    /// KUBECONFIG for the reboot patches (rule 3); `None` disables them.
+    pub kubeconfig: Option<PathBuf>,
+    pub extra_args: Vec<String>,
+}
+
+/// The real `nodegate-webhook` binary with fresh certificates from
+/// nodegate-certs, listening on loopback port 0.
+#[derive(Debug)]
+pub struct WebhookProcess {
+    child: Child,
+    https: SocketAddr,
+    admin: SocketAddr,
+    ca_pem: String,
+    logs: Arc<Mutex<VecDeque<String>>>,
+    _dir: tempfile::TempDir,
+}
+
+fn parse_listening(line: &str) -> Option<(SocketAddr, SocketAddr)> {
+    let rest = &line[line.find("listening https=")? + "listening https=".len()..];
+    let (https, rest) = rest.split_once(' ')?;
+    let admin = rest.strip_prefix("admin=")?.split_whitespace().next()?;
+    Some((https.parse().ok()?, admin.parse().ok()?))
+}
+
+impl WebhookProcess {
+    pub async fn start(opts: WebhookOptions) -> anyhow::Result<WebhookProcess> {
+        let bin = existing_bin("nodegate-webhook", "nodegate-webhook")?;
+        let dir = tempfile::tempdir()?;
+        let ca = Ca::generate(1).context("generating webhook CA")?;
+        let cert = ca
+            .issue(&ServingRequest {
+                service: WEBHOOK_SERVICE.into(),
+                namespace: WEBHOOK_NAMESPACE.into(),
+                ips: vec![std::net::IpAddr::from([127, 0, 0, 1])],
+                days: 1,
+            })
+            .context("issuing webhook serving cert")?;
+        nodegate_certs::write_files(dir.path(), ca.cert_pem(), &cert)?;
+        let mut cmd = Command::new(&bin);
+        cmd.arg("--listen")
+            .arg("127.0.0.1:0")
+            .arg("--admin-listen")
+            .arg("127.0.0.1:0")
+            .arg("--tls-cert")
+            .arg(dir.path().join("tls.crt"))
+            .arg("--tls-key")
+            .arg(dir.path().join("tls.key"))
+            .arg("--shutdown-timeout")
+            .arg("2s");
+        for t in &opts.taints {
+            cmd.arg("--taint").arg(t);
+        }
+        cmd.args(&opts.extra_args);
+        // Nothing from the caller's environment may point it at a real cluster.
+        cmd.env_remove("KUBECONFIG")
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .env_remove("NODEGATE_TAINTS")
+            .env("HOME", dir.path())
+            .env(
+                "RUST_LOG",
+                std::env::var("NODEGATE_WEBHOOK_LOG").unwrap_or_else(|_| "info".into()),
+            );
+        match &opts.kubeconfig {
+            Some(kc) => {
+                cmd.env("KUBECONFIG", kc);
+            }
+            None => {
+                cmd.arg("--disable-reboot-patches");
+            }
+        }
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        let mut child = cmd
+            .spawn()
+            .with_context(|| format!("spawning {}", bin.display()))?;
+        let logs = Arc::new(Mutex::new(VecDeque::new()));
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let echo = std::env::var_os("NODEGATE_TEST_VERBOSE").is_some();
+        for pipe in [
+            child
+                .stderr
+                .take()
+                .map(|s| Box::new(s) as Box<dyn tokio::io::AsyncRead + Unpin + Send>),
+            child
+                .stdout
+                .take()
+                .map(|s| Box::new(s) as Box<dyn tokio::io::AsyncRead + Unpin + Send>),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            let logs = logs.clone();
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let mut lines = BufReader::new(pipe).lines();
+                while let Ok(Some(line)) = lines.next_line().await {
+                    if echo {
+                        eprintln!("[webhook] {line}");
+                    }
+                    if let Some(addrs) = parse_listening(&line) {
+                        let _ = tx.send(addrs);
+                    }
+                    let mut l = logs.lock().unwrap_or_else(|p| p.into_inner());
+                    l.push_back(line);
+                    if l.len() > 500 {
+                        l.pop_front();
+                    }
+                }
+            });
+        }
+        drop(tx);
+        let started = tokio::time::timeout(Duration::from_secs(30), rx.recv()).await;
+        let (https, admin) = match started {
+            Ok(Some(a)) => a,
+            _ => {
+                let _ = child.start_kill();
+                let tail: Vec<String> = logs
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .iter()
+                    .cloned()
+                    .collect();
+                bail!(
+                    "nodegate-webhook did not report its addresses; output:\n{}",
+                    tail.join("\n")
+                );
+            }
+        };
+        Ok(WebhookProcess {
+            child,
+            https,
+            admin,
+            ca_pem: ca.cert_pem().to_string(),
+            logs,
+            _dir: dir,
+        })
+    }
+
+    /// `"nodegate-webhook.nodegate.svc"`, the name the API server verifies.
+    pub fn service(&self) -> String {
+        format!("{WEBHOOK_SERVICE}.{WEBHOOK_NAMESPACE}.svc")
+    }
+
+    pub fn https_addr(&self) -> SocketAddr {
+        self.https
+    }
+
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.admin
+    }
+
+    pub fn ca_pem(&self) -> &str {
+        &self.ca_pem
+    }
+
+    /// For [`crate::EmulatorOptions::service_endpoints`].
+    pub fn service_endpoints(&self) -> HashMap<String, SocketAddr> {
+        HashMap::from([(self.service(), self.https)])
+    }
+
+    /// `yaml` with this process's CA as `caBundle`.
+    pub fn webhook_config(&self, yaml: &str) -> anyhow::Result<String> {
+        Ok(nodegate_certs::inject_ca_bundle(yaml, &self.ca_pem)?)
+    }
+
+    /// Points `emu` at this webhook: the service endpoint and the shipped
+    /// (or given) configuration with the caBundle filled in.
+    pub fn attach(&self, emu: &Emulator, config_yaml: Option<&str>) -> anyhow::Result<()> {
+        let shipped;
+        let yaml = match config_yaml {
+            Some(y) => y,
+            None => {
+                shipped = shipped_webhook_config()?;
+                &shipped
+            }
+        };
+        emu.set_service_endpoint(&self.service(), self.https);
+        emu.apply_webhook_config(&self.webhook_config(yaml)?)
+    }
+
+    /// The last lines the process printed.
+    pub fn logs(&self) -> Vec<String> {
+        self.logs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .cloned()
+            .collect()
+    }
+
+    /// Fetches the admin port's `/metrics` text.
+    pub async fn metrics(&self) -> anyhow::Result<String> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(self.admin).await?;
+        s.write_all(
+            format!(
+                "GET /metrics HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+                self.admin
+            )
+            .as_bytes(),
+        )
+        .await?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).await?;
+        Ok(out
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_string())
+            .unwrap_or(out))
+    }
+
+    /// SIGTERM (graceful drain), then waits for the exit.
+    pub async fn stop(&mut self) -> anyhow::Result<std::process::ExitStatus> {
+        if let Some(pid) = self.child.id() {
+            let status = Command::new("kill")
+                .arg("-TERM")
+                .arg(pid.to_string())
+                .status()
+                .await?;
+            if !status.success() {
+                bail!("kill -TERM {pid} failed");
+            }
+        }
+        match tokio::time::timeout(Duration::from_secs(10), self.child.wait()).await {
+            Ok(r) => Ok(r?),
+            Err(_) => {
+                self.child.start_kill()?;
+                Ok(self.child.wait().await?)
+            }
+        }
+    }
+
+    /// SIGKILL: an abrupt outage.
+    pub async fn kill(&mut self) -> anyhow::Result<()> {
+        self.child.start_kill()?;
+        self.child.wait().await?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_listening_line() {
+        let l = "2026-01-01T00:00:00Z  INFO nodegate_webhook: listening https=127.0.0.1:4431 admin=127.0.0.1:9091";
+        let (h, a) = parse_listening(l).unwrap();
+        assert_eq!(h.port(), 4431);
+        assert_eq!(a.port(), 9091);
+        assert!(parse_listening("listening https=nope admin=x").is_none());
+    }
+}

@@ -37,9 +37,11 @@ impl Webhook {
             Ok(req) => {
                 let op = Op::from(&req.operation);
                 let d = self.rules.review(&req);
+                // Per-request lines are debug: a burst of thousands of node
+                // writes must not turn into blocking stderr writes.
                 if let Some((reason, n)) = d.added {
                     self.metrics.taints_added(reason, n);
-                    tracing::info!(
+                    tracing::debug!(
                         uid = %req.uid, node = %req.name, operation = ?req.operation,
                         dry_run = req.dry_run, taints = n, "{}", d.why
                     );

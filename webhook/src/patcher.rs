@@ -102,16 +102,21 @@ impl RebootPatcher {
         let api: Api<SlimNode> = Api::all(client);
         let permits = Arc::new(Semaphore::new(opts.concurrency.max(1)));
         let worker = tokio::spawn(async move {
-            while let Some(node) = rx.recv().await {
+            loop {
+                // A free slot first, then a node: nodes stay in `pending` (and
+                // deduplicated) while they wait for a slot.
+                let Ok(permit) = permits.clone().acquire_owned().await else {
+                    return;
+                };
+                let Some(node) = rx.recv().await else {
+                    return;
+                };
                 // Removed before the work starts: a write that arrives while
                 // this job runs queues a fresh one.
                 pending
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
                     .remove(&node);
-                let Ok(permit) = permits.clone().acquire_owned().await else {
-                    return;
-                };
                 let (api, rules, metrics) = (api.clone(), rules.clone(), metrics.clone());
                 tokio::spawn(async move {
                     let _permit = permit;
@@ -203,5 +208,231 @@ pub async fn patch_node(
             }
             other => return other,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use http::{Method, Request, Response, StatusCode};
+    use http_body_util::BodyExt;
+    use kube::client::Body;
+    use nodegate_shared::keys::{DEFAULT_TAINT, READY_BOOT_ID_ANNOTATION as ANN};
+    use serde_json::{Value, json};
+    use tower_test::mock;
+
+    use super::*;
+    use crate::fixtures::{kubelet_node, with_annotation, with_taints};
+
+    type Handle = mock::Handle<Request<Body>, Response<Body>>;
+
+    fn rules() -> Arc<Rules> {
+        Arc::new(Rules::new(vec![DEFAULT_TAINT.parse().unwrap()]).unwrap())
+    }
+
+    fn fast() -> PatcherOptions {
+        PatcherOptions {
+            base_backoff: Duration::from_millis(1),
+            max_backoff: Duration::from_millis(5),
+            ..PatcherOptions::default()
+        }
+    }
+
+    fn rebooted_node(rv: &str) -> Value {
+        let mut n = with_taints(
+            with_annotation(kubelet_node("n1", "boot-2", 2), ANN, "boot-1"),
+            json!([{"key": "node.kubernetes.io/unreachable", "effect": "NoSchedule"}]),
+        );
+        n["metadata"]["resourceVersion"] = json!(rv);
+        n
+    }
+
+    fn json_response(status: StatusCode, body: &Value) -> Response<Body> {
+        Response::builder()
+            .status(status)
+            .header("content-type", "application/json")
+            .body(Body::from(serde_json::to_vec(body).unwrap()))
+            .unwrap()
+    }
+
+    fn status(code: u16, reason: &str) -> Value {
+        json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+               "message": reason, "reason": reason, "code": code})
+    }
+
+    async fn expect(
+        handle: &mut Handle,
+        method: Method,
+        path: &str,
+    ) -> (Request<Body>, mock::SendResponse<Response<Body>>) {
+        let (req, send) = handle.next_request().await.expect("a request");
+        assert_eq!(req.method(), method);
+        assert_eq!(req.uri().path(), path);
+        (req, send)
+    }
+
+    async fn body_json(req: Request<Body>) -> Value {
+        let bytes = req.into_body().collect().await.unwrap().to_bytes();
+        serde_json::from_slice(&bytes).unwrap()
+    }
+
+    #[tokio::test]
+    async fn guarded_json_patch_retried_after_conflict() {
+        let (svc, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
+        let api: Api<SlimNode> = Api::all(Client::new(svc, "default"));
+        let server = tokio::spawn(async move {
+            let (_, send) = expect(&mut handle, Method::GET, "/api/v1/nodes/n1").await;
+            send.send_response(json_response(StatusCode::OK, &rebooted_node("5")));
+            let (req, send) = expect(&mut handle, Method::PATCH, "/api/v1/nodes/n1").await;
+            assert_eq!(req.headers()["content-type"], "application/json-patch+json");
+            assert_eq!(
+                body_json(req).await,
+                json!([
+                    {"op": "test", "path": "/spec/taints",
+                     "value": [{"key": "node.kubernetes.io/unreachable", "effect": "NoSchedule"}]},
+                    {"op": "add", "path": "/spec/taints/-",
+                     "value": {"key": "node.cilium.io/agent-not-ready", "value": "true", "effect": "NoSchedule"}}
+                ])
+            );
+            // Someone changed the taints meanwhile.
+            send.send_response(json_response(
+                StatusCode::CONFLICT,
+                &status(409, "Conflict"),
+            ));
+            // The retry re-reads and builds the guard from the new state.
+            let (_, send) = expect(&mut handle, Method::GET, "/api/v1/nodes/n1").await;
+            let mut changed = rebooted_node("6");
+            changed["spec"]["taints"] = json!([]);
+            send.send_response(json_response(StatusCode::OK, &changed));
+            let (req, send) = expect(&mut handle, Method::PATCH, "/api/v1/nodes/n1").await;
+            assert_eq!(
+                body_json(req).await,
+                json!([
+                    {"op": "test", "path": "/spec/taints", "value": []},
+                    {"op": "add", "path": "/spec/taints/-",
+                     "value": {"key": "node.cilium.io/agent-not-ready", "value": "true", "effect": "NoSchedule"}}
+                ])
+            );
+            send.send_response(json_response(StatusCode::OK, &changed));
+        });
+        let out = patch_node(&api, &rules(), "n1", &fast()).await.unwrap();
+        assert_eq!(out, PatchOutcome::Patched(1));
+        server.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn recheck_skips_ready_or_missing_nodes_and_gives_up_on_errors() {
+        let (svc, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
+        let api: Api<SlimNode> = Api::all(Client::new(svc, "default"));
+        let server = tokio::spawn(async move {
+            // Agent already ready on the current boot: no PATCH.
+            let (_, send) = expect(&mut handle, Method::GET, "/api/v1/nodes/n1").await;
+            send.send_response(json_response(
+                StatusCode::OK,
+                &with_annotation(kubelet_node("n1", "boot-2", 0), ANN, "boot-2"),
+            ));
+            // Node deleted.
+            let (_, send) = expect(&mut handle, Method::GET, "/api/v1/nodes/n1").await;
+            send.send_response(json_response(
+                StatusCode::NOT_FOUND,
+                &status(404, "NotFound"),
+            ));
+            // Forbidden is not retried.
+            let (_, send) = expect(&mut handle, Method::GET, "/api/v1/nodes/n1").await;
+            send.send_response(json_response(StatusCode::OK, &rebooted_node("5")));
+            let (_, send) = expect(&mut handle, Method::PATCH, "/api/v1/nodes/n1").await;
+            send.send_response(json_response(
+                StatusCode::FORBIDDEN,
+                &status(403, "Forbidden"),
+            ));
+            // Conflicts are retried max_attempts times, then reported.
+            for _ in 0..2 {
+                let (_, send) = expect(&mut handle, Method::GET, "/api/v1/nodes/n1").await;
+                send.send_response(json_response(StatusCode::OK, &rebooted_node("5")));
+                let (_, send) = expect(&mut handle, Method::PATCH, "/api/v1/nodes/n1").await;
+                send.send_response(json_response(
+                    StatusCode::CONFLICT,
+                    &status(409, "Conflict"),
+                ));
+            }
+        });
+        let r = rules();
+        assert_eq!(
+            patch_node(&api, &r, "n1", &fast()).await.unwrap(),
+            PatchOutcome::Unneeded
+        );
+        assert_eq!(
+            patch_node(&api, &r, "n1", &fast()).await.unwrap(),
+            PatchOutcome::Unneeded
+        );
+        assert!(patch_node(&api, &r, "n1", &fast()).await.is_err());
+        let two = PatcherOptions {
+            max_attempts: 2,
+            ..fast()
+        };
+        let err = patch_node(&api, &r, "n1", &two).await.unwrap_err();
+        assert!(
+            matches!(err, KubeError::Api(ref s) if s.code == 409),
+            "{err}"
+        );
+        server.await.unwrap();
+    }
+
+    async fn eventually(what: &str, f: impl Fn() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !f() {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            tokio::task::yield_now().await;
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn queue_dedupes_waiting_nodes_and_counts_results() {
+        let (svc, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
+        let metrics = Arc::new(Metrics::new());
+        let opts = PatcherOptions {
+            concurrency: 1,
+            ..fast()
+        };
+        let (patcher, _worker) =
+            RebootPatcher::spawn(Client::new(svc, "default"), rules(), metrics.clone(), opts);
+        assert_eq!(patcher.enqueue("n1"), Enqueued::Queued);
+        // n1 is in flight (its GET is waiting for us); n2 waits for the only slot.
+        let (_, send_n1) = expect(&mut handle, Method::GET, "/api/v1/nodes/n1").await;
+        assert_eq!(patcher.enqueue("n2"), Enqueued::Queued);
+        assert_eq!(patcher.enqueue("n2"), Enqueued::AlreadyQueued);
+        // A new write for n1 while its job runs queues a fresh job.
+        assert_eq!(patcher.enqueue("n1"), Enqueued::Queued);
+        send_n1.send_response(json_response(StatusCode::OK, &rebooted_node("5")));
+        let (_, send) = expect(&mut handle, Method::PATCH, "/api/v1/nodes/n1").await;
+        send.send_response(json_response(StatusCode::OK, &rebooted_node("6")));
+        let (_, send) = expect(&mut handle, Method::GET, "/api/v1/nodes/n2").await;
+        send.send_response(json_response(
+            StatusCode::NOT_FOUND,
+            &status(404, "NotFound"),
+        ));
+        let (_, send) = expect(&mut handle, Method::GET, "/api/v1/nodes/n1").await;
+        let mut done = rebooted_node("6");
+        done["spec"]["taints"] =
+            json!([{"key": "node.cilium.io/agent-not-ready", "effect": "NoSchedule"}]);
+        send.send_response(json_response(StatusCode::OK, &done));
+        eventually("background metrics", || {
+            let text = metrics.encode();
+            text.contains(r#"nodegate_webhook_background_patches_total{result="ok"} 1"#)
+                && text
+                    .contains(r#"nodegate_webhook_background_patches_total{result="unneeded"} 2"#)
+                && text.contains(r#"nodegate_webhook_taints_added_total{reason="reboot"} 1"#)
+        })
+        .await;
+
+        let disabled = RebootPatcher::disabled(metrics.clone());
+        assert_eq!(disabled.enqueue("n3"), Enqueued::Skipped);
+        assert!(
+            metrics
+                .encode()
+                .contains(r#"nodegate_webhook_background_patches_total{result="skipped"} 1"#)
+        );
     }
 }

@@ -47,8 +47,11 @@ pub struct Args {
     /// Fallback re-check of the certificate files, besides change events.
     #[arg(long, env = "NODEGATE_TLS_RELOAD_INTERVAL", default_value = "10s", value_parser = parse_duration)]
     pub tls_reload_interval: Duration,
-    /// HTTP/1.1 clients must send request headers within this.
-    #[arg(long, env = "NODEGATE_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    /// HTTP/1.1 clients must send a request's headers within this. hyper
+    /// also applies it to idle keep-alive connections, so keep it above the
+    /// API server's idle-connection timeout (90 s): the client must close an
+    /// idle connection first, or a webhook call can race the close and fail.
+    #[arg(long, env = "NODEGATE_HEADER_READ_TIMEOUT", default_value = "120s", value_parser = parse_duration)]
     pub header_read_timeout: Duration,
     /// On SIGTERM, in-flight requests get this long before connections close.
     #[arg(long, env = "NODEGATE_SHUTDOWN_TIMEOUT", default_value = "20s", value_parser = parse_duration)]
@@ -107,7 +110,7 @@ impl Config {
             tls_key: tls_key.into(),
             taints: vec![DEFAULT_TAINT.parse().expect("the default taint is valid")],
             tls_reload_interval: Duration::from_secs(10),
-            header_read_timeout: Duration::from_secs(10),
+            header_read_timeout: Duration::from_secs(120),
             shutdown_timeout: Duration::from_secs(20),
             kube: KubeMode::Disabled,
             patcher: PatcherOptions::default(),

@@ -37,7 +37,7 @@ impl Default for ServeOptions {
     fn default() -> Self {
         Self {
             handshake_timeout: Duration::from_secs(10),
-            header_read_timeout: Duration::from_secs(10),
+            header_read_timeout: Duration::from_secs(120),
             drain_timeout: Duration::from_secs(20),
         }
     }

@@ -26,6 +26,10 @@ struct Harness {
 }
 
 async fn harness() -> Harness {
+    harness_with(|_| {}).await
+}
+
+async fn harness_with(tune: impl FnOnce(&mut Config)) -> Harness {
     let _ = tracing_subscriber::fmt()
         .with_test_writer()
         .with_env_filter("nodegate_webhook=debug")
@@ -36,6 +40,7 @@ async fn harness() -> Harness {
     let mut config = Config::local(secret.cert_path(), secret.key_path());
     config.tls_reload_interval = Duration::from_millis(500);
     config.shutdown_timeout = Duration::from_secs(5);
+    tune(&mut config);
     let (stop, rx) = oneshot::channel::<()>();
     let running = start(config, async move {
         let _ = rx.await;
@@ -364,4 +369,60 @@ async fn shutdown_stops_readiness_and_accepting() {
     );
     // The idle keep-alive connection was closed by the drain.
     assert!(c.post("/mutate", b"{}".to_vec()).await.is_err());
+}
+
+#[tokio::test]
+async fn tls12_clients_are_served() {
+    let h = harness().await;
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(rustls::pki_types::CertificateDer::from(der(h
+            .secret
+            .ca
+            .cert_pem())))
+        .unwrap();
+    let mut cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_protocol_versions(&[&rustls::version::TLS12])
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let (tls, _) = connect(h.running.https_addr, &Arc::new(cfg)).await.unwrap();
+    assert_eq!(
+        tls.get_ref().1.protocol_version(),
+        Some(rustls::ProtocolVersion::TLSv1_2)
+    );
+    assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"http/1.1"[..]));
+    h.stop.send(()).unwrap();
+    h.running.wait().await.unwrap();
+}
+
+#[tokio::test]
+async fn stalled_request_headers_are_cut_off() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let h = harness_with(|c| c.header_read_timeout = Duration::from_millis(300)).await;
+    let cfg = client_config(h.secret.ca.cert_pem(), &[b"http/1.1"]);
+    let (mut tls, _) = connect(h.running.https_addr, &cfg).await.unwrap();
+    tls.write_all(b"POST /mutate HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    tls.flush().await.unwrap();
+    // The server closes the connection (408 or plain EOF) well before this.
+    let started = std::time::Instant::now();
+    let mut buf = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(10), tls.read_to_end(&mut buf)).await;
+    assert!(
+        read.is_ok(),
+        "connection still open after the header read timeout"
+    );
+    // Closed by the timeout, not right away.
+    assert!(
+        started.elapsed() >= Duration::from_millis(250),
+        "closed after {:?}",
+        started.elapsed()
+    );
+    h.stop.send(()).unwrap();
+    h.running.wait().await.unwrap();
 }

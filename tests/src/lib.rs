@@ -24,3 +24,4 @@ pub mod process;
 pub use process::{WebhookOptions, WebhookProcess, bin_path};
 pub mod cluster;
 pub mod raw;
+pub mod standin;

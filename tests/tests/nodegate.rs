@@ -1,0 +1,349 @@
+//! nodegate end to end: the real `nodegate-webhook` binary (certs from
+//! nodegate-certs, the shipped MutatingWebhookConfiguration), the real
+//! `kubectl`, and simulated kubelets — against a fresh emulator per test, or
+//! a real cluster when NODEGATE_E2E_KUBECONFIG is set (see tests/README.md).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::process::Output;
+use std::time::Duration;
+
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::runtime::watcher;
+use nodegate_shared::keys::{DEFAULT_TAINT, READY_BOOT_ID_ANNOTATION};
+use nodegate_tests::cluster::Cluster;
+use nodegate_tests::kubelet::SimKubelet;
+use nodegate_tests::standin::{AgentReadiness, StandInAgent};
+use nodegate_tests::users;
+use serde_json::json;
+
+const TAINT_KEY: &str = "node.cilium.io/agent-not-ready";
+
+fn taint_keys(n: &Node) -> Vec<String> {
+    n.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .map(|t| t.iter().map(|t| t.key.clone()).collect())
+        .unwrap_or_default()
+}
+
+fn has_taint(n: &Node) -> bool {
+    taint_keys(n).iter().any(|k| k == TAINT_KEY)
+}
+
+async fn kubectl(c: &Cluster, args: &[&str]) -> Output {
+    let out = c
+        .kubectl(users::ADMIN)
+        .unwrap()
+        .args(args)
+        .output()
+        .await
+        .unwrap();
+    eprintln!(
+        "kubectl {}\n--- stdout\n{}--- stderr\n{}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// Polls `f` until it holds; fails after `deadline`.
+async fn eventually(what: &str, deadline: Duration, mut f: impl AsyncFnMut() -> bool) {
+    let end = tokio::time::Instant::now() + deadline;
+    while !f().await {
+        assert!(
+            tokio::time::Instant::now() < end,
+            "not within {deadline:?}: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Asserts `f` holds on every poll for the whole window (a negative
+/// property needs a window; it is longer than the positive 1 s bound).
+async fn throughout(what: &str, window: Duration, mut f: impl AsyncFnMut() -> bool) {
+    let end = tokio::time::Instant::now() + window;
+    while tokio::time::Instant::now() < end {
+        assert!(f().await, "violated: {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn cleanup(c: &Cluster, nodes: &[&str]) {
+    if c.is_real() {
+        let api: Api<Node> = Api::all(c.client(users::ADMIN).await.unwrap());
+        for n in nodes {
+            let _ = api.delete(n, &DeleteParams::default()).await;
+        }
+    }
+}
+
+fn node_yaml(name: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Node\nmetadata:\n  name: {name}\n  labels:\n    example.com/pool: e2e\n"
+    )
+}
+
+#[tokio::test]
+async fn kubectl_dry_run_shows_taint_and_warning_and_stores_nothing() {
+    let c = Cluster::start().await.unwrap();
+    let name = c.node_name("dry");
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), node_yaml(&name)).unwrap();
+    let path = file.path().to_str().unwrap();
+    // Default validation (strict): no --validate=false.
+    let out = kubectl(
+        &c,
+        &["create", "--dry-run=server", "-f", path, "-o", "yaml"],
+    )
+    .await;
+    assert!(out.status.success());
+    let stdout = text(&out.stdout);
+    assert!(stdout.contains(&format!("key: {TAINT_KEY}")), "{stdout}");
+    assert!(
+        stdout.contains("key: node.kubernetes.io/not-ready"),
+        "{stdout}"
+    );
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("Warning:") && stderr.contains(TAINT_KEY),
+        "{stderr}"
+    );
+
+    let out = kubectl(&c, &["get", "node", &name]).await;
+    assert!(!out.status.success());
+    assert!(text(&out.stderr).contains("not found"));
+}
+
+#[tokio::test]
+async fn kubectl_create_taint_and_get_behave_as_on_a_cluster() {
+    let c = Cluster::start().await.unwrap();
+    let name = c.node_name("made");
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), node_yaml(&name)).unwrap();
+    let out = kubectl(&c, &["create", "-f", file.path().to_str().unwrap()]).await;
+    assert!(out.status.success());
+    assert!(text(&out.stdout).contains(&format!("node/{name} created")));
+
+    let keys = kubectl(
+        &c,
+        &["get", "node", &name, "-o", "jsonpath={.spec.taints[*].key}"],
+    )
+    .await;
+    let keys = text(&keys.stdout);
+    assert!(
+        keys.contains(TAINT_KEY) && keys.contains("node.kubernetes.io/not-ready"),
+        "{keys}"
+    );
+
+    let out = kubectl(
+        &c,
+        &["taint", "node", &name, "example.com/extra=1:NoSchedule"],
+    )
+    .await;
+    assert!(out.status.success());
+    assert!(text(&out.stdout).contains(&format!("node/{name} tainted")));
+    // An admin removing nodegate's taint: no ready annotation, so not re-added.
+    let out = kubectl(
+        &c,
+        &["taint", "node", &name, &format!("{TAINT_KEY}:NoSchedule-")],
+    )
+    .await;
+    assert!(out.status.success());
+    assert!(text(&out.stdout).contains(&format!("node/{name} untainted")));
+    let keys = kubectl(
+        &c,
+        &["get", "node", &name, "-o", "jsonpath={.spec.taints[*].key}"],
+    )
+    .await;
+    let keys = text(&keys.stdout);
+    assert!(
+        keys.contains("example.com/extra") && !keys.contains(TAINT_KEY),
+        "{keys}"
+    );
+    // Removing a taint that is not there fails like the real kubectl.
+    let out = kubectl(
+        &c,
+        &["taint", "node", &name, "example.com/none:NoSchedule-"],
+    )
+    .await;
+    assert!(!out.status.success());
+
+    let out = kubectl(&c, &["get", "nodes", "-l", "example.com/pool=e2e"]).await;
+    let table = text(&out.stdout);
+    assert!(table.starts_with("NAME"), "{table}");
+    assert!(table.contains("STATUS") && table.contains(&name), "{table}");
+    cleanup(&c, &[&name]).await;
+}
+
+#[tokio::test]
+async fn new_node_is_tainted_from_its_first_write() {
+    let c = Cluster::start().await.unwrap();
+    let name = c.node_name("fresh");
+    let api: Api<Node> = Api::all(c.client(users::ADMIN).await.unwrap());
+    // A watcher that started before the node existed sees its very first version.
+    let mut events = watcher(
+        api.clone(),
+        watcher::Config::default().fields(&format!("metadata.name={name}")),
+    )
+    .boxed();
+    // Drain the (empty) initial list.
+    loop {
+        match tokio::time::timeout(Duration::from_secs(10), events.try_next())
+            .await
+            .unwrap()
+            .unwrap()
+        {
+            Some(watcher::Event::InitDone) => break,
+            Some(_) => {}
+            None => panic!("watch ended"),
+        }
+    }
+    let kubelet = SimKubelet::with_client(c.client(&users::node(&name)).await.unwrap(), &name);
+    let created = kubelet.register().await.unwrap();
+    assert!(
+        has_taint(&created),
+        "create response: {:?}",
+        taint_keys(&created)
+    );
+    let first = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            if let Some(watcher::Event::Apply(n)) = events.try_next().await.unwrap() {
+                return n;
+            }
+        }
+    })
+    .await
+    .unwrap();
+    assert!(has_taint(&first));
+    cleanup(&c, &[&name]).await;
+}
+
+#[tokio::test]
+async fn reboot_retaints_within_a_second_and_kubelet_writes_are_never_rejected() {
+    let c = Cluster::start().await.unwrap();
+    let name = c.node_name("reboot");
+    let mut kubelet = SimKubelet::with_client(c.client(&users::node(&name)).await.unwrap(), &name);
+    kubelet.register().await.unwrap();
+    let agent_client = c.client(users::AGENT).await.unwrap();
+    StandInAgent::default()
+        .mark_ready(&agent_client, &name)
+        .await
+        .unwrap();
+    let api: Api<Node> = Api::all(c.client(users::ADMIN).await.unwrap());
+    let n = api.get(&name).await.unwrap();
+    assert!(!has_taint(&n));
+    assert_eq!(
+        n.metadata.annotations.unwrap()[READY_BOOT_ID_ANNOTATION],
+        kubelet.boot_id()
+    );
+
+    // Heartbeats and a kubelet restart on the same boot: accepted, nothing changes.
+    kubelet.heartbeat().await.unwrap();
+    kubelet.restart().await.unwrap();
+    throughout(
+        "no taint without a reboot",
+        Duration::from_millis(1500),
+        async || !has_taint(&api.get(&name).await.unwrap()),
+    )
+    .await;
+
+    // Reboot: the kubelet's create (409) and status write are not rejected…
+    kubelet.reboot().await.unwrap();
+    kubelet.heartbeat().await.unwrap();
+    // …and the taint is back on the main resource within 1 s.
+    eventually(
+        "taint back after reboot",
+        Duration::from_secs(1),
+        async || has_taint(&api.get(&name).await.unwrap()),
+    )
+    .await;
+
+    // The agent becomes ready on the new boot; later kubelet writes stay accepted.
+    StandInAgent::default()
+        .mark_ready(&agent_client, &name)
+        .await
+        .unwrap();
+    kubelet.heartbeat().await.unwrap();
+    assert!(!has_taint(&api.get(&name).await.unwrap()));
+    cleanup(&c, &[&name]).await;
+}
+
+#[tokio::test]
+async fn dry_run_reboot_status_write_retaints_nothing() {
+    let c = Cluster::start().await.unwrap();
+    let name = c.node_name("dryboot");
+    let kubelet = SimKubelet::with_client(c.client(&users::node(&name)).await.unwrap(), &name);
+    kubelet.register().await.unwrap();
+    StandInAgent::default()
+        .mark_ready(&c.client(users::AGENT).await.unwrap(), &name)
+        .await
+        .unwrap();
+    let dry = PatchParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let out = kubelet
+        .api()
+        .patch_status(
+            &name,
+            &dry,
+            &Patch::Strategic(json!({"status": {"nodeInfo": {"bootID": "a-new-boot"}}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(out.status.unwrap().node_info.unwrap().boot_id, "a-new-boot");
+    let api: Api<Node> = Api::all(c.client(users::ADMIN).await.unwrap());
+    throughout(
+        "no taint after a dry-run reboot write",
+        Duration::from_millis(1500),
+        async || {
+            let n = api.get(&name).await.unwrap();
+            !has_taint(&n) && n.status.unwrap().node_info.unwrap().boot_id == kubelet.boot_id()
+        },
+    )
+    .await;
+    cleanup(&c, &[&name]).await;
+}
+
+#[tokio::test]
+async fn excluded_node_is_left_alone() {
+    let c = Cluster::start().await.unwrap();
+    let name = c.node_name("excluded");
+    let kubelet = SimKubelet::with_client(c.client(&users::node(&name)).await.unwrap(), &name)
+        .with_label("nodegate.dev/exclude", "true");
+    let n = kubelet.register().await.unwrap();
+    assert!(!has_taint(&n));
+    assert!(taint_keys(&n).contains(&"node.kubernetes.io/not-ready".to_string()));
+    cleanup(&c, &[&name]).await;
+}
+
+#[tokio::test]
+async fn webhook_down_with_failure_policy_ignore_still_registers() {
+    let mut c = Cluster::start().await.unwrap();
+    if c.is_real() {
+        eprintln!("skipped on a real cluster: needs to stop the webhook");
+        return;
+    }
+    // An abrupt outage: the process is gone, connections are refused.
+    c.webhook().unwrap().kill().await.unwrap();
+    let kubelet = SimKubelet::new(c.emulator().unwrap(), "orphan")
+        .await
+        .unwrap();
+    let n = kubelet.register().await.unwrap();
+    assert!(!has_taint(&n));
+    assert_eq!(taint_keys(&n), vec!["node.kubernetes.io/not-ready"]);
+    kubelet.heartbeat().await.unwrap();
+}
+
+#[tokio::test]
+async fn default_taint_is_what_the_webhook_adds() {
+    // Guards the constant this file relies on against drift in shared/.
+    assert!(DEFAULT_TAINT.starts_with(TAINT_KEY));
+}

@@ -144,8 +144,13 @@ mod tests {
             let key2 = std::fs::read_to_string(d.key_path()).unwrap();
             assert_ne!(cert0, cert2, "{style:?}");
             assert_ne!(key0, key2, "{style:?}");
-            // The server's config still loads the new pair.
-            crate::baseline::tls_config(cert2.as_bytes(), key2.as_bytes()).unwrap();
+            // The server's resolver loads the new pair.
+            nodegate_webhook::tls::CertReloader::load(
+                d.cert_path(),
+                d.key_path(),
+                nodegate_webhook::serve::crypto_provider(),
+            )
+            .unwrap();
             // Same CA throughout.
             let ca = std::fs::read_to_string(d.dir.join(CA_FILE)).unwrap();
             assert_eq!(ca, d.ca_pem());

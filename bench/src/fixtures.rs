@@ -572,6 +572,46 @@ mod tests {
         assert_ne!(new.taints(), old.taints());
     }
 
+    /// The webhook's own decoder and rules patch both fixtures as intended,
+    /// and the loadgen's answer check accepts what the webhook encodes.
+    #[test]
+    fn webhook_rules_patch_both_fixtures() {
+        use nodegate_webhook::rules::Rules;
+        use nodegate_webhook::wire;
+        let rules = Rules::new(vec![DEFAULT_TAINT.parse().unwrap()]).unwrap();
+        for f in workload(Workload::Mix) {
+            let id = uid(5, 42);
+            let body = f.body(&id);
+            let req = wire::decode_request(&body).expect("webhook decodes the fixture");
+            let d = rules.review(&req);
+            assert!(d.added.is_some(), "{}: {}", f.name, d.why);
+            let out = wire::encode_response(&d.response);
+            assert_eq!(
+                crate::stats::check_review(
+                    &out,
+                    &id,
+                    crate::stats::Expect::Webhook { patch: true }
+                ),
+                Ok(()),
+                "{}",
+                f.name
+            );
+            // The patch applies to the object and appends nodegate's taint after the others.
+            let patch: json_patch::Patch =
+                serde_json::from_slice(d.response.patch.as_deref().unwrap()).unwrap();
+            let mut obj = parsed(&f, &id)["request"]["object"].clone();
+            json_patch::patch(&mut obj, &patch).unwrap();
+            let taints = obj["spec"]["taints"].as_array().unwrap();
+            assert_eq!(taints.len(), 2, "{}", f.name);
+            assert_eq!(taints[1]["key"], "node.cilium.io/agent-not-ready");
+            // A second call on the mutated object adds nothing (reinvocation).
+            let mut again = parsed(&f, &id);
+            again["request"]["object"] = obj;
+            let req = wire::decode_request(&serde_json::to_vec(&again).unwrap()).unwrap();
+            assert!(rules.review(&req).added.is_none(), "{}", f.name);
+        }
+    }
+
     #[test]
     fn fixtures_are_deterministic() {
         assert_eq!(kubelet_create().body("x"), kubelet_create().body("x"));

@@ -17,5 +17,4 @@ pub mod load;
 pub mod process;
 pub mod procfs;
 pub mod schedule;
-pub mod serve;
 pub mod stats;

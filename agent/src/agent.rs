@@ -37,8 +37,20 @@ pub enum Error {
 }
 
 /// Runs the agent until `shutdown` resolves, then re-taints (if enabled) and
-/// writes the last snapshot within `--shutdown-deadline`.
+/// writes the last snapshot within `--shutdown-deadline`. Credentials come
+/// from the pod's service account or KUBECONFIG.
 pub async fn run(args: Args, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
+    args.validate()?;
+    let client = Client::try_default().await?;
+    run_with_client(args, client, shutdown).await
+}
+
+/// [`run`] with a given client (simulators run many agents in one process).
+pub async fn run_with_client(
+    args: Args,
+    client: Client,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), Error> {
     let started = Instant::now();
     args.validate()?;
     let metrics = Metrics::default();
@@ -64,7 +76,6 @@ pub async fn run(args: Args, shutdown: impl Future<Output = ()>) -> Result<(), E
         Vec::new()
     };
 
-    let client = Client::try_default().await?;
     let (stop_tx, stop_rx) = watch::channel(false);
 
     let listed = Arc::new(AtomicBool::new(!args.prune));

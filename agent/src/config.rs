@@ -35,6 +35,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 #[command(
     name = "nodegate-agent",
     version,
+    args_override_self = true,
     about = "Removes the nodegate taint from its own Node once the network agent is ready, and prunes state of Nodes deleted while it was down"
 )]
 pub struct Args {

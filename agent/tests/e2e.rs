@@ -1,0 +1,648 @@
+//! End-to-end: the real `nodegate-agent` binary against the emulated API
+//! server (and the real webhook where the test is about the webhook's taint).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Event, Node};
+use kube::Api;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use nodegate_agent::snapshot;
+use nodegate_tests::kubelet::SimKubelet;
+use nodegate_tests::{Emulator, EmulatorOptions, WebhookOptions, WebhookProcess, users};
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{Child, Command};
+
+const TAINT_KEY: &str = "node.cilium.io/agent-not-ready";
+const WAIT: Duration = Duration::from_secs(20);
+
+/// Polls `cond` every 50 ms until it holds; panics with `what` at `WAIT`.
+async fn eventually<F, Fut>(what: &str, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        if cond().await {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The real agent binary, its admin address and its output.
+struct Agent {
+    child: Child,
+    admin: SocketAddr,
+    logs: Arc<Mutex<Vec<String>>>,
+}
+
+impl Agent {
+    async fn start(kubeconfig: &Path, node: &str, state: &Path, extra: &[&str]) -> Agent {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_nodegate-agent"));
+        cmd.args(["--node-name", node, "--admin-listen", "127.0.0.1:0"])
+            .arg("--state-dir")
+            .arg(state)
+            .args(["--snapshot-interval", "100ms", "--shutdown-deadline", "10s"])
+            .args(extra)
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("KUBECONFIG", kubeconfig)
+            .env("HOME", state)
+            .env("RUST_LOG", "info,nodegate_agent=debug")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        let mut child = cmd.spawn().expect("spawn nodegate-agent");
+        let logs = Arc::new(Mutex::new(Vec::new()));
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let echo = std::env::var_os("NODEGATE_TEST_VERBOSE").is_some();
+        let out: Vec<Box<dyn tokio::io::AsyncRead + Unpin + Send>> = vec![
+            Box::new(child.stdout.take().unwrap()),
+            Box::new(child.stderr.take().unwrap()),
+        ];
+        for pipe in out {
+            let (logs, tx) = (logs.clone(), tx.clone());
+            tokio::spawn(async move {
+                let mut lines = BufReader::new(pipe).lines();
+                while let Ok(Some(line)) = lines.next_line().await {
+                    if echo {
+                        eprintln!("[agent] {line}");
+                    }
+                    if let Some(rest) = line.split("listening admin=").nth(1) {
+                        let addr = rest.split_whitespace().next().unwrap_or("");
+                        if let Ok(a) = addr.parse::<SocketAddr>() {
+                            let _ = tx.send(a);
+                        }
+                    }
+                    logs.lock().unwrap().push(line);
+                }
+            });
+        }
+        let admin = tokio::time::timeout(WAIT, rx.recv())
+            .await
+            .ok()
+            .flatten()
+            .unwrap_or_else(|| {
+                panic!(
+                    "agent did not log its admin address: {:?}",
+                    logs.lock().unwrap()
+                )
+            });
+        Agent { child, admin, logs }
+    }
+
+    fn pid(&self) -> Pid {
+        Pid::from_raw(self.child.id().expect("running") as i32)
+    }
+
+    fn logged(&self, needle: &str) -> bool {
+        self.logs.lock().unwrap().iter().any(|l| l.contains(needle))
+    }
+
+    async fn get(&self, path: &str) -> (u16, String) {
+        let Ok(mut s) = tokio::net::TcpStream::connect(self.admin).await else {
+            return (0, String::new());
+        };
+        let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        if s.write_all(req.as_bytes()).await.is_err() {
+            return (0, String::new());
+        }
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out).await;
+        let code = out
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        let body = out.split_once("\r\n\r\n").map(|(_, b)| b.to_string());
+        (code, body.unwrap_or_default())
+    }
+
+    async fn metric(&self, series: &str) -> Option<f64> {
+        let (_, body) = self.get("/metrics").await;
+        body.lines()
+            .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+    }
+
+    async fn ready(&self) -> bool {
+        self.get("/readyz").await.0 == 200
+    }
+
+    async fn term(&mut self) -> ExitStatus {
+        kill(self.pid(), Signal::SIGTERM).unwrap();
+        tokio::time::timeout(WAIT, self.child.wait())
+            .await
+            .expect("agent exits after SIGTERM")
+            .unwrap()
+    }
+
+    async fn kill9(&mut self) {
+        kill(self.pid(), Signal::SIGKILL).unwrap();
+        self.child.wait().await.unwrap();
+    }
+}
+
+fn our_taint(n: &Node) -> bool {
+    n.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|ts| {
+            ts.iter()
+                .any(|t| t.key == TAINT_KEY && t.effect == "NoSchedule")
+        })
+}
+
+fn ready_boot_id(n: &Node) -> Option<String> {
+    n.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get("nodegate.dev/ready-boot-id").cloned())
+}
+
+fn boot_id(n: &Node) -> String {
+    n.status
+        .as_ref()
+        .and_then(|s| s.node_info.as_ref())
+        .map(|i| i.boot_id.clone())
+        .unwrap_or_default()
+}
+
+async fn node(api: &Api<Node>, name: &str) -> Node {
+    api.get(name).await.unwrap()
+}
+
+async fn admin_nodes(emu: &Emulator) -> Api<Node> {
+    Api::all(emu.client(users::ADMIN).await.unwrap())
+}
+
+/// The taint goes on with the webhook at create, comes off only after the
+/// probe file appears (reacting through inotify: the probe period is an
+/// hour), goes back on after a reboot and comes off again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn webhook_taints_agent_untaints_after_probe_file_and_after_reboot() {
+    let emu = Emulator::start(EmulatorOptions::default()).await.unwrap();
+    let webhook = WebhookProcess::start(WebhookOptions {
+        kubeconfig: Some(emu.kubeconfig(users::WEBHOOK).unwrap()),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    webhook.attach(&emu, None).unwrap();
+    let nodes = admin_nodes(&emu).await;
+
+    let mut kubelet = SimKubelet::new(&emu, "node-a").await.unwrap();
+    let created = kubelet.register().await.unwrap();
+    assert!(our_taint(&created), "webhook taints the node at create");
+
+    let dir = tempfile::tempdir().unwrap();
+    let probe = dir.path().join("cni").join("05-cilium.conflist");
+    std::fs::create_dir_all(probe.parent().unwrap()).unwrap();
+    let kc = emu.kubeconfig(users::AGENT).unwrap();
+    let probe_arg = probe.to_str().unwrap().to_string();
+    let mut agent = Agent::start(
+        &kc,
+        "node-a",
+        &dir.path().join("state"),
+        &["--probe-file", &probe_arg, "--probe-period", "1h"],
+    )
+    .await;
+
+    // The first round ran and failed: the node must still be tainted.
+    let series = format!(
+        "nodegate_agent_probe_results_total{{probe=\"file:{}\",result=\"fail\"}}",
+        probe.display()
+    );
+    eventually("a failed probe round", || async {
+        agent.metric(&series).await.unwrap_or(0.0) >= 1.0
+    })
+    .await;
+    let n = node(&nodes, "node-a").await;
+    assert!(our_taint(&n), "not untainted before the probe file exists");
+    assert_eq!(ready_boot_id(&n), None);
+
+    // An empty file is not ready either; content makes it ready.
+    std::fs::write(&probe, b"").unwrap();
+    std::fs::write(&probe, br#"{"cniVersion":"0.3.1","name":"cilium"}"#).unwrap();
+    eventually("taint removed after the probe file appeared", || async {
+        let n = node(&nodes, "node-a").await;
+        !our_taint(&n) && ready_boot_id(&n).as_deref() == Some(kubelet.boot_id())
+    })
+    .await;
+    let n = node(&nodes, "node-a").await;
+    let others: Vec<_> = n.spec.unwrap().taints.unwrap_or_default();
+    assert!(
+        others.iter().all(|t| t.key != TAINT_KEY),
+        "only our taint removed: {others:?}"
+    );
+    assert!(agent.logged("node ready: taint removed"));
+    assert!(agent.logged("since_node_creation_ms"));
+    let events: Api<Event> = Api::namespaced(emu.client(users::ADMIN).await.unwrap(), "default");
+    let evs = events.list(&ListParams::default()).await.unwrap();
+    assert!(
+        evs.items
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("NodegateReady")
+                && e.involved_object.name.as_deref() == Some("node-a")),
+        "a NodegateReady event on the node"
+    );
+    assert_eq!(
+        agent.metric("nodegate_agent_taint_removals_total").await,
+        Some(1.0)
+    );
+
+    // Reboot: the network agent is not up yet on the new boot.
+    std::fs::remove_file(&probe).unwrap();
+    let old_boot = kubelet.boot_id().to_string();
+    kubelet.reboot().await.unwrap();
+    assert_ne!(kubelet.boot_id(), old_boot);
+    eventually("webhook re-taints after the reboot", || async {
+        let n = node(&nodes, "node-a").await;
+        our_taint(&n) && boot_id(&n) == kubelet.boot_id()
+    })
+    .await;
+    eventually("agent saw the reboot", || async {
+        agent.logged("node rebooted; probes must pass again")
+    })
+    .await;
+    let n = node(&nodes, "node-a").await;
+    assert!(our_taint(&n), "still tainted while the probe fails");
+    assert_eq!(ready_boot_id(&n).as_deref(), Some(old_boot.as_str()));
+
+    std::fs::write(&probe, b"{}").unwrap();
+    eventually("taint removed again on the new boot", || async {
+        let n = node(&nodes, "node-a").await;
+        !our_taint(&n) && ready_boot_id(&n).as_deref() == Some(kubelet.boot_id())
+    })
+    .await;
+    assert_eq!(
+        agent.metric("nodegate_agent_taint_removals_total").await,
+        Some(2.0)
+    );
+    assert!(agent.term().await.success());
+}
+
+/// Without the webhook: the safety net taints at start, the agent untaints
+/// when ready, and SIGTERM puts the taint back before the process exits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn safety_net_and_sigterm_retaint() {
+    let emu = Emulator::start(EmulatorOptions::default()).await.unwrap();
+    let nodes = admin_nodes(&emu).await;
+    let kubelet = SimKubelet::new(&emu, "node-b").await.unwrap();
+    let created = kubelet.register().await.unwrap();
+    assert!(!our_taint(&created), "no webhook: no taint at create");
+
+    let dir = tempfile::tempdir().unwrap();
+    let probe = dir.path().join("ready");
+    let kc = emu.kubeconfig(users::AGENT).unwrap();
+    let probe_arg = probe.to_str().unwrap().to_string();
+    let state = dir.path().join("state");
+    let args = [
+        "--probe-file",
+        probe_arg.as_str(),
+        "--probe-period",
+        "200ms",
+    ];
+    let mut agent = Agent::start(&kc, "node-b", &state, &args).await;
+    eventually("safety net adds the taint", || async {
+        our_taint(&node(&nodes, "node-b").await)
+    })
+    .await;
+    eventually("safety-net metric", || async {
+        agent
+            .metric("nodegate_agent_taint_adds_total{reason=\"safety_net\"}")
+            .await
+            == Some(1.0)
+    })
+    .await;
+
+    std::fs::write(&probe, b"ok").unwrap();
+    eventually("untainted when ready", || async {
+        let n = node(&nodes, "node-b").await;
+        !our_taint(&n) && ready_boot_id(&n).as_deref() == Some(kubelet.boot_id())
+    })
+    .await;
+
+    let status = agent.term().await;
+    assert!(status.success(), "clean exit: {status:?}");
+    // Re-tainted before the process was gone.
+    assert!(our_taint(&node(&nodes, "node-b").await));
+    assert!(agent.logged("shutdown re-taint done"));
+
+    // Restart on the same boot: the taint is there (annotation = bootID, so
+    // the safety net has nothing to do) and comes off once ready.
+    let mut agent = Agent::start(&kc, "node-b", &state, &args).await;
+    eventually("untainted again after restart", || async {
+        !our_taint(&node(&nodes, "node-b").await)
+    })
+    .await;
+    assert_eq!(
+        agent
+            .metric("nodegate_agent_taint_adds_total{reason=\"safety_net\"}")
+            .await,
+        None
+    );
+    assert!(agent.term().await.success());
+    assert!(our_taint(&node(&nodes, "node-b").await));
+}
+
+fn worker(name: &str, ip: &str) -> Node {
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+        "spec": {"podCIDR": format!("10.244.{}.0/24", ip.rsplit('.').next().unwrap()),
+                 "providerID": format!("kind://docker/kind/{name}")},
+        "status": {"addresses": [{"type": "InternalIP", "address": ip},
+                                  {"type": "Hostname", "address": name}],
+                   "nodeInfo": {"bootID": format!("boot-{name}")}}
+    }))
+    .unwrap()
+}
+
+async fn create(api: &Api<Node>, name: &str, ip: &str) -> String {
+    api.create(&PostParams::default(), &worker(name, ip))
+        .await
+        .unwrap()
+        .metadata
+        .uid
+        .unwrap()
+}
+
+fn read_snapshot(state: &Path) -> Option<BTreeMap<String, String>> {
+    let bytes = std::fs::read(snapshot::path_in(state)).ok()?;
+    let nodes = snapshot::decode(&bytes).expect("snapshot is never torn");
+    Some(nodes.into_iter().map(|n| (n.name, n.uid)).collect())
+}
+
+/// `sh -c` hook that records each call: one log line and the stdin record.
+fn hook(dir: &Path) -> String {
+    format!(
+        "f=$(mktemp -p {d} rec.XXXXXX) && cat > \"$f\" && echo \"$NODEGATE_NODE_NAME $NODEGATE_DELETE_SOURCE $NODEGATE_NODE_IPS $f\" >> {d}/hook.log",
+        d = dir.display()
+    )
+}
+
+fn hook_calls(dir: &Path) -> Vec<(String, String, String, Value)> {
+    let Ok(text) = std::fs::read_to_string(dir.join("hook.log")) else {
+        return Vec::new();
+    };
+    let mut v: Vec<_> = text
+        .lines()
+        .map(|l| {
+            let p: Vec<&str> = l.split(' ').collect();
+            let rec: Value = serde_json::from_slice(&std::fs::read(p[3]).unwrap()).unwrap();
+            (p[0].to_string(), p[1].to_string(), p[2].to_string(), rec)
+        })
+        .collect();
+    v.sort_by(|a, b| a.0.cmp(&b.0));
+    v
+}
+
+/// Agent stopped; three nodes deleted (one re-created under its name);
+/// agent restarted → the hook ran exactly for those three, from the
+/// snapshot, with the stored records; never for live nodes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_prunes_exactly_the_nodes_deleted_while_down() {
+    let emu = Emulator::start(EmulatorOptions::default()).await.unwrap();
+    let nodes = admin_nodes(&emu).await;
+    let mut uids = BTreeMap::new();
+    for i in 1..=6 {
+        let name = format!("w{i}");
+        uids.insert(
+            name.clone(),
+            create(&nodes, &name, &format!("10.0.0.{i}")).await,
+        );
+    }
+    let own = create(&nodes, "self", "10.0.0.100").await;
+    assert!(!own.is_empty());
+
+    let dir = tempfile::tempdir().unwrap();
+    let hooks = dir.path().join("hooks");
+    std::fs::create_dir_all(&hooks).unwrap();
+    let state = dir.path().join("state");
+    let kc = emu.kubeconfig(users::AGENT).unwrap();
+    let hook_cmd = hook(&hooks);
+    let args = [
+        "--on-node-delete",
+        hook_cmd.as_str(),
+        "--taint-on-shutdown=false",
+    ];
+
+    let mut agent = Agent::start(&kc, "self", &state, &args).await;
+    eventually("/readyz after the first list", || agent.ready()).await;
+    eventually("snapshot of the six workers", || async {
+        read_snapshot(&state).as_ref() == Some(&uids)
+    })
+    .await;
+    assert!(agent.term().await.success());
+    assert!(hook_calls(&hooks).is_empty(), "first start: nothing pruned");
+
+    // While the agent is down.
+    for n in ["w2", "w3", "w4"] {
+        nodes.delete(n, &DeleteParams::default()).await.unwrap();
+    }
+    let new_w4 = create(&nodes, "w4", "10.0.0.44").await;
+    assert_ne!(new_w4, uids["w4"]);
+
+    let mut agent = Agent::start(&kc, "self", &state, &args).await;
+    let mut want_live = uids.clone();
+    want_live.remove("w2");
+    want_live.remove("w3");
+    want_live.insert("w4".into(), new_w4.clone());
+    // The rewritten snapshot means the first list was processed in full.
+    eventually("snapshot rewritten with the live set", || async {
+        read_snapshot(&state).as_ref() == Some(&want_live)
+    })
+    .await;
+    eventually("three hook runs", || async {
+        hook_calls(&hooks).len() >= 3
+    })
+    .await;
+    let calls = hook_calls(&hooks);
+    let got: Vec<(&str, &str, &str, &str)> = calls
+        .iter()
+        .map(|(n, s, ips, rec)| {
+            (
+                n.as_str(),
+                s.as_str(),
+                ips.as_str(),
+                rec["uid"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            ("w2", "snapshot", "10.0.0.2", uids["w2"].as_str()),
+            ("w3", "snapshot", "10.0.0.3", uids["w3"].as_str()),
+            ("w4", "snapshot", "10.0.0.4", uids["w4"].as_str()),
+        ]
+    );
+    // The full stored record went to the hook.
+    assert_eq!(calls[0].3["podCIDRs"], json!(["10.244.2.0/24"]));
+    assert_eq!(calls[0].3["providerID"], "kind://docker/kind/w2");
+    assert_eq!(calls[0].3["bootID"], "boot-w2");
+    assert_eq!(
+        agent
+            .metric("nodegate_agent_pruned_nodes_total{source=\"snapshot\"}")
+            .await,
+        Some(3.0)
+    );
+
+    // A live deletion is dispatched from the watch.
+    nodes.delete("w5", &DeleteParams::default()).await.unwrap();
+    eventually("watch deletion hook", || async {
+        hook_calls(&hooks).len() == 4
+    })
+    .await;
+    let calls = hook_calls(&hooks);
+    let w5 = calls.iter().find(|c| c.0 == "w5").expect("w5 hook");
+    assert_eq!((w5.1.as_str(), w5.2.as_str()), ("watch", "10.0.0.5"));
+    assert!(
+        calls
+            .iter()
+            .all(|c| !["w1", "w6", "self"].contains(&c.0.as_str())),
+        "never for live nodes or the own node: {calls:?}"
+    );
+    assert!(agent.term().await.success());
+}
+
+/// A corrupt snapshot is moved aside and counted; the agent keeps working.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corrupt_snapshot_is_moved_aside() {
+    let emu = Emulator::start(EmulatorOptions::default()).await.unwrap();
+    let nodes = admin_nodes(&emu).await;
+    let w1 = create(&nodes, "w1", "10.0.0.1").await;
+    create(&nodes, "self", "10.0.0.100").await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let hooks = dir.path().join("hooks");
+    std::fs::create_dir_all(&hooks).unwrap();
+    let state = dir.path().join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    let garbage = br#"{"version":1,"nodes":[{"name":"gone","uid":"#;
+    std::fs::write(snapshot::path_in(&state), garbage).unwrap();
+
+    let kc = emu.kubeconfig(users::AGENT).unwrap();
+    let hook_cmd = hook(&hooks);
+    let mut agent = Agent::start(
+        &kc,
+        "self",
+        &state,
+        &["--on-node-delete", hook_cmd.as_str()],
+    )
+    .await;
+    eventually("ready", || agent.ready()).await;
+    eventually("fresh snapshot", || async {
+        read_snapshot(&state) == Some(BTreeMap::from([("w1".to_string(), w1.clone())]))
+    })
+    .await;
+    let aside: Vec<PathBuf> = std::fs::read_dir(&state)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.to_string_lossy().contains("nodes.json.corrupt-"))
+        .collect();
+    assert_eq!(aside.len(), 1, "moved aside once");
+    assert_eq!(std::fs::read(&aside[0]).unwrap(), garbage);
+    assert!(agent.logged("WARN") && agent.logged("unusable snapshot moved aside"));
+    assert_eq!(
+        agent.metric("nodegate_agent_snapshot_corrupt_total").await,
+        Some(1.0)
+    );
+    assert!(
+        hook_calls(&hooks).is_empty(),
+        "treated as empty: nothing pruned"
+    );
+    // Still working: a live deletion is handled.
+    nodes.delete("w1", &DeleteParams::default()).await.unwrap();
+    eventually("hook after the corrupt start", || async {
+        hook_calls(&hooks).len() == 1
+    })
+    .await;
+    assert!(agent.term().await.success());
+}
+
+/// kill -9 while snapshots are being written under node churn: the file is
+/// always a complete snapshot, never torn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill9_during_snapshot_writes_never_tears_the_file() {
+    let emu = Emulator::start(EmulatorOptions::default()).await.unwrap();
+    let nodes = admin_nodes(&emu).await;
+    for i in 0..150 {
+        create(
+            &nodes,
+            &format!("w{i:03}"),
+            &format!("10.1.{}.{}", i / 200, i % 200),
+        )
+        .await;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let kc = emu.kubeconfig(users::AGENT).unwrap();
+
+    // Churn: label changes keep the set dirty, so writes never stop.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let churn = {
+        let (nodes, stop) = (nodes.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut k = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let name = format!("w{:03}", k % 150);
+                let patch = json!({"metadata": {"labels": {"churn": k.to_string()}}});
+                let _ = nodes
+                    .patch(&name, &PatchParams::default(), &Patch::Merge(patch))
+                    .await;
+                k += 1;
+            }
+        })
+    };
+
+    for round in 0..5u32 {
+        let mut agent = Agent::start(
+            &kc,
+            "self",
+            &state,
+            &["--snapshot-interval", "5ms", "--taint-on-shutdown=false"],
+        )
+        .await;
+        let series = "nodegate_agent_snapshot_write_duration_seconds_count";
+        let want = f64::from(3 + round % 3);
+        eventually("snapshot writes under way", || async {
+            agent.metric(series).await.unwrap_or(0.0) >= want
+        })
+        .await;
+        agent.kill9().await;
+        let snap = read_snapshot(&state).expect("a snapshot exists");
+        assert_eq!(snap.len(), 150, "round {round}: complete snapshot");
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    churn.await.unwrap();
+    let corrupt = std::fs::read_dir(&state)
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .contains("corrupt")
+        })
+        .count();
+    assert_eq!(corrupt, 0, "no restart ever found a torn snapshot");
+}

@@ -21,7 +21,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use anyhow::Context;
-use futures::FutureExt;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
@@ -172,7 +171,7 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let config = Config::try_from(args)?;
-    start(config, shutdown.boxed()).await?.wait().await
+    start(config, shutdown).await?.wait().await
 }
 
 /// Resolves on SIGTERM or Ctrl-C (SIGINT).

@@ -102,9 +102,11 @@ pub async fn run_with_client(
                 retries: args.on_node_delete_retries,
             }));
         }
+        let (done_tx, done_rx) = mpsc::unbounded_channel();
         tokio::spawn(handler::Dispatcher::run(
             Dispatcher::new(handlers, metrics.clone()),
             rx,
+            done_tx,
         ));
         let ctx = PruneContext {
             state_dir: args.state_dir.clone(),
@@ -118,6 +120,7 @@ pub async fn run_with_client(
             api,
             Pruner::new(args.node_name.clone(), snapshot_nodes),
             ctx,
+            done_rx,
             stop_rx.clone(),
         )))
     } else {

@@ -168,10 +168,17 @@ impl Dispatcher {
         }
     }
 
-    /// Drains deletions from `rx` until every sender is gone.
-    pub async fn run(self, mut rx: mpsc::UnboundedReceiver<(NodeRecord, DeleteSource)>) {
+    /// Drains deletions from `rx` until every sender is gone, reporting the
+    /// uid of each finished one on `done` (the pruner then drops it from
+    /// the snapshot).
+    pub async fn run(
+        self,
+        mut rx: mpsc::UnboundedReceiver<(NodeRecord, DeleteSource)>,
+        done: mpsc::UnboundedSender<String>,
+    ) {
         while let Some((node, source)) = rx.recv().await {
             self.dispatch(&node, source).await;
+            let _ = done.send(node.uid);
         }
     }
 }

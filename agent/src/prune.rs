@@ -40,7 +40,10 @@ pub struct Pruner {
     /// Snapshot read at start; consumed by the first complete list.
     snapshot: Option<Vec<NodeRecord>>,
     /// Objects of a list in progress (between `Init` and `InitDone`).
-    pending: Option<HashMap<String, NodeRecord>>,
+    listing: Option<HashMap<String, NodeRecord>>,
+    /// Deleted nodes whose handlers have not finished, by uid. They stay in
+    /// the snapshot so a crash before the handler ran is retried at restart.
+    unhandled: HashMap<String, NodeRecord>,
     initialized: bool,
     dirty: bool,
 }
@@ -53,7 +56,8 @@ impl Pruner {
             own: own.into(),
             live: HashMap::new(),
             snapshot: Some(snapshot),
-            pending: None,
+            listing: None,
+            unhandled: HashMap::new(),
             initialized: false,
             dirty: false,
         }
@@ -73,8 +77,38 @@ impl Pruner {
         self.live.is_empty()
     }
 
-    pub fn records(&self) -> impl Iterator<Item = &NodeRecord> {
+    /// The live set (own node excluded).
+    pub fn live(&self) -> impl Iterator<Item = &NodeRecord> {
         self.live.values()
+    }
+
+    /// What the snapshot holds: live nodes and deletions not yet handled.
+    pub fn records(&self) -> impl Iterator<Item = &NodeRecord> {
+        self.live.values().chain(self.unhandled.values())
+    }
+
+    /// Deletions dispatched but not yet reported done.
+    pub fn unhandled(&self) -> usize {
+        self.unhandled.len()
+    }
+
+    /// The handlers are done with the node of this uid (successfully or
+    /// not: failures are counted, never retried forever).
+    pub fn handled(&mut self, uid: &str) {
+        if self.unhandled.remove(uid).is_some() {
+            self.dirty = true;
+        }
+    }
+
+    /// Applies one watcher event and returns the deletions it implies; they
+    /// count as unhandled until [`Pruner::handled`].
+    pub fn apply(&mut self, event: watcher::Event<SlimNode>) -> Vec<Deletion> {
+        let deletions = self.apply_inner(event);
+        for (r, _) in &deletions {
+            self.unhandled.insert(r.uid.clone(), r.clone());
+            self.dirty = true;
+        }
+        deletions
     }
 
     /// Returns and clears "changed since the last snapshot write".
@@ -82,23 +116,22 @@ impl Pruner {
         std::mem::take(&mut self.dirty) && self.initialized
     }
 
-    /// Applies one watcher event and returns the deletions it implies.
-    pub fn apply(&mut self, event: watcher::Event<SlimNode>) -> Vec<Deletion> {
+    fn apply_inner(&mut self, event: watcher::Event<SlimNode>) -> Vec<Deletion> {
         match event {
             watcher::Event::Init => {
-                self.pending = Some(HashMap::with_capacity(self.live.len()));
+                self.listing = Some(HashMap::with_capacity(self.live.len()));
                 Vec::new()
             }
             watcher::Event::InitApply(node) => {
                 if let Some(r) = node.into_record().filter(|r| r.name != self.own) {
-                    self.pending
+                    self.listing
                         .get_or_insert_with(HashMap::new)
                         .insert(r.name.clone(), r);
                 }
                 Vec::new()
             }
             watcher::Event::InitDone => {
-                let listed = self.pending.take().unwrap_or_default();
+                let listed = self.listing.take().unwrap_or_default();
                 let deletions = match self.snapshot.take() {
                     // First list: whatever the snapshot has that is gone now.
                     Some(snap) => diff(snap, &listed, &self.own)
@@ -163,11 +196,13 @@ pub struct PruneContext {
 }
 
 /// Watches all Nodes until `shutdown` flips, writing the snapshot at most
-/// once per interval while dirty, and once more at the end.
+/// once per interval while dirty, and once more at the end. `handled`
+/// carries the uids of deletions the handlers are done with.
 pub async fn run(
     api: Api<SlimNode>,
     mut pruner: Pruner,
     ctx: PruneContext,
+    mut handled: mpsc::UnboundedReceiver<String>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let stream = watcher(api, watcher::Config::default()).default_backoff();
@@ -189,6 +224,7 @@ pub async fn run(
                 Some(Err(e)) => tracing::warn!(error = %e, "node watch failed, retrying"),
                 None => break,
             },
+            Some(uid) = handled.recv() => pruner.handled(&uid),
             _ = tick.tick() => {
                 if pruner.take_dirty() {
                     write_snapshot(&pruner, &ctx).await;
@@ -221,9 +257,16 @@ pub async fn write_snapshot(pruner: &Pruner, ctx: &PruneContext) {
             ctx.metrics
                 .snapshot_write_seconds
                 .observe(start.elapsed().as_secs_f64());
-            ctx.metrics.snapshot_nodes.set(pruner.len() as i64);
+            ctx.metrics
+                .snapshot_nodes
+                .set((pruner.len() + pruner.unhandled()) as i64);
             ctx.metrics.snapshot_bytes.set(len as i64);
-            tracing::debug!(nodes = pruner.len(), bytes = len, "snapshot written");
+            tracing::debug!(
+                nodes = pruner.len(),
+                unhandled = pruner.unhandled(),
+                bytes = len,
+                "snapshot written"
+            );
         }
         Ok(Err(e)) => {
             ctx.metrics.snapshot_write_failures.inc();
@@ -315,10 +358,7 @@ mod tests {
                 ("c", "3", DeleteSource::Snapshot)
             ]
         );
-        let mut live: Vec<_> = p
-            .records()
-            .map(|r| (r.name.clone(), r.uid.clone()))
-            .collect();
+        let mut live: Vec<_> = p.live().map(|r| (r.name.clone(), r.uid.clone())).collect();
         live.sort();
         let want: Vec<(String, String)> = [("a", "1"), ("c", "33"), ("d", "4")]
             .iter()
@@ -330,6 +370,29 @@ mod tests {
         );
         assert!(p.take_dirty());
         assert!(!p.take_dirty());
+    }
+
+    #[test]
+    fn deletions_stay_in_the_snapshot_until_handled() {
+        let mut p = Pruner::new("me", vec![rec("a", "1"), rec("b", "2")]);
+        p.apply(watcher::Event::Init);
+        p.apply(watcher::Event::InitApply(node("a", "1")));
+        let d = p.apply(watcher::Event::InitDone);
+        assert_eq!(names(&d), vec![("b", "2", DeleteSource::Snapshot)]);
+        let d = p.apply(watcher::Event::Delete(node("a", "1")));
+        assert_eq!(names(&d), vec![("a", "1", DeleteSource::Watch)]);
+        assert!(p.is_empty());
+        let mut held: Vec<_> = p.records().map(|r| r.name.as_str()).collect();
+        held.sort_unstable();
+        assert_eq!(held, vec!["a", "b"], "a crash now retries both at restart");
+        assert!(p.take_dirty());
+        p.handled("2");
+        assert!(p.take_dirty(), "handled deletions rewrite the snapshot");
+        p.handled("1");
+        assert_eq!(p.records().count(), 0);
+        assert!(p.take_dirty());
+        p.handled("1");
+        assert!(!p.take_dirty(), "unknown uid changes nothing");
     }
 
     #[test]

@@ -646,3 +646,91 @@ async fn kill9_during_snapshot_writes_never_tears_the_file() {
         .count();
     assert_eq!(corrupt, 0, "no restart ever found a torn snapshot");
 }
+
+/// A deletion whose handler had not finished when the agent was killed is
+/// still in the snapshot, so the restarted agent runs it (source snapshot).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deletion_interrupted_by_a_crash_is_retried_after_restart() {
+    let emu = Emulator::start(EmulatorOptions::default()).await.unwrap();
+    let nodes = admin_nodes(&emu).await;
+    let w1 = create(&nodes, "w1", "10.0.0.1").await;
+    let w2 = create(&nodes, "w2", "10.0.0.2").await;
+    create(&nodes, "self", "10.0.0.100").await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let hooks = dir.path().join("hooks");
+    std::fs::create_dir_all(&hooks).unwrap();
+    let state = dir.path().join("state");
+    let kc = emu.kubeconfig(users::AGENT).unwrap();
+    let pid_file = hooks.join("blocked.pid");
+    let blocking = format!(
+        "echo $$ > {}.tmp && mv {0}.tmp {0} && exec sleep 60",
+        pid_file.display()
+    );
+    let mut agent = Agent::start(
+        &kc,
+        "self",
+        &state,
+        &[
+            "--on-node-delete",
+            &blocking,
+            "--on-node-delete-timeout",
+            "120s",
+        ],
+    )
+    .await;
+    eventually("first snapshot", || async {
+        read_snapshot(&state).is_some_and(|s| s.len() == 2)
+    })
+    .await;
+
+    nodes.delete("w1", &DeleteParams::default()).await.unwrap();
+    eventually("hook for w1 started", || async { pid_file.exists() }).await;
+    let w3 = create(&nodes, "w3", "10.0.0.3").await;
+    eventually("snapshot written after the deletion", || async {
+        read_snapshot(&state).is_some_and(|s| s.contains_key("w3"))
+    })
+    .await;
+    let snap = read_snapshot(&state).unwrap();
+    assert_eq!(
+        snap.get("w1"),
+        Some(&w1),
+        "unhandled deletion kept: {snap:?}"
+    );
+
+    agent.kill9().await;
+    let hook_pid: i32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let _ = kill(Pid::from_raw(hook_pid), Signal::SIGKILL);
+
+    let hook_cmd = hook(&hooks);
+    let mut agent = Agent::start(
+        &kc,
+        "self",
+        &state,
+        &["--on-node-delete", hook_cmd.as_str()],
+    )
+    .await;
+    eventually("w1 handled after restart", || async {
+        hook_calls(&hooks).len() == 1
+    })
+    .await;
+    let calls = hook_calls(&hooks);
+    assert_eq!(
+        (calls[0].0.as_str(), calls[0].1.as_str()),
+        ("w1", "snapshot")
+    );
+    assert_eq!(calls[0].3["uid"], w1.as_str());
+    eventually("w1 leaves the snapshot once handled", || async {
+        read_snapshot(&state)
+            == Some(BTreeMap::from([
+                ("w2".to_string(), w2.clone()),
+                ("w3".to_string(), w3.clone()),
+            ]))
+    })
+    .await;
+    assert!(agent.term().await.success());
+}

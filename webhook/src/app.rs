@@ -96,7 +96,7 @@ async fn mutate(State(hook): State<Arc<Webhook>>, body: Result<Bytes, BytesRejec
         Err(rejection) => {
             // Too large, or the body broke off: nothing to answer for.
             tracing::warn!(%rejection, "unreadable admission request body");
-            hook.metrics.request(Op::Unknown, Outcome::Invalid, 0.0);
+            hook.metrics.unreadable_request();
             return rejection.into_response();
         }
     };

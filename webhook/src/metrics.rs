@@ -163,6 +163,12 @@ impl Metrics {
         self.duration.observe(seconds);
     }
 
+    /// A request whose body could not even be read (too large, broken off):
+    /// counted, but kept out of the latency histogram.
+    pub fn unreadable_request(&self) {
+        self.requests[Op::Unknown as usize][Outcome::Invalid as usize].inc();
+    }
+
     pub fn taints_added(&self, reason: Reason, n: usize) {
         let i = match reason {
             Reason::Create => 0,

@@ -14,7 +14,7 @@ use tokio::time::Instant;
 
 use crate::metrics::{Metrics, ProbeLabels, ProbeName};
 use crate::probe::{Probe, Readiness, Thresholds, Transition};
-use crate::taint::{AddReason, NodeTaints, needs_ready_patch, safety_net_applies};
+use crate::taint::{AddReason, MarkReady, NodeTaints, needs_ready_patch, safety_net_applies};
 
 #[derive(Debug, Clone)]
 pub struct GateConfig {
@@ -175,9 +175,12 @@ impl Gate {
         let name = &self.taints.name;
         let deadline = Instant::now() + self.cfg.period.max(Duration::from_secs(10));
         match self.taints.mark_ready(deadline).await {
-            Ok(Some(out)) => {
-                // Stale until the watch catches up; re-read if asked again.
-                *view = None;
+            Ok(MarkReady {
+                outcome: Some(out),
+                latest,
+            }) => {
+                // The watch event of this write will refresh it too.
+                *view = Some(latest);
                 if announced_boot.as_ref() == Some(&out.boot_id) && out.removed.is_empty() {
                     return;
                 }
@@ -209,7 +212,10 @@ impl Gate {
                 );
                 self.taints.event(out.uid, "NodegateReady", msg).await;
             }
-            Ok(None) => *view = None,
+            Ok(MarkReady {
+                outcome: None,
+                latest,
+            }) => *view = Some(latest),
             Err(e) => tracing::error!(node = %name, error = %e, "cannot remove taint; will retry"),
         }
     }

@@ -122,6 +122,14 @@ pub struct ReadyOutcome {
     pub uid: Option<String>,
 }
 
+/// What [`NodeTaints::mark_ready`] did, and the node as it left it (so the
+/// caller need not read it again).
+#[derive(Debug, Clone)]
+pub struct MarkReady {
+    pub outcome: Option<ReadyOutcome>,
+    pub latest: NodeView,
+}
+
 /// Reads and patches one Node, retrying conflicts and failed `test`s by
 /// re-reading.
 #[derive(Clone)]
@@ -150,27 +158,32 @@ impl NodeTaints {
     }
 
     /// Re-reads and applies `build(view)` until it succeeds, nothing is left
-    /// to do (`build` returns `None`) or `deadline` passes.
+    /// to do (`build` returns `None`) or `deadline` passes. Also returns the
+    /// node as last seen (read, or as the patch left it).
     async fn patch_loop<T>(
         &self,
         deadline: Instant,
         mut build: impl FnMut(&Node, &NodeView) -> Option<(Patch, T)>,
-    ) -> Result<Option<T>, TaintError> {
+    ) -> Result<(Option<T>, NodeView), TaintError> {
         let mut backoff = Duration::from_millis(50);
         loop {
             let attempt = async {
                 let (node, view) = self.read().await?;
                 let Some((patch, out)) = build(&node, &view) else {
-                    return Ok(None);
+                    return Ok((None, view));
                 };
-                self.api
+                let patched = self
+                    .api
                     .patch(
                         &self.name,
                         &PatchParams::default(),
                         &KubePatch::Json::<()>(patch),
                     )
                     .await?;
-                Ok::<_, TaintError>(Some(out))
+                let after = serde_json::to_value(&patched)
+                    .and_then(serde_json::from_value::<NodeView>)
+                    .map_err(|e| TaintError::Decode(self.name.clone(), e))?;
+                Ok::<_, TaintError>((Some(out), after))
             };
             let err = match attempt.await {
                 Ok(r) => return Ok(r),
@@ -190,10 +203,11 @@ impl NodeTaints {
     }
 
     /// Removes the configured taints and records the bootID, in one patch.
-    /// `Ok(None)`: the node already had no taint and the bootID recorded.
-    pub async fn mark_ready(&self, deadline: Instant) -> Result<Option<ReadyOutcome>, TaintError> {
+    /// `outcome` is `None` when the node already had no taint and the
+    /// bootID recorded.
+    pub async fn mark_ready(&self, deadline: Instant) -> Result<MarkReady, TaintError> {
         let specs = self.specs.clone();
-        let out = self
+        let (out, latest) = self
             .patch_loop(deadline, |node, view| {
                 let patch = ready_patch(view, &specs)?;
                 let removed = view
@@ -216,7 +230,10 @@ impl NodeTaints {
         if out.as_ref().is_some_and(|o| !o.removed.is_empty()) {
             self.metrics.taint_removals.inc();
         }
-        Ok(out)
+        Ok(MarkReady {
+            outcome: out,
+            latest,
+        })
     }
 
     /// Adds the missing configured taints (guarded by a `test` of the list
@@ -240,6 +257,7 @@ impl NodeTaints {
                 Some((add_taints(view, &missing, Guard::Current), missing.len()))
             })
             .await?
+            .0
             .unwrap_or(0);
         if added > 0 {
             self.metrics

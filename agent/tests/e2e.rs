@@ -734,3 +734,64 @@ async fn deletion_interrupted_by_a_crash_is_retried_after_restart() {
     .await;
     assert!(agent.term().await.success());
 }
+
+/// `--continuous`: the taint goes back after the failure threshold while the
+/// network agent is down, and comes off again when it is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn continuous_mode_retaints_while_down() {
+    let emu = Emulator::start(EmulatorOptions::default()).await.unwrap();
+    let nodes = admin_nodes(&emu).await;
+    let kubelet = SimKubelet::new(&emu, "node-c").await.unwrap();
+    kubelet.register().await.unwrap();
+
+    let dir = tempfile::tempdir().unwrap();
+    let probe = dir.path().join("ready");
+    std::fs::write(&probe, b"ok").unwrap();
+    let probe_arg = probe.to_str().unwrap().to_string();
+    let kc = emu.kubeconfig(users::AGENT).unwrap();
+    let args = [
+        "--continuous",
+        "--probe-file",
+        probe_arg.as_str(),
+        "--probe-period",
+        "100ms",
+        "--failure-threshold",
+        "2",
+        "--prune=false",
+    ];
+    let mut agent = Agent::start(&kc, "node-c", &dir.path().join("state"), &args).await;
+    eventually("ready", || async {
+        let n = node(&nodes, "node-c").await;
+        !our_taint(&n) && ready_boot_id(&n).as_deref() == Some(kubelet.boot_id())
+    })
+    .await;
+    assert!(
+        agent.ready().await,
+        "--prune=false: ready without a node list"
+    );
+
+    std::fs::remove_file(&probe).unwrap();
+    eventually("re-tainted while down", || async {
+        our_taint(&node(&nodes, "node-c").await)
+    })
+    .await;
+    assert_eq!(
+        agent
+            .metric("nodegate_agent_taint_adds_total{reason=\"continuous\"}")
+            .await,
+        Some(1.0)
+    );
+    assert_eq!(agent.metric("nodegate_agent_ready").await, Some(0.0));
+
+    std::fs::write(&probe, b"ok").unwrap();
+    eventually("untainted when back", || async {
+        !our_taint(&node(&nodes, "node-c").await)
+    })
+    .await;
+    eventually("removal counted", || async {
+        agent.metric("nodegate_agent_taint_removals_total").await == Some(2.0)
+    })
+    .await;
+    assert!(!std::fs::exists(dir.path().join("state/nodes.json")).unwrap());
+    assert!(agent.term().await.success());
+}

@@ -110,7 +110,13 @@ async fn ready_patch_is_one_exact_json_patch() {
             ),
         );
     });
-    let out = t.mark_ready(deadline()).await.unwrap().expect("patched");
+    let done = t.mark_ready(deadline()).await.unwrap();
+    assert_eq!(
+        done.latest.taints().len(),
+        1,
+        "the node as the patch left it"
+    );
+    let out = done.outcome.expect("patched");
     server.await.unwrap();
     assert_eq!(out.removed, vec![ours()]);
     assert_eq!(out.boot_id.as_deref(), Some("boot-2"));
@@ -144,7 +150,11 @@ async fn ready_patch_rereads_after_conflict_and_failed_test() {
         );
         (first, second, third)
     });
-    t.mark_ready(deadline()).await.unwrap().expect("patched");
+    t.mark_ready(deadline())
+        .await
+        .unwrap()
+        .outcome
+        .expect("patched");
     let (first, second, third) = server.await.unwrap();
     // No annotations at all: the map is added, guarded by resourceVersion.
     assert_eq!(
@@ -185,7 +195,9 @@ async fn nothing_to_do_means_no_patch() {
         // The client is dropped after the GET: no further request may come.
         assert!(h.next_request().await.is_none());
     });
-    assert!(t.mark_ready(deadline()).await.unwrap().is_none());
+    let done = t.mark_ready(deadline()).await.unwrap();
+    assert!(done.outcome.is_none());
+    assert_eq!(done.latest.ready_boot_id(), Some("boot-2"));
     drop(t);
     server.await.unwrap();
     assert_eq!(metrics.taint_removals.get(), 0);

@@ -34,6 +34,16 @@ pub enum Command {
     Compare(CompareArgs),
     /// Load one running server.
     Run(RunArgs),
+    /// Time each step of the webhook's hot path in-process (no network).
+    Micro {
+        #[arg(long, value_enum, default_value_t = Workload::Mix)]
+        workload: Workload,
+        #[arg(long, default_value_t = 20_000)]
+        iterations: u32,
+        /// Only this step (e.g. under `valgrind --tool=dhat`); default all.
+        #[arg(long, value_enum)]
+        step: Option<crate::micro::Step>,
+    },
     /// Print the AdmissionReview bodies of a workload (one JSON document per line).
     Fixtures {
         #[arg(long, value_enum, default_value_t = Workload::Create)]
@@ -132,6 +142,26 @@ pub fn main() -> anyhow::Result<ExitCode> {
         match cli.command {
             Command::Compare(a) => run_compare(a).await,
             Command::Run(a) => run_one(a).await,
+            Command::Micro {
+                workload,
+                iterations,
+                step,
+            } => {
+                let steps = step.map_or(crate::micro::ALL.to_vec(), |s| vec![s]);
+                for f in fixtures::workload(workload) {
+                    for s in &steps {
+                        let t = crate::micro::measure(*s, &f, iterations)?;
+                        println!(
+                            "{:<18} {:>6} B  {:<7} {:>8.2} µs",
+                            f.name,
+                            f.len(),
+                            format!("{s:?}").to_lowercase(),
+                            t.as_secs_f64() * 1e6
+                        );
+                    }
+                }
+                Ok(ExitCode::SUCCESS)
+            }
             Command::Fixtures { workload } => {
                 for (i, f) in fixtures::workload(workload).iter().enumerate() {
                     let body = f.body(&fixtures::uid(0, i as u64));

@@ -14,6 +14,7 @@ pub mod compare;
 pub mod duration;
 pub mod fixtures;
 pub mod load;
+pub mod micro;
 pub mod process;
 pub mod procfs;
 pub mod schedule;

@@ -131,7 +131,12 @@ fn remove_stale_temps(dir: &Path) {
 /// Replaces the snapshot in `dir` with `bytes`, durably and atomically.
 pub fn write_atomic(dir: &Path, bytes: &[u8]) -> io::Result<()> {
     fs::create_dir_all(dir)?;
-    let tmp = dir.join(format!("{TEMP_PREFIX}{}", std::process::id()));
+    // Unique even for two agents that are both PID 1 in their containers.
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or_default();
+    let tmp = dir.join(format!("{TEMP_PREFIX}{}-{nanos}", std::process::id()));
     let result = (|| {
         let mut f = File::create(&tmp)?;
         f.write_all(bytes)?;

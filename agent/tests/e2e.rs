@@ -795,3 +795,83 @@ async fn continuous_mode_retaints_while_down() {
     assert!(!std::fs::exists(dir.path().join("state/nodes.json")).unwrap());
     assert!(agent.term().await.success());
 }
+
+/// `--probe-pod`: only a Ready pod with the labels on this node counts, and
+/// the agent reacts to the pod watch (the probe period is an hour).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pod_probe_follows_the_ready_pod_on_this_node() {
+    use k8s_openapi::api::core::v1::Pod;
+    let emu = Emulator::start(EmulatorOptions::default()).await.unwrap();
+    let nodes = admin_nodes(&emu).await;
+    let kubelet = SimKubelet::new(&emu, "node-p").await.unwrap();
+    kubelet.register().await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(emu.client(users::ADMIN).await.unwrap(), "kube-system");
+    let pod = |name: &str, node: &str, labels: Value| -> Pod {
+        serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "kube-system", "labels": labels},
+            "spec": {"nodeName": node, "containers": [{"name": "c", "image": "cilium"}]}
+        }))
+        .unwrap()
+    };
+    let ready = json!({"status": {"phase": "Running",
+        "conditions": [{"type": "Ready", "status": "True"}]}});
+    let pp = PatchParams::default();
+    // Ready, right labels, other node; and ready on this node, other labels.
+    for (name, node, labels) in [
+        ("cilium-elsewhere", "node-q", json!({"k8s-app": "cilium"})),
+        ("other-app", "node-p", json!({"k8s-app": "other"})),
+    ] {
+        pods.create(&PostParams::default(), &pod(name, node, labels))
+            .await
+            .unwrap();
+        pods.patch_status(name, &pp, &Patch::Merge(ready.clone()))
+            .await
+            .unwrap();
+    }
+
+    let dir = tempfile::tempdir().unwrap();
+    let kc = emu.kubeconfig(users::AGENT).unwrap();
+    let args = [
+        "--probe-pod",
+        "kube-system/k8s-app=cilium",
+        "--probe-period",
+        "1h",
+        "--prune=false",
+    ];
+    let mut agent = Agent::start(&kc, "node-p", &dir.path().join("state"), &args).await;
+    let series = "nodegate_agent_probe_results_total{probe=\"pod:kube-system/k8s-app=cilium\",result=\"fail\"}";
+    eventually("safety net taint", || async {
+        our_taint(&node(&nodes, "node-p").await)
+    })
+    .await;
+    eventually("first round failed", || async {
+        agent.metric(series).await.unwrap_or(0.0) >= 1.0
+    })
+    .await;
+
+    // The right pod, not Ready yet: its watch event runs a failing round.
+    pods.create(
+        &PostParams::default(),
+        &pod("cilium-p", "node-p", json!({"k8s-app": "cilium"})),
+    )
+    .await
+    .unwrap();
+    eventually("round on the pod event", || async {
+        agent.metric(series).await.unwrap_or(0.0) >= 2.0
+    })
+    .await;
+    assert!(
+        our_taint(&node(&nodes, "node-p").await),
+        "pod not Ready yet"
+    );
+
+    pods.patch_status("cilium-p", &pp, &Patch::Merge(ready))
+        .await
+        .unwrap();
+    eventually("untainted once the pod is Ready", || async {
+        !our_taint(&node(&nodes, "node-p").await)
+    })
+    .await;
+    assert!(agent.term().await.success());
+}

@@ -17,6 +17,7 @@ pub struct SimKubelet {
     boot_id: String,
     labels: Value,
     register_taints: Vec<Value>,
+    ready: bool,
     client: kube::Client,
 }
 
@@ -62,6 +63,7 @@ impl SimKubelet {
                 "kubernetes.io/arch": "amd64",
             }),
             register_taints: Vec::new(),
+            ready: true,
             client,
         }
     }
@@ -76,6 +78,12 @@ impl SimKubelet {
     pub fn with_label(mut self, key: &str, value: &str) -> Self {
         self.labels[key] = json!(value);
         self
+    }
+
+    /// What the `Ready` condition reports from now on (a freshly started
+    /// kubelet reports NotReady until its runtime checks pass).
+    pub fn set_ready(&mut self, ready: bool) {
+        self.ready = ready;
     }
 
     pub fn name(&self) -> &str {
@@ -102,7 +110,11 @@ impl SimKubelet {
                 cond("MemoryPressure", "False", "KubeletHasSufficientMemory"),
                 cond("DiskPressure", "False", "KubeletHasNoDiskPressure"),
                 cond("PIDPressure", "False", "KubeletHasSufficientPID"),
-                cond("Ready", "True", "KubeletReady"),
+                if self.ready {
+                    cond("Ready", "True", "KubeletReady")
+                } else {
+                    cond("Ready", "False", "KubeletNotReady")
+                },
             ],
             "addresses": [{"type": "Hostname", "address": self.name}],
             "capacity": {"cpu": "4", "memory": "16Gi", "pods": "110"},

@@ -24,4 +24,5 @@ pub mod process;
 pub use process::{WebhookOptions, WebhookProcess, bin_path};
 pub mod cluster;
 pub mod raw;
+pub mod sim;
 pub mod standin;

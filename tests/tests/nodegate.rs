@@ -347,3 +347,28 @@ async fn default_taint_is_what_the_webhook_adds() {
     // Guards the constant this file relies on against drift in shared/.
     assert!(DEFAULT_TAINT.starts_with(TAINT_KEY));
 }
+
+#[tokio::test]
+async fn sim_run_keeps_the_guarantees_and_shows_the_problem_without() {
+    use nodegate_tests::sim::{self, RunOptions};
+    let opts = RunOptions {
+        nodes: 12,
+        ..Default::default()
+    };
+    let reports = sim::run(&opts, std::sync::Arc::new(StandInAgent::default()))
+        .await
+        .unwrap();
+    eprintln!("{}", sim::render_table(&reports));
+    let (with, without) = (&reports[0], &reports[1]);
+    assert!(with.webhook && !without.webhook);
+    assert_eq!(with.tainted_at_create, 12);
+    assert_eq!(with.tainted_at_reboot, with.reboots);
+    assert_eq!(with.violations, 0);
+    assert!(sim::broken_guarantees(&reports).is_empty());
+    assert_eq!(without.tainted_at_create, 0);
+    assert!(
+        without.violations > 0,
+        "the problem nodegate solves shows without it"
+    );
+    assert!(with.webhook_calls > 0 && with.webhook_p99.is_some());
+}

@@ -60,6 +60,7 @@ pub struct Admission {
     store: Arc<Store>,
     endpoints: RwLock<HashMap<String, SocketAddr>>,
     calls: Mutex<Vec<CallRecord>>,
+    pool: webhook::Pool,
 }
 
 pub const NOT_READY_TAINT_KEY: &str = "node.kubernetes.io/not-ready";
@@ -101,6 +102,7 @@ impl Admission {
             store,
             endpoints: RwLock::new(endpoints),
             calls: Mutex::new(Vec::new()),
+            pool: webhook::Pool::default(),
         }
     }
 
@@ -328,7 +330,7 @@ impl Admission {
             Err(e) => return fail(e),
         };
         let start = Instant::now();
-        let verdict = webhook::call(hook, &target, &review, &uid).await;
+        let verdict = webhook::call(&self.pool, hook, &target, &review, &uid).await;
         self.calls
             .lock()
             .unwrap_or_else(|p| p.into_inner())

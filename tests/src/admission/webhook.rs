@@ -102,6 +102,71 @@ pub fn display_url(t: &Target, timeout: Duration) -> String {
     )
 }
 
+type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
+
+/// Idle keep-alive connections per (address, server name, caBundle), reused
+/// like Go's http.Transport does for the API server's webhook calls.
+#[derive(Default)]
+pub struct Pool {
+    idle: std::sync::Mutex<std::collections::HashMap<(SocketAddr, String, u64), Vec<Sender>>>,
+}
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool").finish_non_exhaustive()
+    }
+}
+
+impl Pool {
+    fn take(&self, key: &(SocketAddr, String, u64)) -> Option<Sender> {
+        let mut g = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        let list = g.get_mut(key)?;
+        while let Some(s) = list.pop() {
+            if !s.is_closed() {
+                return Some(s);
+            }
+        }
+        None
+    }
+
+    fn put(&self, key: (SocketAddr, String, u64), s: Sender) {
+        let mut g = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        let list = g.entry(key).or_default();
+        if list.len() < 32 {
+            list.push(s);
+        }
+    }
+}
+
+fn pool_key(target: &Target, ca: &[u8]) -> (SocketAddr, String, u64) {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    ca.hash(&mut h);
+    (target.addr, target.server_name.clone(), h.finish())
+}
+
+async fn connect(target: &Target, ca: &[u8]) -> Result<Sender, String> {
+    let cfg = crate::tls::client_config_for_bundle(ca)?;
+    let tcp = tokio::net::TcpStream::connect(target.addr)
+        .await
+        .map_err(|e| format!("dial tcp {}: {e}", target.addr))?;
+    let _ = tcp.set_nodelay(true);
+    let name = ServerName::try_from(target.server_name.clone()).map_err(|e| e.to_string())?;
+    let tls = tokio_rustls::TlsConnector::from(cfg)
+        .connect(name, tcp)
+        .await
+        .map_err(|e| format!("tls: {e}"))?;
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+        .await
+        .map_err(|e| e.to_string())?;
+    tokio::spawn(async move {
+        if let Err(e) = conn.await {
+            tracing::debug!(error = %e, "webhook connection ended");
+        }
+    });
+    Ok(sender)
+}
+
 /// A mutating webhook's verdict.
 #[derive(Debug, Default)]
 pub struct Verdict {
@@ -115,6 +180,7 @@ pub struct Verdict {
 /// POSTs the review and validates the answer. Every `Err` here is a call
 /// failure that failurePolicy decides about.
 pub async fn call(
+    pool: &Pool,
     hook: &MutatingWebhook,
     target: &Target,
     review: &Value,
@@ -129,23 +195,14 @@ pub async fn call(
             .as_ref()
             .map(|b| b.0.clone())
             .unwrap_or_default();
-        let cfg = crate::tls::client_config_for_bundle(&ca)?;
-        let tcp = tokio::net::TcpStream::connect(target.addr)
-            .await
-            .map_err(|e| format!("dial tcp {}: {e}", target.addr))?;
-        let name = ServerName::try_from(target.server_name.clone()).map_err(|e| e.to_string())?;
-        let tls = tokio_rustls::TlsConnector::from(cfg)
-            .connect(name, tcp)
-            .await
-            .map_err(|e| format!("tls: {e}"))?;
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
-            .await
-            .map_err(|e| e.to_string())?;
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, "webhook connection ended");
-            }
-        });
+        let key = pool_key(target, &ca);
+        let mut sender = match pool.take(&key) {
+            Some(s) => s,
+            None => connect(target, &ca).await?,
+        };
+        if sender.ready().await.is_err() {
+            sender = connect(target, &ca).await?;
+        }
         let body = serde_json::to_vec(review).map_err(|e| e.to_string())?;
         let req = http::Request::post(format!("{}?timeout={}s", target.path, timeout.as_secs()))
             .header(
@@ -164,6 +221,7 @@ pub async fn call(
             .await
             .map_err(|e| e.to_string())?
             .to_bytes();
+        pool.put(key, sender);
         if !code.is_success() {
             return Err(format!(
                 "an error on the server ({}) has prevented the request from succeeding",

@@ -1,0 +1,643 @@
+//! `nodegate-sim`: the demo. `run` plays a scale-out and a reboot wave twice —
+//! with the real webhook and without — next to a naive scheduler, and counts
+//! pods that landed on a node whose network agent was not ready. `serve`
+//! keeps an emulator with the real webhook up for kubectl.
+//!
+//! The model: a kubelet reports Ready shortly after it starts; a stand-in
+//! node lifecycle controller turns `node.kubernetes.io/not-ready` on and off
+//! from the Ready condition (strategic merge patch of the whole taint list
+//! with a resourceVersion lock, as the real one does); the network agent is
+//! ready only later, and then removes nodegate's taint (see [`crate::standin`]).
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::watcher;
+use serde_json::{Value, json};
+
+use crate::admission::NOT_READY_TAINT_KEY;
+use crate::kubelet::SimKubelet;
+use crate::process::{WebhookOptions, WebhookProcess};
+use crate::standin::AgentReadiness;
+use crate::{Emulator, EmulatorOptions, users};
+
+/// Knobs of `nodegate-sim run`.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    pub nodes: usize,
+    pub pods_per_node: usize,
+    /// Share of nodes rebooted in the wave.
+    pub reboot_fraction: f64,
+    /// Time from a kubelet start to its Ready condition.
+    pub kubelet_ready_delay: Duration,
+    /// Time from a boot to the network agent being ready (plus up to `agent_jitter`).
+    pub agent_delay: Duration,
+    pub agent_jitter: Duration,
+    /// Concurrent kubelet starts.
+    pub concurrency: usize,
+    /// The taint the webhook adds (key:Effect form accepted by `--taint`).
+    pub taint_key: String,
+    /// The configuration given to the emulator in the webhook scenario.
+    pub webhook_config: Option<String>,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        Self {
+            nodes: 100,
+            pods_per_node: 2,
+            reboot_fraction: 0.5,
+            kubelet_ready_delay: Duration::from_millis(50),
+            agent_delay: Duration::from_millis(300),
+            agent_jitter: Duration::from_millis(200),
+            concurrency: 16,
+            taint_key: "node.cilium.io/agent-not-ready".into(),
+            webhook_config: None,
+        }
+    }
+}
+
+/// What one scenario measured.
+#[derive(Debug, Clone, Default)]
+pub struct ScenarioReport {
+    pub name: String,
+    pub webhook: bool,
+    pub nodes: usize,
+    pub reboots: usize,
+    /// Nodes whose create response already carried nodegate's taint.
+    pub tainted_at_create: usize,
+    /// Rebooted nodes on which the taint was seen again after the reboot.
+    pub tainted_at_reboot: usize,
+    pub pods_bound: usize,
+    /// Pods bound to a node whose agent was not ready, outside the reboot window.
+    pub violations: usize,
+    /// Pods bound to a rebooting node before its taint could land: while the
+    /// machine was down, or up to 1 s after the new bootID was written.
+    pub reboot_window_binds: usize,
+    /// Longest time from the kubelet's new-bootID status write to the taint being seen.
+    pub max_reboot_taint_lag: Option<Duration>,
+    pub webhook_calls: usize,
+    pub webhook_p50: Option<Duration>,
+    pub webhook_p99: Option<Duration>,
+    pub elapsed: Duration,
+}
+
+/// Ground truth of one simulated machine.
+#[derive(Debug, Default)]
+struct Truth {
+    agent_ready: bool,
+    reboot_started: Option<Instant>,
+    /// When the kubelet's status write with the new bootID returned: from
+    /// here on the API server knows, and the taint is due within 1 s.
+    boot_written: Option<Instant>,
+    /// When the taint was seen after the reboot (closes the window).
+    retainted: Option<Instant>,
+}
+
+const REBOOT_WINDOW: Duration = Duration::from_secs(1);
+
+type Truths = Arc<Mutex<HashMap<String, Truth>>>;
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn taints(n: &Node) -> Vec<k8s_openapi::api::core::v1::Taint> {
+    n.spec
+        .as_ref()
+        .and_then(|s| s.taints.clone())
+        .unwrap_or_default()
+}
+
+fn is_ready(n: &Node) -> bool {
+    n.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Option<Duration> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted.get(idx.min(sorted.len() - 1)).copied()
+}
+
+/// The node lifecycle controller's taint handling, as a loop.
+async fn node_lifecycle(client: kube::Client) {
+    let api: Api<Node> = Api::all(client);
+    loop {
+        if let Ok(list) = api.list(&ListParams::default()).await {
+            for n in list.items {
+                let t = taints(&n);
+                let has = t
+                    .iter()
+                    .any(|t| t.key == NOT_READY_TAINT_KEY && t.effect == "NoSchedule");
+                let ready = is_ready(&n);
+                let want: Option<Vec<Value>> = match (ready, has) {
+                    (true, true) => Some(
+                        t.iter()
+                            .filter(|t| !(t.key == NOT_READY_TAINT_KEY && t.effect == "NoSchedule"))
+                            .map(|t| serde_json::to_value(t).unwrap_or_default())
+                            .collect(),
+                    ),
+                    (false, false) => {
+                        let mut v: Vec<Value> = t
+                            .iter()
+                            .map(|t| serde_json::to_value(t).unwrap_or_default())
+                            .collect();
+                        v.push(json!({"key": NOT_READY_TAINT_KEY, "effect": "NoSchedule"}));
+                        Some(v)
+                    }
+                    _ => None,
+                };
+                if let (Some(want), Some(name)) = (want, n.metadata.name.as_deref()) {
+                    let patch = json!({"metadata": {"resourceVersion": n.metadata.resource_version},
+                                       "spec": {"taints": want}});
+                    // A conflict is retried on the next pass, like the real controller.
+                    let _ = api
+                        .patch(name, &PatchParams::default(), &Patch::Strategic(patch))
+                        .await;
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Watches nodes and closes a rebooting node's window when its taint shows.
+async fn observer(
+    client: kube::Client,
+    truths: Truths,
+    taint_key: String,
+    seen: Arc<Mutex<usize>>,
+) {
+    let api: Api<Node> = Api::all(client);
+    let mut s = watcher(api, watcher::Config::default()).boxed();
+    while let Ok(Some(ev)) = s.try_next().await {
+        let (watcher::Event::Apply(n) | watcher::Event::InitApply(n)) = ev else {
+            continue;
+        };
+        let Some(name) = n.metadata.name.clone() else {
+            continue;
+        };
+        if !taints(&n).iter().any(|t| t.key == taint_key) {
+            continue;
+        }
+        let mut g = lock(&truths);
+        if let Some(t) = g.get_mut(&name)
+            && t.reboot_started.is_some()
+            && t.retainted.is_none()
+        {
+            t.retainted = Some(Instant::now());
+            *lock(&seen) += 1;
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct BindStats {
+    bound: usize,
+    violations: usize,
+    window: usize,
+}
+
+/// Binds pending pods to any node without a NoSchedule/NoExecute taint.
+async fn scheduler(client: kube::Client, truths: Truths, stats: Arc<Mutex<BindStats>>) {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let pods: Api<Pod> = Api::all(client.clone());
+    loop {
+        // Decisions are made on this snapshot; a taint that lands after it
+        // was taken cannot stop them (true of any scheduler's cache).
+        let snapshot_at = Instant::now();
+        let (Ok(nl), Ok(pl)) = (
+            nodes.list(&ListParams::default()).await,
+            pods.list(&ListParams::default().fields("spec.nodeName="))
+                .await,
+        ) else {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            continue;
+        };
+        let candidates: Vec<String> = nl
+            .items
+            .iter()
+            .filter(|n| {
+                !taints(n)
+                    .iter()
+                    .any(|t| t.effect == "NoSchedule" || t.effect == "NoExecute")
+            })
+            .filter_map(|n| n.metadata.name.clone())
+            .collect();
+        if !candidates.is_empty() {
+            // A few binds per snapshot: a real scheduler's cache is never
+            // more than milliseconds behind, and neither should this one be.
+            for p in pl.items.into_iter().take(4) {
+                let node = &candidates[rand::random_range(0..candidates.len())];
+                let ns = p.metadata.namespace.clone().unwrap_or_default();
+                let name = p.metadata.name.clone().unwrap_or_default();
+                let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
+                let binding = json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name},
+                                     "target": {"apiVersion": "v1", "kind": "Node", "name": node}});
+                let bound: Result<Value, _> = api
+                    .create_subresource("binding", &name, &PostParams::default(), &binding)
+                    .await;
+                if bound.is_err() {
+                    continue;
+                }
+                let now = Instant::now();
+                let g = lock(&truths);
+                let mut s = lock(&stats);
+                s.bound += 1;
+                if let Some(t) = g.get(node)
+                    && !t.agent_ready
+                {
+                    // From the machine going down until the taint shows, at
+                    // most 1 s after the API server learnt of the new boot.
+                    let in_window = t.reboot_started.is_some() && {
+                        let due = t.boot_written.map(|w| w + REBOOT_WINDOW);
+                        match (t.retainted, due) {
+                            (Some(seen), Some(due)) => snapshot_at <= seen.min(due),
+                            (None, Some(due)) => snapshot_at <= due,
+                            (_, None) => true,
+                        }
+                    };
+                    if in_window {
+                        s.window += 1;
+                    } else {
+                        s.violations += 1;
+                        tracing::warn!(
+                            node = %node,
+                            since_reboot = ?t.reboot_started.map(|r| now - r),
+                            since_boot_written = ?t.boot_written.map(|r| now - r),
+                            since_retainted = ?t.retainted.map(|r| now - r),
+                            "pod bound to a node whose agent is not ready"
+                        );
+                    }
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+async fn create_pods(client: &kube::Client, prefix: &str, n: usize) -> anyhow::Result<()> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), "default");
+    for i in 0..n {
+        let p: Pod = serde_json::from_value(json!({
+            "metadata": {"name": format!("{prefix}-{i}"), "namespace": "default"},
+            "spec": {"containers": [{"name": "app", "image": "registry.example/app:1"}]}
+        }))?;
+        api.create(&PostParams::default(), &p).await?;
+    }
+    Ok(())
+}
+
+fn agent_delay(o: &RunOptions) -> Duration {
+    let jitter = o.agent_jitter.as_millis() as u64;
+    o.agent_delay
+        + Duration::from_millis(if jitter == 0 {
+            0
+        } else {
+            rand::random_range(0..jitter)
+        })
+}
+
+/// One machine coming up: kubelet start, Ready after a delay, agent after another.
+async fn boot(
+    mut kubelet: SimKubelet,
+    reboot: bool,
+    o: &RunOptions,
+    agent: &dyn AgentReadiness,
+    agent_client: &kube::Client,
+    truths: &Truths,
+    taint_key: &str,
+) -> anyhow::Result<(SimKubelet, bool)> {
+    kubelet.set_ready(false);
+    if reboot && let Some(t) = lock(truths).get_mut(kubelet.name()) {
+        // The machine goes down now: its agent is not ready until it says so.
+        t.agent_ready = false;
+        t.reboot_started = Some(Instant::now());
+    }
+    let created = if reboot {
+        kubelet.reboot().await?
+    } else {
+        kubelet.register().await?
+    };
+    if reboot && let Some(t) = lock(truths).get_mut(kubelet.name()) {
+        t.boot_written = Some(Instant::now());
+    }
+    let tainted = taints(&created).iter().any(|t| t.key == taint_key);
+    let agent_at = Instant::now() + agent_delay(o);
+    tokio::time::sleep(o.kubelet_ready_delay).await;
+    kubelet.set_ready(true);
+    kubelet.heartbeat().await?;
+    tokio::time::sleep_until(agent_at.into()).await;
+    // The agent is ready now; then it tells the API server.
+    if let Some(t) = lock(truths).get_mut(kubelet.name()) {
+        t.agent_ready = true;
+    }
+    agent.mark_ready(agent_client, kubelet.name()).await?;
+    Ok((kubelet, tainted))
+}
+
+async fn wait_all_bound(client: &kube::Client, deadline: Duration) -> anyhow::Result<()> {
+    let pods: Api<Pod> = Api::all(client.clone());
+    let end = Instant::now() + deadline;
+    loop {
+        let pending = pods
+            .list(&ListParams::default().fields("spec.nodeName="))
+            .await?
+            .items
+            .len();
+        if pending == 0 {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            Instant::now() < end,
+            "{pending} pods still pending after {deadline:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Runs one scenario against a fresh emulator.
+pub async fn run_scenario(
+    o: &RunOptions,
+    with_webhook: bool,
+    agent: Arc<dyn AgentReadiness>,
+) -> anyhow::Result<ScenarioReport> {
+    let started = Instant::now();
+    let emu = Emulator::start(EmulatorOptions::default()).await?;
+    let mut webhook = None;
+    if with_webhook {
+        let w = WebhookProcess::start(WebhookOptions {
+            kubeconfig: Some(emu.kubeconfig(users::WEBHOOK)?),
+            ..Default::default()
+        })
+        .await?;
+        w.attach(&emu, o.webhook_config.as_deref())?;
+        webhook = Some(w);
+    }
+    let truths: Truths = Arc::new(Mutex::new(HashMap::new()));
+    let stats = Arc::new(Mutex::new(BindStats::default()));
+    let reboot_seen = Arc::new(Mutex::new(0usize));
+    let admin = emu.client(users::ADMIN).await?;
+    let agent_client = emu.client(users::AGENT).await?;
+    let mut tasks = vec![
+        tokio::spawn(node_lifecycle(emu.client(users::NODE_CONTROLLER).await?)),
+        tokio::spawn(observer(
+            admin.clone(),
+            truths.clone(),
+            o.taint_key.clone(),
+            reboot_seen.clone(),
+        )),
+        tokio::spawn(scheduler(
+            emu.client(users::SCHEDULER).await?,
+            truths.clone(),
+            stats.clone(),
+        )),
+    ];
+    create_pods(&admin, "scale-out", o.nodes * o.pods_per_node).await?;
+
+    // Scale-out.
+    let mut kubelets = Vec::new();
+    for i in 0..o.nodes {
+        let name = format!("node-{i:03}");
+        lock(&truths).insert(name.clone(), Truth::default());
+        kubelets.push(SimKubelet::new(&emu, &name).await?);
+    }
+    let results: Vec<anyhow::Result<(SimKubelet, bool)>> = futures::stream::iter(kubelets)
+        .map(|k| {
+            let (truths, agent, agent_client, key) =
+                (&truths, agent.as_ref(), &agent_client, o.taint_key.as_str());
+            async move { boot(k, false, o, agent, agent_client, truths, key).await }
+        })
+        .buffer_unordered(o.concurrency.max(1))
+        .collect()
+        .await;
+    let mut kubelets = Vec::new();
+    let mut tainted_at_create = 0;
+    for r in results {
+        let (k, tainted) = r?;
+        tainted_at_create += usize::from(tainted);
+        kubelets.push(k);
+    }
+    wait_all_bound(&admin, Duration::from_secs(20))
+        .await
+        .context("after scale-out")?;
+
+    // Reboot wave, with new work arriving meanwhile.
+    let reboots = ((o.nodes as f64) * o.reboot_fraction).round() as usize;
+    kubelets.sort_by(|a, b| a.name().cmp(b.name()));
+    let rebooting: Vec<SimKubelet> = kubelets.into_iter().take(reboots).collect();
+    let wave_pods = create_pods(&admin, "wave", o.nodes);
+    let wave = futures::stream::iter(rebooting)
+        .map(|k| {
+            let (truths, agent, agent_client, key) =
+                (&truths, agent.as_ref(), &agent_client, o.taint_key.as_str());
+            async move { boot(k, true, o, agent, agent_client, truths, key).await }
+        })
+        .buffer_unordered(o.concurrency.max(1))
+        .collect::<Vec<_>>();
+    let (pods_res, wave_res) = tokio::join!(wave_pods, wave);
+    pods_res?;
+    for r in wave_res {
+        r?;
+    }
+    wait_all_bound(&admin, Duration::from_secs(20))
+        .await
+        .context("after the reboot wave")?;
+    for t in &tasks {
+        t.abort();
+    }
+    tasks.clear();
+
+    let max_lag = lock(&truths)
+        .values()
+        .filter_map(|t| Some(t.retainted?.saturating_duration_since(t.boot_written?)))
+        .max();
+    let mut lat: Vec<Duration> = emu
+        .webhook_calls(false)
+        .into_iter()
+        .map(|c| c.duration)
+        .collect();
+    lat.sort();
+    let (bound, violations, window) = {
+        let s = lock(&stats);
+        (s.bound, s.violations, s.window)
+    };
+    let report = ScenarioReport {
+        name: if with_webhook {
+            "with nodegate".into()
+        } else {
+            "without nodegate".into()
+        },
+        webhook: with_webhook,
+        nodes: o.nodes,
+        reboots,
+        tainted_at_create,
+        tainted_at_reboot: *lock(&reboot_seen),
+        pods_bound: bound,
+        violations,
+        reboot_window_binds: window,
+        max_reboot_taint_lag: max_lag,
+        webhook_calls: lat.len(),
+        webhook_p50: percentile(&lat, 0.50),
+        webhook_p99: percentile(&lat, 0.99),
+        elapsed: started.elapsed(),
+    };
+    if let Some(mut w) = webhook {
+        let _ = w.stop().await;
+    }
+    emu.shutdown().await;
+    Ok(report)
+}
+
+/// Both scenarios, webhook first.
+pub async fn run(
+    o: &RunOptions,
+    agent: Arc<dyn AgentReadiness>,
+) -> anyhow::Result<Vec<ScenarioReport>> {
+    Ok(vec![
+        run_scenario(o, true, agent.clone()).await?,
+        run_scenario(o, false, agent).await?,
+    ])
+}
+
+fn ms(d: Option<Duration>) -> String {
+    d.map(|d| format!("{:.1} ms", d.as_secs_f64() * 1000.0))
+        .unwrap_or_else(|| "-".into())
+}
+
+/// Renders one cell of a table row.
+type Column = Box<dyn Fn(&ScenarioReport) -> String>;
+
+/// The table `nodegate-sim run` prints.
+pub fn render_table(reports: &[ScenarioReport]) -> String {
+    let rows: Vec<(&str, Column)> = vec![
+        ("nodes", Box::new(|r| r.nodes.to_string())),
+        ("rebooted nodes", Box::new(|r| r.reboots.to_string())),
+        (
+            "taint added at create",
+            Box::new(|r| r.tainted_at_create.to_string()),
+        ),
+        (
+            "taint back after reboot",
+            Box::new(|r| r.tainted_at_reboot.to_string()),
+        ),
+        (
+            "max status write→taint lag",
+            Box::new(|r| ms(r.max_reboot_taint_lag)),
+        ),
+        ("pods bound", Box::new(|r| r.pods_bound.to_string())),
+        (
+            "pods on a node whose agent was not ready",
+            Box::new(|r| r.violations.to_string()),
+        ),
+        (
+            "pods bound in a reboot window, before its taint",
+            Box::new(|r| r.reboot_window_binds.to_string()),
+        ),
+        ("webhook calls", Box::new(|r| r.webhook_calls.to_string())),
+        ("webhook latency p50", Box::new(|r| ms(r.webhook_p50))),
+        ("webhook latency p99", Box::new(|r| ms(r.webhook_p99))),
+        (
+            "scenario time",
+            Box::new(|r| format!("{:.1} s", r.elapsed.as_secs_f64())),
+        ),
+    ];
+    let w0 = rows
+        .iter()
+        .map(|(l, _)| l.chars().count())
+        .max()
+        .unwrap_or(0);
+    let mut out = format!("{:w0$}", "");
+    for r in reports {
+        out.push_str(&format!(" | {:>18}", r.name));
+    }
+    out.push('\n');
+    out.push_str(&"-".repeat(w0 + reports.len() * 21));
+    out.push('\n');
+    for (label, f) in &rows {
+        let pad = w0 - label.chars().count();
+        out.push_str(label);
+        out.push_str(&" ".repeat(pad));
+        for r in reports {
+            out.push_str(&format!(" | {:>18}", f(r)));
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// What nodegate promises, checked on the webhook scenario.
+pub fn broken_guarantees(reports: &[ScenarioReport]) -> Vec<String> {
+    let mut broken = Vec::new();
+    for r in reports.iter().filter(|r| r.webhook) {
+        // Reboot-window binds are counted apart: there, the taint lands by a
+        // background patch after the kubelet's status write (issue 2, rule 3).
+        let outside_window = r.violations;
+        if outside_window > 0 {
+            broken.push(format!(
+                "{outside_window} pods landed on nodes whose agent was not ready"
+            ));
+        }
+        if r.tainted_at_create != r.nodes {
+            broken.push(format!(
+                "only {}/{} new nodes were tainted at create",
+                r.tainted_at_create, r.nodes
+            ));
+        }
+        if r.tainted_at_reboot != r.reboots {
+            broken.push(format!(
+                "only {}/{} rebooted nodes got the taint back",
+                r.tainted_at_reboot, r.reboots
+            ));
+        }
+        if r.max_reboot_taint_lag.is_some_and(|l| l > REBOOT_WINDOW) {
+            broken.push(format!(
+                "a reboot taint took {} (> 1 s)",
+                ms(r.max_reboot_taint_lag)
+            ));
+        }
+    }
+    broken
+}
+
+/// `nodegate-sim serve`: emulator + real webhook until Ctrl-C.
+pub async fn serve(kubeconfig_out: PathBuf, user: &str) -> anyhow::Result<()> {
+    let emu = Emulator::start(EmulatorOptions::default()).await?;
+    let mut webhook = WebhookProcess::start(WebhookOptions {
+        kubeconfig: Some(emu.kubeconfig(users::WEBHOOK)?),
+        ..Default::default()
+    })
+    .await?;
+    webhook.attach(&emu, None)?;
+    std::fs::write(&kubeconfig_out, emu.kubeconfig_yaml(user))
+        .with_context(|| format!("writing {}", kubeconfig_out.display()))?;
+    println!("emulated API server: {}", emu.url());
+    println!(
+        "nodegate-webhook:    https={} admin=http://{}",
+        webhook.https_addr(),
+        webhook.admin_addr()
+    );
+    println!("kubeconfig ({user}):  {}", kubeconfig_out.display());
+    println!(
+        "try: KUBECONFIG={} kubectl create --dry-run=server -f node.yaml -o yaml",
+        kubeconfig_out.display()
+    );
+    println!("Ctrl-C stops.");
+    tokio::signal::ctrl_c()
+        .await
+        .context("waiting for Ctrl-C")?;
+    let _ = webhook.stop().await;
+    emu.shutdown().await;
+    Ok(())
+}

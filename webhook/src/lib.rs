@@ -175,26 +175,39 @@ pub async fn run(
 }
 
 /// Resolves on SIGTERM or Ctrl-C (SIGINT).
-pub async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
+///
+/// The handlers are installed when this is called, not when the future is
+/// first polled: a SIGTERM that arrives right after startup must start a
+/// drain, not kill the process. Call it inside a Tokio runtime.
+#[cfg(unix)]
+pub fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
+    use tokio::signal::unix::{SignalKind, signal};
+    let term = signal(SignalKind::terminate());
+    let int = signal(SignalKind::interrupt());
+    async move {
+        match (term, int) {
+            (Ok(mut term), Ok(mut int)) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = int.recv() => {}
+                }
             }
-            Err(err) => {
-                tracing::warn!(%err, "cannot listen for SIGTERM");
-                std::future::pending::<()>().await;
+            (term, int) => {
+                tracing::warn!(
+                    term = term.is_ok(),
+                    int = int.is_ok(),
+                    "cannot install signal handlers; falling back to Ctrl-C only"
+                );
+                let _ = tokio::signal::ctrl_c().await;
             }
         }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {}
-        () = term => {}
+    }
+}
+
+/// Resolves on Ctrl-C.
+#[cfg(not(unix))]
+pub fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
+    async {
+        let _ = tokio::signal::ctrl_c().await;
     }
 }

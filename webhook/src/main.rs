@@ -13,5 +13,7 @@ async fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .with_ansi(false)
         .init();
-    nodegate_webhook::run(args, nodegate_webhook::shutdown_signal()).await
+    // Handlers first, so a SIGTERM during startup already means "drain".
+    let shutdown = nodegate_webhook::shutdown_signal();
+    nodegate_webhook::run(args, shutdown).await
 }

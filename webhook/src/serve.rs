@@ -61,6 +61,13 @@ pub fn tls_server_config(
     Ok(Arc::new(cfg))
 }
 
+/// One connection builder per ALPN outcome.
+struct Builders {
+    h1: auto::Builder<TokioExecutor>,
+    h2: auto::Builder<TokioExecutor>,
+    auto: auto::Builder<TokioExecutor>,
+}
+
 /// [`serve_https_with`] using [`ServeOptions::default`].
 pub async fn serve_https(
     listener: TcpListener,
@@ -89,7 +96,13 @@ pub async fn serve_https_with(
         .header_read_timeout(opts.header_read_timeout)
         .keep_alive(true);
     builder.http2().timer(TokioTimer::new());
-    let builder = Arc::new(builder);
+    // ALPN already chose the protocol: serve it directly instead of sniffing
+    // the first bytes (the sniffing stage has no timeout of its own).
+    let builders = Arc::new(Builders {
+        h1: builder.clone().http1_only(),
+        h2: builder.clone().http2_only(),
+        auto: builder,
+    });
     let service = TowerToHyperService::new(router);
     let graceful = GracefulShutdown::new();
     tokio::pin!(shutdown);
@@ -110,7 +123,7 @@ pub async fn serve_https_with(
         // Admission calls are small request/response pairs: don't let Nagle delay them.
         let _ = stream.set_nodelay(true);
         let acceptor = acceptor.clone();
-        let builder = builder.clone();
+        let builders = builders.clone();
         let service = service.clone();
         // Taken before the handshake so shutdown also waits for connections still in it.
         let watcher = graceful.watcher();
@@ -127,6 +140,11 @@ pub async fn serve_https_with(
                         return;
                     }
                 };
+            let builder = match tls.get_ref().1.alpn_protocol() {
+                Some(b"h2") => &builders.h2,
+                Some(b"http/1.1") => &builders.h1,
+                _ => &builders.auto,
+            };
             let conn = builder.serve_connection(TokioIo::new(tls), service);
             if let Err(err) = watcher.watch(conn).await {
                 tracing::debug!(%peer, %err, "connection ended with an error");

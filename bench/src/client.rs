@@ -37,6 +37,9 @@ pub struct Target {
     pub addr: SocketAddr,
     pub proto: Proto,
     tls: TlsConnector,
+    /// Same trust, but every handshake is a full one (no session resumption),
+    /// so the certificate the server serves *now* is seen.
+    fresh: TlsConnector,
     name: ServerName<'static>,
 }
 
@@ -72,20 +75,26 @@ impl Target {
             Proto::H1 => vec![b"http/1.1".to_vec()],
             Proto::H2 => vec![b"h2".to_vec()],
         };
+        let mut fresh = config.clone();
+        fresh.resumption = rustls::client::Resumption::disabled();
         Ok(Target {
             addr,
             proto,
             tls: TlsConnector::from(Arc::new(config)),
+            fresh: TlsConnector::from(Arc::new(fresh)),
             name: ServerName::try_from(SERVER_NAME).context("server name")?,
         })
     }
 
-    async fn handshake(&self) -> anyhow::Result<tokio_rustls::client::TlsStream<TcpStream>> {
+    async fn handshake(
+        &self,
+        connector: &TlsConnector,
+    ) -> anyhow::Result<tokio_rustls::client::TlsStream<TcpStream>> {
         let tcp = TcpStream::connect(self.addr)
             .await
             .with_context(|| format!("connecting to {}", self.addr))?;
         tcp.set_nodelay(true)?;
-        self.tls
+        connector
             .connect(self.name.clone(), tcp)
             .await
             .context("TLS handshake")
@@ -93,7 +102,7 @@ impl Target {
 
     /// Opens a connection ready to send requests.
     pub async fn connect(&self) -> anyhow::Result<Conn> {
-        let tls = self.handshake().await?;
+        let tls = self.handshake(&self.tls).await?;
         let alpn = tls.get_ref().1.alpn_protocol().map(<[u8]>::to_vec);
         let io = TokioIo::new(tls);
         match self.proto {
@@ -120,7 +129,7 @@ impl Target {
     /// Handshakes and returns a fingerprint of the leaf certificate served,
     /// to see certificate rotation take effect.
     pub async fn leaf_fingerprint(&self) -> anyhow::Result<u64> {
-        let tls = self.handshake().await?;
+        let tls = self.handshake(&self.fresh).await?;
         let leaf = tls
             .get_ref()
             .1

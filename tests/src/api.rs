@@ -36,6 +36,8 @@ pub struct AppState {
     pub store: Arc<Store>,
     pub admission: Arc<Admission>,
     pub shutdown: watch::Receiver<bool>,
+    /// Bumped to end every open watch (what an API server restart does).
+    pub kick: watch::Receiver<u64>,
     pub bookmark_interval: Duration,
 }
 
@@ -879,6 +881,8 @@ fn watch_stream(st: &Arc<AppState>, t: &Target, q: &HashMap<String, String>) -> 
         }
     };
     let mut shutdown = st.shutdown.clone();
+    let mut kick = st.kick.clone();
+    kick.mark_unchanged();
     let interval = st.bookmark_interval;
     let kind = t.res.kind;
     let api_version = t.res.api_version();
@@ -920,6 +924,7 @@ fn watch_stream(st: &Arc<AppState>, t: &Target, q: &HashMap<String, String>) -> 
                 }
                 _ = &mut deadline => return,
                 _ = shutdown.changed() => return,
+                _ = kick.changed() => return,
                 _ = tx.closed() => return,
             }
         }

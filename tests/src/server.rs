@@ -58,6 +58,7 @@ pub struct Emulator {
     store: Arc<Store>,
     admission: Arc<Admission>,
     shutdown: watch::Sender<bool>,
+    kick: watch::Sender<u64>,
     task: Option<JoinHandle<()>>,
 }
 
@@ -88,10 +89,12 @@ impl Emulator {
             .context("binding emulator port")?;
         let addr = listener.local_addr()?;
         let (shutdown, shutdown_rx) = watch::channel(false);
+        let (kick, kick_rx) = watch::channel(0u64);
         let state = Arc::new(AppState {
             store: store.clone(),
             admission: admission.clone(),
             shutdown: shutdown_rx.clone(),
+            kick: kick_rx,
             bookmark_interval: opts.bookmark_interval,
         });
         let app = axum::Router::new().fallback(api::handle).with_state(state);
@@ -126,6 +129,7 @@ impl Emulator {
             store,
             admission,
             shutdown,
+            kick,
             task: Some(task),
         };
         for cfg in &opts.webhook_configs {
@@ -155,6 +159,12 @@ impl Emulator {
     /// Drops the watch history: every older resourceVersion now gets 410.
     pub fn compact(&self) {
         self.store.compact();
+    }
+
+    /// Ends every open watch stream, as an API server restart does; clients
+    /// re-watch from their last resourceVersion.
+    pub fn close_watches(&self) {
+        self.kick.send_modify(|k| *k += 1);
     }
 
     /// Writes a token-auth kubeconfig for `user` and returns its path.

@@ -944,3 +944,58 @@ async fn a_webhook_that_taints_a_kubelet_update_gets_it_forbidden() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn kube_runtime_watcher_relists_after_a_410() {
+    let emu = emulator().await;
+    let api = nodes(&emu, users::ADMIN).await;
+    api.create(&PostParams::default(), &node("a"))
+        .await
+        .unwrap();
+    let mut stream = watcher(api.clone(), watcher::Config::default()).boxed();
+    let mut restarts = 0;
+    // Initial list.
+    loop {
+        match tokio::time::timeout(Duration::from_secs(5), stream.try_next())
+            .await
+            .unwrap()
+            .unwrap()
+        {
+            Some(watcher::Event::InitDone) => {
+                restarts += 1;
+                break;
+            }
+            Some(_) => {}
+            None => panic!("ended"),
+        }
+    }
+    // Changes the watcher will miss, then history gone and the watch cut:
+    // its re-watch from the old resourceVersion gets the 410 ERROR event.
+    api.create(&PostParams::default(), &node("b"))
+        .await
+        .unwrap();
+    emu.compact();
+    emu.close_watches();
+    let mut seen_b = false;
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(ev) = stream.next().await {
+            match ev {
+                Ok(watcher::Event::InitDone) => restarts += 1,
+                Ok(watcher::Event::InitApply(n) | watcher::Event::Apply(n))
+                    if n.metadata.name.as_deref() == Some("b") =>
+                {
+                    seen_b = true
+                }
+                // kube reports the 410 as an error item, then re-lists.
+                Ok(_) | Err(_) => {}
+            }
+            if seen_b && restarts >= 2 {
+                break;
+            }
+        }
+    })
+    .await
+    .expect("the watcher recovered by re-listing");
+    assert!(seen_b);
+    assert!(restarts >= 2, "a fresh list after the 410");
+}

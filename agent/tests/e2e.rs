@@ -579,13 +579,28 @@ async fn corrupt_snapshot_is_moved_aside() {
     assert!(agent.term().await.success());
 }
 
+fn temp_files(state: &Path) -> usize {
+    std::fs::read_dir(state)
+        .map(|d| {
+            d.flatten()
+                .filter(|e| {
+                    e.file_name()
+                        .to_string_lossy()
+                        .starts_with(".nodes.json.tmp-")
+                })
+                .count()
+        })
+        .unwrap_or(0)
+}
+
 /// kill -9 while snapshots are being written under node churn: the file is
 /// always a complete snapshot, never torn.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill9_during_snapshot_writes_never_tears_the_file() {
+    const N: u64 = 600;
     let emu = Emulator::start(EmulatorOptions::default()).await.unwrap();
     let nodes = admin_nodes(&emu).await;
-    for i in 0..150 {
+    for i in 0..N {
         create(
             &nodes,
             &format!("w{i:03}"),
@@ -604,7 +619,7 @@ async fn kill9_during_snapshot_writes_never_tears_the_file() {
         tokio::spawn(async move {
             let mut k = 0u64;
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                let name = format!("w{:03}", k % 150);
+                let name = format!("w{:03}", k % N);
                 let patch = json!({"metadata": {"labels": {"churn": k.to_string()}}});
                 let _ = nodes
                     .patch(&name, &PatchParams::default(), &Patch::Merge(patch))
@@ -614,7 +629,8 @@ async fn kill9_during_snapshot_writes_never_tears_the_file() {
         })
     };
 
-    for round in 0..5u32 {
+    let mut mid_write = 0;
+    for round in 0..8u32 {
         let mut agent = Agent::start(
             &kc,
             "self",
@@ -628,10 +644,19 @@ async fn kill9_during_snapshot_writes_never_tears_the_file() {
             agent.metric(series).await.unwrap_or(0.0) >= want
         })
         .await;
+        // Aim the kill at a write in progress: its temp file exists.
+        eventually("a write in progress", || async { temp_files(&state) > 0 }).await;
         agent.kill9().await;
         let snap = read_snapshot(&state).expect("a snapshot exists");
-        assert_eq!(snap.len(), 150, "round {round}: complete snapshot");
+        assert_eq!(snap.len(), N as usize, "round {round}: complete snapshot");
+        // A temp file left behind means the kill landed mid-write.
+        mid_write += temp_files(&state);
     }
+    eprintln!("kills that landed mid-write: {mid_write} of 8");
+    assert!(
+        mid_write > 0,
+        "no kill landed mid-write: the test proved nothing"
+    );
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     churn.await.unwrap();
     let corrupt = std::fs::read_dir(&state)

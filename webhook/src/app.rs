@@ -14,7 +14,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
 use crate::metrics::{Metrics, Op, Outcome};
-use crate::patcher::RebootPatcher;
+use crate::patcher::{Enqueued, RebootPatcher};
 use crate::rules::Rules;
 use crate::wire::{self, BadInput};
 
@@ -49,8 +49,12 @@ impl Webhook {
                     tracing::debug!(uid = %req.uid, node = %req.name, operation = ?req.operation, "{}", d.why);
                 }
                 if let Some(node) = &d.reboot_patch {
-                    let q = self.patcher.enqueue(node);
-                    tracing::info!(uid = %req.uid, %node, queued = ?q, "{}", d.why);
+                    // Info only for a new job: a node without the taint keeps
+                    // sending reboot-looking status writes until it is patched.
+                    match self.patcher.enqueue(node) {
+                        Enqueued::Queued => tracing::info!(uid = %req.uid, %node, "{}", d.why),
+                        q => tracing::debug!(uid = %req.uid, %node, queued = ?q, "{}", d.why),
+                    }
                 }
                 let outcome = if d.added.is_some() {
                     Outcome::Patched

@@ -53,7 +53,12 @@ pub struct Args {
     /// idle connection first, or a webhook call can race the close and fail.
     #[arg(long, env = "NODEGATE_HEADER_READ_TIMEOUT", default_value = "120s", value_parser = parse_duration)]
     pub header_read_timeout: Duration,
-    /// On SIGTERM, in-flight requests get this long before connections close.
+    /// On SIGTERM, /readyz turns 503 and requests are still served for this
+    /// long, so the Service's endpoints drop the pod before it stops accepting
+    /// (with failurePolicy Ignore a refused call is a node left untainted).
+    #[arg(long, env = "NODEGATE_SHUTDOWN_DELAY", default_value = "5s", value_parser = parse_duration)]
+    pub shutdown_delay: Duration,
+    /// Then, in-flight requests get this long before connections close.
     #[arg(long, env = "NODEGATE_SHUTDOWN_TIMEOUT", default_value = "20s", value_parser = parse_duration)]
     pub shutdown_timeout: Duration,
     /// Never use cluster credentials: reboot patches after status writes
@@ -93,14 +98,15 @@ pub struct Config {
     pub taints: Vec<TaintSpec>,
     pub tls_reload_interval: Duration,
     pub header_read_timeout: Duration,
+    pub shutdown_delay: Duration,
     pub shutdown_timeout: Duration,
     pub kube: KubeMode,
     pub patcher: PatcherOptions,
 }
 
 impl Config {
-    /// Loopback, port 0 for both listeners, default taint, no cluster client:
-    /// a starting point for tests.
+    /// Loopback, port 0 for both listeners, default taint, no cluster client,
+    /// no shutdown delay: a starting point for tests.
     pub fn local(tls_cert: impl Into<PathBuf>, tls_key: impl Into<PathBuf>) -> Self {
         let any = SocketAddr::from(([127, 0, 0, 1], 0));
         Self {
@@ -111,6 +117,7 @@ impl Config {
             taints: vec![DEFAULT_TAINT.parse().expect("the default taint is valid")],
             tls_reload_interval: Duration::from_secs(10),
             header_read_timeout: Duration::from_secs(120),
+            shutdown_delay: Duration::ZERO,
             shutdown_timeout: Duration::from_secs(20),
             kube: KubeMode::Disabled,
             patcher: PatcherOptions::default(),
@@ -137,6 +144,7 @@ impl TryFrom<Args> for Config {
             taints: a.taints,
             tls_reload_interval: a.tls_reload_interval,
             header_read_timeout: a.header_read_timeout,
+            shutdown_delay: a.shutdown_delay,
             shutdown_timeout: a.shutdown_timeout,
             kube: if a.disable_reboot_patches {
                 KubeMode::Disabled

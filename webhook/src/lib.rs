@@ -52,8 +52,9 @@ impl Running {
 /// Binds both ports, loads the certificate and starts serving; returns once
 /// the webhook accepts connections. Logs
 /// `listening https=<addr> admin=<addr>`. Stops when `shutdown` resolves:
-/// readiness turns false, no new connections, in-flight requests finish
-/// (up to the shutdown timeout).
+/// readiness turns false, requests are still served for the shutdown delay,
+/// then no new connections and in-flight requests finish (up to the
+/// shutdown timeout).
 pub async fn start(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
@@ -139,12 +140,17 @@ pub async fn start(
         })
     };
     health.set_ready(true);
+    let shutdown_delay = config.shutdown_delay;
     tracing::info!("listening https={https_addr} admin={admin_addr}");
 
     let task = tokio::spawn(async move {
         shutdown.await;
-        tracing::info!("shutting down: draining in-flight requests");
         health.set_ready(false);
+        if !shutdown_delay.is_zero() {
+            tracing::info!(delay = ?shutdown_delay, "shutting down: not ready, still serving until endpoints catch up");
+            tokio::time::sleep(shutdown_delay).await;
+        }
+        tracing::info!("shutting down: draining in-flight requests");
         let _ = stop_tx.send(true);
         let https = https.await.context("https server panicked")?;
         let admin = admin_task.await.context("admin server panicked")?;

@@ -48,6 +48,7 @@ async fn binary_serves_and_exits_cleanly_on_sigterm() {
         .env("KUBECONFIG", dir.path().join("no-kubeconfig"))
         .env("HOME", dir.path())
         .env_remove("KUBERNETES_SERVICE_HOST")
+        .env("NODEGATE_SHUTDOWN_DELAY", "0s")
         .env("RUST_LOG", "info")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())

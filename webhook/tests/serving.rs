@@ -349,15 +349,30 @@ async fn certificate_rotation_under_load_drops_nothing() {
 }
 
 #[tokio::test]
-async fn shutdown_stops_readiness_and_accepting() {
-    let h = harness().await;
+async fn shutdown_turns_unready_keeps_serving_for_the_delay_then_stops() {
+    let h = harness_with(|c| c.shutdown_delay = Duration::from_secs(3)).await;
     let admin = h.running.admin_addr;
     let https = h.running.https_addr;
     assert_eq!(get(admin, "/readyz").await.unwrap().0, 200);
     assert_eq!(get(admin, "/livez").await.unwrap().0, 200);
     let cfg = client_config(h.secret.ca.cert_pem(), &[b"http/1.1"]);
-    let mut c = H1::open(https, &cfg).await.unwrap();
+    let mut idle = H1::open(https, &cfg).await.unwrap();
     h.stop.send(()).unwrap();
+    eventually("readyz 503", 10, || async {
+        get(admin, "/readyz").await.is_ok_and(|r| r.0 == 503)
+    })
+    .await;
+    // Still serving new connections while endpoints catch up.
+    let mut c = H1::open(https, &cfg).await.unwrap();
+    let (status, body) = c
+        .post(
+            "/mutate",
+            serde_json::to_vec(&kubelet_create("u-late", "n1")).unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(status, 200);
+    check_create_answer(&body, "u-late").unwrap();
     h.running.wait().await.unwrap();
     assert!(
         tokio::net::TcpStream::connect(https).await.is_err(),
@@ -368,7 +383,7 @@ async fn shutdown_stops_readiness_and_accepting() {
         "admin still accepting after shutdown"
     );
     // The idle keep-alive connection was closed by the drain.
-    assert!(c.post("/mutate", b"{}".to_vec()).await.is_err());
+    assert!(idle.post("/mutate", b"{}".to_vec()).await.is_err());
 }
 
 #[tokio::test]

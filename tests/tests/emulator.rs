@@ -999,3 +999,54 @@ async fn kube_runtime_watcher_relists_after_a_410() {
     assert!(seen_b);
     assert!(restarts >= 2, "a fresh list after the 410");
 }
+
+#[tokio::test]
+async fn kube_runtime_event_recorder_and_core_events() {
+    use k8s_openapi::api::core::v1::Event as CoreEvent;
+    use k8s_openapi::api::events::v1::Event as NewEvent;
+    use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+    let emu = emulator().await;
+    let client = emu.client(users::AGENT).await.unwrap();
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: "nodegate-agent".into(),
+            instance: None,
+        },
+    );
+    let node_ref = k8s_openapi::api::core::v1::ObjectReference {
+        kind: Some("Node".into()),
+        name: Some("n1".into()),
+        api_version: Some("v1".into()),
+        ..Default::default()
+    };
+    let ev = Event {
+        type_: EventType::Normal,
+        reason: "AgentReady".into(),
+        note: Some("ready".into()),
+        action: "RemoveTaint".into(),
+        secondary: None,
+    };
+    recorder.publish(&ev, &node_ref).await.unwrap();
+    recorder.publish(&ev, &node_ref).await.unwrap(); // a series: merge patch of the same event
+    let events: Api<NewEvent> = Api::namespaced(client.clone(), "default");
+    let list = events.list(&ListParams::default()).await.unwrap();
+    assert_eq!(list.items.len(), 1);
+    assert_eq!(list.items[0].series.as_ref().unwrap().count, 2);
+    assert_eq!(list.items[0].reason.as_deref(), Some("AgentReady"));
+
+    let core: Api<CoreEvent> = Api::namespaced(client, "default");
+    let e: CoreEvent = serde_json::from_value(json!({
+        "metadata": {"name": "n1.1"},
+        "involvedObject": {"kind": "Node", "name": "n1"},
+        "reason": "Rebooted", "type": "Warning", "message": "bootID changed"
+    }))
+    .unwrap();
+    core.create(&PostParams::default(), &e).await.unwrap();
+    let l = core
+        .list(&ListParams::default().fields("involvedObject.name=n1"))
+        .await
+        .unwrap();
+    assert_eq!(l.items.len(), 1);
+    assert_eq!(l.items[0].reason.as_deref(), Some("Rebooted"));
+}

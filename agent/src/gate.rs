@@ -62,6 +62,8 @@ impl Gate {
 
         let mut readiness = Readiness::new(self.cfg.thresholds);
         let mut view: Option<NodeView> = None;
+        // The boot the current verdict belongs to; a new one resets it.
+        let mut boot: Option<String> = None;
         let mut since = self.started;
         let mut announced_boot: Option<Option<String>> = None;
         let mut tick = tokio::time::interval(self.cfg.period);
@@ -74,18 +76,12 @@ impl Gate {
                 _ = crate::stopped(&mut shutdown) => break,
                 ev = own.next() => match ev {
                     Some(Ok(node)) => {
-                        let new = to_view(&node);
-                        let old_boot = view.as_ref().and_then(|v| v.boot_id().map(str::to_owned));
-                        if let (Some(old), Some(new_boot)) = (old_boot.as_deref(), new.as_ref().and_then(|v| v.boot_id()))
-                            && old != new_boot
-                        {
-                            tracing::info!(node = %name, old_boot = old, new_boot, "node rebooted; probes must pass again");
+                        view = to_view(&node);
+                        if self.rebooted(&mut boot, view.as_ref()) {
                             readiness.reset();
-                            self.metrics.ready.set(0);
                             since = Instant::now();
                             round = true;
                         }
-                        view = new;
                     }
                     Some(Err(e)) => tracing::warn!(node = %name, error = %e, "own node watch failed, retrying"),
                     None => {}
@@ -117,7 +113,13 @@ impl Gate {
                     .as_ref()
                     .is_none_or(|v| needs_ready_patch(v, &self.taints.specs))
                 {
-                    self.mark_ready(&mut view, since, &mut announced_boot).await;
+                    self.mark_ready(&mut view, boot.as_deref(), since, &mut announced_boot)
+                        .await;
+                    // The read may show a reboot the watch has not delivered yet.
+                    if self.rebooted(&mut boot, view.as_ref()) {
+                        readiness.reset();
+                        since = Instant::now();
+                    }
                 }
             } else if self.cfg.continuous && transition == Some(Transition::NotReady) {
                 let deadline = Instant::now() + self.cfg.period.max(Duration::from_secs(10));
@@ -134,6 +136,21 @@ impl Gate {
                 since = Instant::now();
             }
         }
+    }
+
+    /// Tracks the node's bootID; true when it changed from a known one
+    /// (the verdict then belongs to a previous boot).
+    fn rebooted(&self, boot: &mut Option<String>, view: Option<&NodeView>) -> bool {
+        let Some(now) = view.and_then(NodeView::boot_id) else {
+            return false;
+        };
+        let changed = boot.as_deref().is_some_and(|b| b != now);
+        if changed {
+            tracing::info!(node = %self.taints.name, old_boot = boot.as_deref().unwrap_or(""), new_boot = now, "node rebooted; probes must pass again");
+            self.metrics.ready.set(0);
+        }
+        *boot = Some(now.to_owned());
+        changed
     }
 
     /// Runs every probe concurrently; true when all pass.
@@ -169,12 +186,13 @@ impl Gate {
     async fn mark_ready(
         &self,
         view: &mut Option<NodeView>,
+        boot: Option<&str>,
         since: Instant,
         announced_boot: &mut Option<Option<String>>,
     ) {
         let name = &self.taints.name;
         let deadline = Instant::now() + self.cfg.period.max(Duration::from_secs(10));
-        match self.taints.mark_ready(deadline).await {
+        match self.taints.mark_ready(deadline, boot).await {
             Ok(MarkReady {
                 outcome: Some(out),
                 latest,

@@ -204,11 +204,21 @@ impl NodeTaints {
 
     /// Removes the configured taints and records the bootID, in one patch.
     /// `outcome` is `None` when the node already had no taint and the
-    /// bootID recorded.
-    pub async fn mark_ready(&self, deadline: Instant) -> Result<MarkReady, TaintError> {
+    /// bootID recorded, or when it now reports another boot than
+    /// `expected_boot` (the probes passed on the previous boot).
+    pub async fn mark_ready(
+        &self,
+        deadline: Instant,
+        expected_boot: Option<&str>,
+    ) -> Result<MarkReady, TaintError> {
         let specs = self.specs.clone();
         let (out, latest) = self
             .patch_loop(deadline, |node, view| {
+                if let (Some(want), Some(now)) = (expected_boot, view.boot_id())
+                    && want != now
+                {
+                    return None;
+                }
                 let patch = ready_patch(view, &specs)?;
                 let removed = view
                     .taints()

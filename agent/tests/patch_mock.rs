@@ -110,7 +110,7 @@ async fn ready_patch_is_one_exact_json_patch() {
             ),
         );
     });
-    let done = t.mark_ready(deadline()).await.unwrap();
+    let done = t.mark_ready(deadline(), Some("boot-2")).await.unwrap();
     assert_eq!(
         done.latest.taints().len(),
         1,
@@ -150,7 +150,7 @@ async fn ready_patch_rereads_after_conflict_and_failed_test() {
         );
         (first, second, third)
     });
-    t.mark_ready(deadline())
+    t.mark_ready(deadline(), Some("boot-2"))
         .await
         .unwrap()
         .outcome
@@ -195,7 +195,7 @@ async fn nothing_to_do_means_no_patch() {
         // The client is dropped after the GET: no further request may come.
         assert!(h.next_request().await.is_none());
     });
-    let done = t.mark_ready(deadline()).await.unwrap();
+    let done = t.mark_ready(deadline(), Some("boot-2")).await.unwrap();
     assert!(done.outcome.is_none());
     assert_eq!(done.latest.ready_boot_id(), Some("boot-2"));
     drop(t);
@@ -248,13 +248,31 @@ async fn shutdown_retaint_appends_with_guard_and_retries() {
 }
 
 #[tokio::test]
+async fn no_patch_when_the_node_rebooted_since_the_probes_passed() {
+    let (t, mut h, _) = setup();
+    let server = tokio::spawn(async move {
+        expect_get(&mut h, node("5", json!([ours()]), json!({}))).await;
+        assert!(h.next_request().await.is_none(), "no PATCH");
+    });
+    let done = t.mark_ready(deadline(), Some("boot-1")).await.unwrap();
+    assert!(done.outcome.is_none());
+    assert_eq!(
+        done.latest.boot_id(),
+        Some("boot-2"),
+        "the caller sees the reboot"
+    );
+    drop(t);
+    server.await.unwrap();
+}
+
+#[tokio::test]
 async fn forbidden_is_not_retried() {
     let (t, mut h, _) = setup();
     let server = tokio::spawn(async move {
         let (_, send) = h.next_request().await.expect("GET");
         respond(send, 403, status(403, "Forbidden"));
     });
-    let err = t.mark_ready(deadline()).await.unwrap_err();
+    let err = t.mark_ready(deadline(), Some("boot-2")).await.unwrap_err();
     server.await.unwrap();
     assert!(err.to_string().contains("mock"), "{err}");
 }

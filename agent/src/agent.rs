@@ -23,13 +23,13 @@ use crate::{admin, handler};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("invalid configuration: {0}")]
+    #[error("invalid configuration")]
     Config(#[from] ConfigError),
-    #[error("cannot read the snapshot in {dir}: {source}")]
+    #[error("cannot read the snapshot in {dir}")]
     Snapshot { dir: String, source: std::io::Error },
-    #[error("no Kubernetes credentials (in-cluster or KUBECONFIG): {0}")]
+    #[error("no Kubernetes credentials (in-cluster or KUBECONFIG)")]
     Client(#[from] kube::Error),
-    #[error("cannot bind the admin address {addr}: {source}")]
+    #[error("cannot bind the admin address {addr}")]
     Bind {
         addr: std::net::SocketAddr,
         source: std::io::Error,

@@ -107,10 +107,10 @@ pub async fn start(
             let _ = rx.wait_for(|s| *s).await;
         }
     };
-    let watcher = reloader
-        .clone()
-        .spawn_watcher(config.tls_reload_interval, metrics.clone(), stopped())
-        .context("watching the certificate directory")?;
+    let watcher =
+        reloader
+            .clone()
+            .spawn_watcher(config.tls_reload_interval, metrics.clone(), stopped());
 
     let health = Arc::new(Health::default());
     let hook = Arc::new(Webhook {

@@ -177,34 +177,23 @@ impl CertReloader {
     }
 
     /// Watches the files' directories and re-checks every `interval` until
-    /// `shutdown`; reloads on change. Returns once the watch is set up.
+    /// `shutdown`; reloads on change. Without a usable file watch (e.g. the
+    /// inotify limit is reached) it says so and relies on the re-check.
     pub fn spawn_watcher(
         self: Arc<Self>,
         interval: Duration,
         metrics: Arc<Metrics>,
         shutdown: impl Future<Output = ()> + Send + 'static,
-    ) -> Result<tokio::task::JoinHandle<()>, notify::Error> {
+    ) -> tokio::task::JoinHandle<()> {
         let changed = Arc::new(Notify::new());
-        let signal = changed.clone();
-        // notify's callback runs on its own thread; Notify is safe to poke from there.
-        let mut watcher =
-            notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
-                if res.is_ok() {
-                    signal.notify_one();
-                }
-            })?;
-        let mut dirs: Vec<PathBuf> = [&self.cert_path, &self.key_path]
-            .iter()
-            .map(|p| match p.parent() {
-                Some(d) if !d.as_os_str().is_empty() => d.to_owned(),
-                _ => PathBuf::from("."),
-            })
-            .collect();
-        dirs.dedup();
-        for dir in &dirs {
-            watcher.watch(dir, RecursiveMode::NonRecursive)?;
-        }
-        Ok(tokio::spawn(async move {
+        let watcher = match self.watch_dirs(changed.clone()) {
+            Ok(w) => Some(w),
+            Err(err) => {
+                tracing::warn!(%err, every = ?interval, "cannot watch the certificate directory; re-checking periodically only");
+                None
+            }
+        };
+        tokio::spawn(async move {
             let _watcher = watcher; // dropping it stops the watch
             let mut tick = tokio::time::interval(interval);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -233,12 +222,95 @@ impl CertReloader {
                     Err(err) => tracing::error!(%err, "certificate reload task failed"),
                 }
             }
-        }))
+        })
+    }
+
+    /// A watch on the directories holding the cert and key that pokes `changed`.
+    fn watch_dirs(&self, changed: Arc<Notify>) -> notify::Result<notify::RecommendedWatcher> {
+        // notify's callback runs on its own thread; Notify is safe to poke from there.
+        let mut watcher =
+            notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
+                if res.is_ok() {
+                    changed.notify_one();
+                }
+            })?;
+        let mut dirs: Vec<PathBuf> = [&self.cert_path, &self.key_path]
+            .iter()
+            .map(|p| match p.parent() {
+                Some(d) if !d.as_os_str().is_empty() => d.to_owned(),
+                _ => PathBuf::from("."),
+            })
+            .collect();
+        dirs.dedup();
+        for dir in &dirs {
+            watcher.watch(dir, RecursiveMode::NonRecursive)?;
+        }
+        Ok(watcher)
     }
 }
 
 impl ResolvesServerCert for CertReloader {
     fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
         Some(self.current())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use nodegate_certs::{Ca, ServingRequest};
+
+    use super::*;
+
+    fn write(dir: &Path, cert: &str, key: &str) {
+        std::fs::write(dir.join("tls.crt"), cert).unwrap();
+        std::fs::write(dir.join("tls.key"), key).unwrap();
+    }
+
+    #[test]
+    fn reload_swaps_good_pairs_and_reports_a_bad_pair_once() {
+        let ca = Ca::generate(1).unwrap();
+        let req = ServingRequest {
+            service: "s".into(),
+            namespace: "n".into(),
+            ips: vec![],
+            days: 1,
+        };
+        let (a, b) = (ca.issue(&req).unwrap(), ca.issue(&req).unwrap());
+        let dir = tempfile::tempdir().unwrap();
+        write(dir.path(), &a.cert_pem, &a.key_pem);
+        let r = CertReloader::load(
+            dir.path().join("tls.crt"),
+            dir.path().join("tls.key"),
+            Arc::new(rustls::crypto::ring::default_provider()),
+        )
+        .unwrap();
+        let first = r.current();
+        assert!(!r.reload().unwrap(), "unchanged files are not a reload");
+
+        write(dir.path(), &a.cert_pem, &b.key_pem);
+        let err = r.reload().unwrap_err();
+        assert!(matches!(err, TlsError::Mismatch { .. }), "{err}");
+        assert!(!r.reload().unwrap(), "the same bad pair is reported once");
+        assert!(Arc::ptr_eq(&first, &r.current()), "old pair kept");
+
+        write(dir.path(), "garbage", "garbage");
+        assert!(r.reload().is_err());
+        assert!(Arc::ptr_eq(&first, &r.current()));
+
+        write(dir.path(), &b.cert_pem, &b.key_pem);
+        assert!(r.reload().unwrap());
+        assert!(!Arc::ptr_eq(&first, &r.current()));
+
+        std::fs::remove_file(dir.path().join("tls.key")).unwrap();
+        assert!(matches!(r.reload(), Err(TlsError::Read { .. })));
+    }
+
+    #[test]
+    fn initial_load_fails_clearly() {
+        let dir = tempfile::tempdir().unwrap();
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let err = CertReloader::load(dir.path().join("x.crt"), dir.path().join("x.key"), provider)
+            .unwrap_err();
+        assert!(err.to_string().contains("x.crt"), "{err}");
     }
 }

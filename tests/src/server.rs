@@ -257,6 +257,12 @@ impl Emulator {
         self.admission.calls(drain)
     }
 
+    /// Webhook failures (errors, timeouts, CEL errors) that
+    /// `failurePolicy: Ignore` swallowed: the write went on without the webhook.
+    pub fn ignored_webhook_failures(&self) -> Vec<String> {
+        self.admission.ignored_failures()
+    }
+
     /// Stops serving and ends every open connection and watch.
     pub async fn shutdown(mut self) {
         self.stop().await;

@@ -76,6 +76,10 @@ async fn throughout(what: &str, window: Duration, mut f: impl AsyncFnMut() -> bo
 }
 
 async fn cleanup(c: &Cluster, nodes: &[&str]) {
+    if let Some(emu) = c.emulator() {
+        // failurePolicy Ignore would hide a broken call or CEL condition.
+        assert_eq!(emu.ignored_webhook_failures(), Vec::<String>::new());
+    }
     if c.is_real() {
         let api: Api<Node> = Api::all(c.client(users::ADMIN).await.unwrap());
         for n in nodes {
@@ -119,6 +123,7 @@ async fn kubectl_dry_run_shows_taint_and_warning_and_stores_nothing() {
     let out = kubectl(&c, &["get", "node", &name]).await;
     assert!(!out.status.success());
     assert!(text(&out.stderr).contains("not found"));
+    cleanup(&c, &[]).await;
 }
 
 #[tokio::test]
@@ -371,4 +376,29 @@ async fn sim_run_keeps_the_guarantees_and_shows_the_problem_without() {
         "the problem nodegate solves shows without it"
     );
     assert!(with.webhook_calls > 0 && with.webhook_p99.is_some());
+}
+
+#[tokio::test]
+async fn heartbeats_never_reach_the_webhook() {
+    // The shipped matchConditions (CEL) keep status writes that keep the
+    // bootID away from the webhook; a bootID change gets through.
+    let c = Cluster::start().await.unwrap();
+    let Some(emu) = c.emulator() else {
+        eprintln!("skipped on a real cluster: counts the API server's webhook calls");
+        return;
+    };
+    let mut kubelet = SimKubelet::new(emu, "hb").await.unwrap();
+    kubelet.register().await.unwrap();
+    let after_register = emu.webhook_calls(false).len();
+    assert_eq!(after_register, 1, "the create");
+    for _ in 0..3 {
+        kubelet.heartbeat().await.unwrap();
+    }
+    kubelet.restart().await.unwrap();
+    // The restart's create (409 after admission) is a CREATE: it is called.
+    assert_eq!(emu.webhook_calls(false).len(), after_register + 1);
+    kubelet.reboot().await.unwrap();
+    // Create again, then the status write with the new bootID.
+    assert_eq!(emu.webhook_calls(false).len(), after_register + 3);
+    cleanup(&c, &["hb"]).await;
 }

@@ -60,6 +60,8 @@ pub struct Admission {
     store: Arc<Store>,
     endpoints: RwLock<HashMap<String, SocketAddr>>,
     calls: Mutex<Vec<CallRecord>>,
+    /// Failures that failurePolicy Ignore swallowed (for tests to assert on).
+    ignored: Mutex<Vec<String>>,
     pool: webhook::Pool,
 }
 
@@ -102,6 +104,7 @@ impl Admission {
             store,
             endpoints: RwLock::new(endpoints),
             calls: Mutex::new(Vec::new()),
+            ignored: Mutex::new(Vec::new()),
             pool: webhook::Pool::default(),
         }
     }
@@ -128,6 +131,14 @@ impl Admission {
         } else {
             g.clone()
         }
+    }
+
+    /// Webhook failures swallowed by `failurePolicy: Ignore` so far.
+    pub fn ignored_failures(&self) -> Vec<String> {
+        self.ignored
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     fn builtin_mutation(&self, a: &Attributes<'_>, obj: &mut Value) {
@@ -292,6 +303,10 @@ impl Admission {
         let fail = |msg: String| -> Result<Option<bool>, ApiError> {
             if ignore {
                 tracing::warn!(webhook = %hook.name, error = %msg, "webhook failed, failurePolicy Ignore");
+                self.ignored
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(format!("{}: {msg}", hook.name));
                 Ok(None)
             } else {
                 Err(ApiError::internal(format!(

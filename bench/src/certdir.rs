@@ -16,8 +16,9 @@ pub enum RotateStyle {
     /// As kubelet does for a Secret volume: write a new timestamped directory,
     /// then atomically rename a `..data` symlink onto it (both files change at once).
     Secret,
-    /// Replace `tls.key` then `tls.crt` in place, each via temp file + rename
-    /// (for a moment the pair does not match; the server must keep the old one).
+    /// Plain files (as `nodegate-certs --out-dir` writes them) replaced in
+    /// place: `tls.key` then `tls.crt`, each via temp file + rename (for a
+    /// moment the pair does not match; the server must keep the old one).
     Files,
 }
 
@@ -48,8 +49,9 @@ fn request() -> ServingRequest {
 }
 
 impl CertDir {
-    /// A fresh CA and first serving certificate in a temporary directory.
-    pub fn new() -> anyhow::Result<CertDir> {
+    /// A fresh CA and first serving certificate in a temporary directory,
+    /// laid out for `style` of rotation.
+    pub fn new(style: RotateStyle) -> anyhow::Result<CertDir> {
         let tmp = tempfile::tempdir().context("creating a temporary cert directory")?;
         let dir = tmp.path().to_owned();
         let ca = Ca::generate(1).context("generating the CA")?;
@@ -59,6 +61,11 @@ impl CertDir {
             ca,
             generation: 0,
         };
+        if style == RotateStyle::Files {
+            let leaf = me.ca.issue(&request()).context("issuing a serving cert")?;
+            write_files(&me.dir, me.ca.cert_pem(), &leaf)?;
+            return Ok(me);
+        }
         let first = me.write_generation()?;
         std::os::unix::fs::symlink(&first, me.dir.join(DATA_LINK))?;
         for f in [CA_FILE, CERT_FILE, KEY_FILE] {
@@ -111,13 +118,12 @@ impl CertDir {
                     .context("removing the old generation")?;
             }
             RotateStyle::Files => {
-                // Keep the `..gen_0` directory behind `..data`; overwrite its files.
                 self.generation += 1;
                 let leaf = self
                     .ca
                     .issue(&request())
                     .context("issuing a serving cert")?;
-                write_files(self.dir.join(DATA_LINK), self.ca.cert_pem(), &leaf)?;
+                write_files(&self.dir, self.ca.cert_pem(), &leaf)?;
             }
         }
         Ok(())
@@ -132,7 +138,7 @@ mod tests {
     #[test]
     fn rotation_swaps_the_pair_behind_stable_paths() {
         for style in [RotateStyle::Secret, RotateStyle::Files] {
-            let mut d = CertDir::new().unwrap();
+            let mut d = CertDir::new(style).unwrap();
             let cert0 = std::fs::read_to_string(d.cert_path()).unwrap();
             let key0 = std::fs::read_to_string(d.key_path()).unwrap();
             assert!(cert0.contains("BEGIN CERTIFICATE"));
@@ -159,7 +165,7 @@ mod tests {
 
     #[test]
     fn secret_style_leaves_one_generation() {
-        let mut d = CertDir::new().unwrap();
+        let mut d = CertDir::new(RotateStyle::Secret).unwrap();
         for _ in 0..3 {
             d.rotate(RotateStyle::Secret).unwrap();
         }

@@ -140,7 +140,7 @@ pub async fn run(cfg: CompareConfig) -> anyhow::Result<Outcome> {
         Some(p) => p.clone(),
         None => sibling_binary("nodegate-webhook")?,
     };
-    let mut certs = CertDir::new()?;
+    let mut certs = CertDir::new(cfg.rotate.unwrap_or(RotateStyle::Secret))?;
     let tls_args = [
         "--tls-cert".to_owned(),
         certs.cert_path().display().to_string(),
@@ -388,7 +388,7 @@ pub async fn run(cfg: CompareConfig) -> anyhow::Result<Outcome> {
     }
     print!("{table}");
     out.push_str(&table);
-    if !alive.0 {
+    if !alive.0 || verdicts.iter().any(|v| !v.met && v.name == "cert rotation") {
         let tail = format!("\nwebhook log tail:\n{}\n", alive.1);
         print!("{tail}");
         out.push_str(&tail);

@@ -29,7 +29,7 @@ fn config(workload: Workload, requests: u64, webhook: bool) -> LoadConfig {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn webhook_answers_every_review_with_a_patch() {
-    let certs = CertDir::new().unwrap();
+    let certs = CertDir::new(RotateStyle::Secret).unwrap();
     let (stop, stopped) = oneshot::channel::<()>();
     let running = start(
         Config::local(certs.cert_path(), certs.key_path()),
@@ -67,7 +67,7 @@ async fn webhook_answers_every_review_with_a_patch() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_check_catches_a_server_that_is_not_the_webhook() {
     // The baseline never echoes the uid nor patches: as a webhook it must fail.
-    let certs = CertDir::new().unwrap();
+    let certs = CertDir::new(RotateStyle::Secret).unwrap();
     let resolver = nodegate_webhook::tls::CertReloader::load(
         certs.cert_path(),
         certs.key_path(),
@@ -98,8 +98,8 @@ async fn the_check_catches_a_server_that_is_not_the_webhook() {
 
 #[tokio::test]
 async fn a_wrong_ca_fails_to_connect() {
-    let certs = CertDir::new().unwrap();
-    let other = CertDir::new().unwrap();
+    let certs = CertDir::new(RotateStyle::Secret).unwrap();
+    let other = CertDir::new(RotateStyle::Secret).unwrap();
     let (stop, stopped) = oneshot::channel::<()>();
     let running = start(
         Config::local(certs.cert_path(), certs.key_path()),
@@ -116,32 +116,36 @@ async fn a_wrong_ca_fails_to_connect() {
     running.wait().await.unwrap();
 }
 
+/// Both ways a certificate gets replaced on disk reach new connections,
+/// through the file watcher (the periodic re-check is set far beyond the deadline).
 #[tokio::test]
 async fn rotated_certificates_are_served_to_new_connections() {
-    let mut certs = CertDir::new().unwrap();
-    let (stop, stopped) = oneshot::channel::<()>();
-    let mut config = Config::local(certs.cert_path(), certs.key_path());
-    config.tls_reload_interval = Duration::from_millis(100);
-    let running = start(config, async move {
-        let _ = stopped.await;
-    })
-    .await
-    .unwrap();
-    let target = Target::new(running.https_addr, certs.ca_pem(), Proto::H1).unwrap();
-    let first = target.leaf_fingerprint().await.unwrap();
-    certs.rotate(RotateStyle::Secret).unwrap();
-    // Poll until the server serves the new leaf (deadline, no fixed sleep).
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        if target.leaf_fingerprint().await.unwrap() != first {
-            break;
+    for style in [RotateStyle::Files, RotateStyle::Secret] {
+        let mut certs = CertDir::new(style).unwrap();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let mut config = Config::local(certs.cert_path(), certs.key_path());
+        config.tls_reload_interval = Duration::from_secs(3600);
+        let running = start(config, async move {
+            let _ = stopped.await;
+        })
+        .await
+        .unwrap();
+        let target = Target::new(running.https_addr, certs.ca_pem(), Proto::H1).unwrap();
+        let first = target.leaf_fingerprint().await.unwrap();
+        certs.rotate(style).unwrap();
+        // Poll until the server serves the new leaf (deadline, no fixed sleep).
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            if target.leaf_fingerprint().await.unwrap() != first {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{style:?}: new cert never served"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "new cert never served"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        let _ = stop.send(());
+        running.wait().await.unwrap();
     }
-    let _ = stop.send(());
-    running.wait().await.unwrap();
 }

@@ -76,6 +76,11 @@ pub fn decode_request(body: &[u8]) -> Result<AdmissionRequest<SlimNode>, BadInpu
 }
 
 /// An allowed, untouched answer for a request we could not read.
+///
+/// kube's `AdmissionResponse` is `non_exhaustive` and built either from a
+/// decoded request or by `invalid()` (which denies); start from the latter
+/// and turn it into an allow, since nodegate never blocks a write over its
+/// own parsing problems.
 pub fn allow_uid(uid: String) -> AdmissionResponse {
     let mut r = AdmissionResponse::invalid("");
     r.allowed = true;

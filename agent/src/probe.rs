@@ -491,18 +491,38 @@ mod tests {
                 .await
                 .is_err()
         );
+        // The probe's shell starts a grandchild; a timeout must kill both.
         let dir = tempfile::tempdir().unwrap();
-        let marker = dir.path().join("survived");
-        let cmd = format!("sleep 1; touch {}", marker.display());
-        let err = run_exec(&cmd, Duration::from_millis(100))
+        let pidfile = dir.path().join("pid");
+        let cmd = format!(
+            "sleep 30 & echo $! > {0}.tmp && mv {0}.tmp {0}; wait",
+            pidfile.display()
+        );
+        let err = run_exec(&cmd, Duration::from_millis(300))
             .await
             .unwrap_err();
         assert!(err.contains("killed"), "{err}");
-        // Had the group survived, the marker would appear after ~1 s.
-        let deadline = std::time::Instant::now() + Duration::from_millis(1500);
-        while std::time::Instant::now() < deadline {
-            assert!(!marker.exists(), "child of the timed-out probe still ran");
-            tokio::time::sleep(Duration::from_millis(50)).await;
+        let pid = std::fs::read_to_string(&pidfile).unwrap();
+        let stat = format!("/proc/{}/stat", pid.trim());
+        // Gone, or a zombie waiting to be reaped: either way not running.
+        let dead = || {
+            std::fs::read_to_string(&stat)
+                .map(|s| {
+                    s.rsplit(')')
+                        .next()
+                        .unwrap_or("")
+                        .trim_start()
+                        .starts_with('Z')
+                })
+                .unwrap_or(true)
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while !dead() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "grandchild of the timed-out probe still runs"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 

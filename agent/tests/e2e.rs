@@ -900,3 +900,48 @@ async fn pod_probe_follows_the_ready_pod_on_this_node() {
     .await;
     assert!(agent.term().await.success());
 }
+
+/// A burst of Node events is coalesced: at most one snapshot write per
+/// `--snapshot-interval`, not one per event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn burst_of_node_events_is_coalesced_into_few_writes() {
+    let emu = Emulator::start(EmulatorOptions::default()).await.unwrap();
+    let nodes = admin_nodes(&emu).await;
+    create(&nodes, "self", "10.0.0.100").await;
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let kc = emu.kubeconfig(users::AGENT).unwrap();
+    let mut agent = Agent::start(&kc, "self", &state, &["--snapshot-interval", "1s"]).await;
+    let writes = "nodegate_agent_snapshot_write_duration_seconds_count";
+    eventually("first snapshot", || async {
+        agent.metric(writes).await.unwrap_or(0.0) >= 1.0
+    })
+    .await;
+    let before = agent.metric(writes).await.unwrap();
+    let started = std::time::Instant::now();
+    const BURST: usize = 200;
+    for i in 0..BURST {
+        create(
+            &nodes,
+            &format!("b{i:03}"),
+            &format!("10.2.{}.{}", i / 200, i % 200),
+        )
+        .await;
+    }
+    eventually("all burst nodes in the snapshot", || async {
+        read_snapshot(&state).is_some_and(|s| s.len() == BURST)
+    })
+    .await;
+    let extra = agent.metric(writes).await.unwrap() - before;
+    // One write per started second of the burst, plus the one in flight.
+    let bound = started.elapsed().as_secs_f64().ceil() + 1.0;
+    assert!(
+        extra >= 1.0 && extra <= bound,
+        "{BURST} events cost {extra} writes (bound {bound})"
+    );
+    assert_eq!(
+        agent.metric("nodegate_agent_snapshot_nodes").await,
+        Some(BURST as f64)
+    );
+    assert!(agent.term().await.success());
+}

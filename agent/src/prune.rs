@@ -156,6 +156,11 @@ impl Pruner {
                 let Some(r) = node.into_record().filter(|r| r.name != self.own) else {
                     return Vec::new();
                 };
+                // Status heartbeats and taint changes do not touch the record:
+                // no snapshot write for them.
+                if self.live.get(&r.name) == Some(&r) {
+                    return Vec::new();
+                }
                 self.dirty = true;
                 match self.live.insert(r.name.clone(), r) {
                     // Same name, new uid: the old node was deleted meanwhile.
@@ -412,6 +417,10 @@ mod tests {
         // A late delete of the old incarnation does not remove the new one.
         assert!(p.apply(watcher::Event::Delete(node("b", "2"))).is_empty());
         assert_eq!(p.len(), 1);
+        // An update that leaves the record as it was writes nothing.
+        p.take_dirty();
+        assert!(p.apply(watcher::Event::Apply(node("b", "22"))).is_empty());
+        assert!(!p.take_dirty(), "unchanged record: no snapshot write");
         // Own node events are ignored.
         assert!(p.apply(watcher::Event::Apply(node("me", "0"))).is_empty());
         assert!(p.apply(watcher::Event::Delete(node("me", "0"))).is_empty());

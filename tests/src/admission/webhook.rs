@@ -196,24 +196,41 @@ pub async fn call(
             .map(|b| b.0.clone())
             .unwrap_or_default();
         let key = pool_key(target, &ca);
-        let mut sender = match pool.take(&key) {
+        let body = Bytes::from(serde_json::to_vec(review).map_err(|e| e.to_string())?);
+        let request = || {
+            http::Request::post(format!("{}?timeout={}s", target.path, timeout.as_secs()))
+                .header(
+                    http::header::HOST,
+                    format!("{}:{}", target.server_name, target.port),
+                )
+                .header(http::header::CONTENT_TYPE, "application/json")
+                .header(http::header::ACCEPT, "application/json, */*")
+                .body(Full::new(body.clone()))
+                .map_err(|e| e.to_string())
+        };
+        // A pooled connection the server closed while idle fails before any
+        // response; like Go's transport, retry such a request once on a new one.
+        let pooled = pool.take(&key);
+        let reused = pooled.is_some();
+        let mut sender = match pooled {
             Some(s) => s,
             None => connect(target, &ca).await?,
         };
-        if sender.ready().await.is_err() {
-            sender = connect(target, &ca).await?;
-        }
-        let body = serde_json::to_vec(review).map_err(|e| e.to_string())?;
-        let req = http::Request::post(format!("{}?timeout={}s", target.path, timeout.as_secs()))
-            .header(
-                http::header::HOST,
-                format!("{}:{}", target.server_name, target.port),
-            )
-            .header(http::header::CONTENT_TYPE, "application/json")
-            .header(http::header::ACCEPT, "application/json, */*")
-            .body(Full::new(Bytes::from(body)))
-            .map_err(|e| e.to_string())?;
-        let resp = sender.send_request(req).await.map_err(|e| e.to_string())?;
+        let first = match sender.ready().await {
+            Ok(()) => sender.send_request(request()?).await,
+            Err(e) => Err(e),
+        };
+        let resp = match first {
+            Ok(r) => r,
+            Err(e) if reused && (e.is_canceled() || e.is_closed() || e.is_incomplete_message()) => {
+                sender = connect(target, &ca).await?;
+                sender
+                    .send_request(request()?)
+                    .await
+                    .map_err(|e| e.to_string())?
+            }
+            Err(e) => return Err(e.to_string()),
+        };
         let code = resp.status();
         let bytes = resp
             .into_body()

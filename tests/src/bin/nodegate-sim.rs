@@ -23,19 +23,22 @@ enum Cmd {
         #[arg(long, env = "NODEGATE_SIM_KUBECONFIG_OUT")]
         kubeconfig_out: PathBuf,
         /// The user the kubeconfig authenticates as (e.g. system:node:n1).
-        #[arg(long, default_value = "admin")]
+        #[arg(long, env = "NODEGATE_SIM_USER", default_value = "admin")]
         user: String,
     },
     /// Scale-out and reboot wave with the webhook on and off; prints a table.
     Run {
-        #[arg(long, default_value_t = 100)]
+        /// Nodes in the scale-out.
+        #[arg(long, env = "NODEGATE_SIM_NODES", default_value_t = 100)]
         nodes: usize,
-        #[arg(long, default_value_t = 2)]
+        /// Pods pending from the start, per node (as many again arrive during the reboot wave).
+        #[arg(long, env = "NODEGATE_SIM_PODS_PER_NODE", default_value_t = 2)]
         pods_per_node: usize,
-        #[arg(long, default_value_t = 0.5)]
+        /// Share of the nodes rebooted in the wave (0..=1).
+        #[arg(long, env = "NODEGATE_SIM_REBOOT_FRACTION", default_value_t = 0.5)]
         reboot_fraction: f64,
-        /// Milliseconds from boot to the network agent being ready.
-        #[arg(long, default_value_t = 300)]
+        /// Milliseconds from boot to the network agent being ready (plus up to 200 ms).
+        #[arg(long, env = "NODEGATE_SIM_AGENT_DELAY_MS", default_value_t = 300)]
         agent_delay_ms: u64,
     },
 }

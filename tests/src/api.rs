@@ -189,7 +189,7 @@ async fn resource(
 ) -> Result<Response> {
     let watch = matches!(q.get("watch").map(String::as_str), Some("true" | "1"));
     match (method.clone(), t.name.clone(), t.sub.as_str()) {
-        (Method::GET, None, _) if watch => watch_stream(st, &t, q),
+        (Method::GET, None, _) if watch => watch_stream(st, &t, q, wants_table(headers)),
         (Method::GET, None, _) => list(st, &t, q, headers).map(IntoResponse::into_response),
         (Method::GET, Some(name), "" | "status") => {
             let obj = st
@@ -818,7 +818,23 @@ impl WatchFilter {
     }
 }
 
-fn watch_stream(st: &Arc<AppState>, t: &Target, q: &HashMap<String, String>) -> Result<Response> {
+/// A watched object as sent: itself, or a one-row Table when kubectl asked
+/// for server-side printing (`kubectl get -w`).
+fn watch_object(res: &ResourceDef, as_table: bool, o: &Value) -> Value {
+    if as_table {
+        table::table(res, &[o], rv_of(o).unwrap_or(0), None)
+    } else {
+        o.clone()
+    }
+}
+
+fn watch_stream(
+    st: &Arc<AppState>,
+    t: &Target,
+    q: &HashMap<String, String>,
+    as_table: bool,
+) -> Result<Response> {
+    let res: &'static ResourceDef = t.res;
     let filter = WatchFilter {
         key: t.res.key(),
         ns: (!t.ns.is_empty()).then(|| t.ns.clone()),
@@ -850,7 +866,7 @@ fn watch_stream(st: &Arc<AppState>, t: &Target, q: &HashMap<String, String>) -> 
         let ns = filter.ns.as_deref();
         let (items, rv, live) = st.store.snapshot_and_subscribe(t.res, ns);
         for o in items.iter().filter(|o| filter.matches(o)) {
-            first.push(event_line("ADDED", o));
+            first.push(event_line("ADDED", &watch_object(res, as_table, o)));
         }
         if send_initial && bookmarks {
             first.push(event_line("BOOKMARK", &bookmark_obj(rv, true)));
@@ -865,7 +881,7 @@ fn watch_stream(st: &Arc<AppState>, t: &Target, q: &HashMap<String, String>) -> 
                 let mut last = rv;
                 for e in past {
                     if let Some((ty, o)) = filter.translate(&e) {
-                        first.push(event_line(ty, &o));
+                        first.push(event_line(ty, &watch_object(res, as_table, &o)));
                     }
                     last = last.max(e.rv);
                 }
@@ -908,7 +924,7 @@ fn watch_stream(st: &Arc<AppState>, t: &Target, q: &HashMap<String, String>) -> 
                         }
                         last_rv = e.rv;
                         if let Some((ty, o)) = filter.translate(&e)
-                            && tx.send(event_line(ty, &o)).await.is_err()
+                            && tx.send(event_line(ty, &watch_object(res, as_table, &o))).await.is_err()
                         {
                             return;
                         }

@@ -406,3 +406,36 @@ async fn heartbeats_never_reach_the_webhook() {
     assert_eq!(emu.webhook_calls(false).len(), after_register + 3);
     cleanup(&c, &["hb"]).await;
 }
+
+#[tokio::test]
+async fn kubectl_get_watch_prints_rows() {
+    use tokio::io::{AsyncBufReadExt, BufReader};
+    let c = Cluster::start().await.unwrap();
+    let name = c.node_name("watched");
+    let mut child = c
+        .kubectl(users::ADMIN)
+        .unwrap()
+        .args(["get", "nodes", "-w", "--output-watch-events"])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    // Whether the node is in kubectl's initial list or arrives on its watch,
+    // it is printed as an ADDED row of the server-side Table.
+    let kubelet = SimKubelet::with_client(c.client(&users::node(&name)).await.unwrap(), &name);
+    kubelet.register().await.unwrap();
+    let row = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            let line = lines.next_line().await.unwrap().unwrap();
+            if line.contains(&name) {
+                return line;
+            }
+        }
+    })
+    .await
+    .expect("kubectl printed the node");
+    assert!(row.starts_with("ADDED") && row.contains("Ready"), "{row}");
+    child.kill().await.unwrap();
+    cleanup(&c, &[&name]).await;
+}

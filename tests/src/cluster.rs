@@ -73,6 +73,13 @@ impl Cluster {
         }
     }
 
+    pub fn webhook_ref(&self) -> Option<&WebhookProcess> {
+        match self {
+            Cluster::Emulated { webhook, .. } => Some(webhook),
+            Cluster::Real { .. } => None,
+        }
+    }
+
     pub fn webhook(&mut self) -> Option<&mut WebhookProcess> {
         match self {
             Cluster::Emulated { webhook, .. } => Some(webhook),

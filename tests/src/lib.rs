@@ -21,7 +21,7 @@ pub mod fake_webhook;
 pub mod kubelet;
 pub mod process;
 
-pub use process::{WebhookOptions, WebhookProcess, bin_path};
+pub use process::{LoggedChild, WebhookOptions, WebhookProcess, bin_path};
 pub mod cluster;
 pub mod raw;
 pub mod sim;

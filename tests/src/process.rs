@@ -69,12 +69,134 @@ pub struct WebhookOptions {
 /// nodegate-certs, listening on loopback port 0.
 #[derive(Debug)]
 pub struct WebhookProcess {
-    child: Child,
+    child: LoggedChild,
     https: SocketAddr,
     admin: SocketAddr,
     ca_pem: String,
-    logs: Arc<Mutex<VecDeque<String>>>,
     _dir: tempfile::TempDir,
+}
+
+/// A child process whose output lines are kept (the last 500) and echoed
+/// with a prefix when `NODEGATE_TEST_VERBOSE` is set. Killed on drop.
+#[derive(Debug)]
+pub struct LoggedChild {
+    child: Child,
+    logs: Arc<Mutex<VecDeque<String>>>,
+    lines: tokio::sync::broadcast::Sender<String>,
+}
+
+impl LoggedChild {
+    /// Spawns `cmd` with stdin closed and stdout/stderr captured.
+    pub fn spawn(label: &str, mut cmd: Command) -> anyhow::Result<LoggedChild> {
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        let mut child = cmd.spawn().with_context(|| {
+            format!("spawning {}", cmd.as_std().get_program().to_string_lossy())
+        })?;
+        let logs = Arc::new(Mutex::new(VecDeque::new()));
+        let (lines, _) = tokio::sync::broadcast::channel(1024);
+        let echo = std::env::var_os("NODEGATE_TEST_VERBOSE").is_some();
+        let pipes: [Option<Box<dyn tokio::io::AsyncRead + Unpin + Send>>; 2] = [
+            child.stderr.take().map(|s| Box::new(s) as _),
+            child.stdout.take().map(|s| Box::new(s) as _),
+        ];
+        for pipe in pipes.into_iter().flatten() {
+            let (logs, tx, label) = (logs.clone(), lines.clone(), label.to_string());
+            tokio::spawn(async move {
+                let mut reader = BufReader::new(pipe).lines();
+                while let Ok(Some(line)) = reader.next_line().await {
+                    if echo {
+                        eprintln!("[{label}] {line}");
+                    }
+                    {
+                        let mut l = logs.lock().unwrap_or_else(|p| p.into_inner());
+                        l.push_back(line.clone());
+                        if l.len() > 500 {
+                            l.pop_front();
+                        }
+                    }
+                    let _ = tx.send(line);
+                }
+            });
+        }
+        Ok(LoggedChild { child, logs, lines })
+    }
+
+    /// Waits for an output line (past or future) that satisfies `pred`.
+    pub async fn wait_for_line(
+        &mut self,
+        deadline: Duration,
+        pred: impl Fn(&str) -> bool,
+    ) -> anyhow::Result<String> {
+        let mut rx = self.lines.subscribe();
+        if let Some(l) = self.logs().into_iter().find(|l| pred(l)) {
+            return Ok(l);
+        }
+        let found = tokio::time::timeout(deadline, async {
+            loop {
+                match rx.recv().await {
+                    Ok(l) if pred(&l) => return Some(l),
+                    Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
+                }
+            }
+        })
+        .await;
+        match found {
+            Ok(Some(l)) => Ok(l),
+            _ => {
+                let _ = self.child.start_kill();
+                bail!(
+                    "expected output line not seen; output:\n{}",
+                    self.logs().join("\n")
+                )
+            }
+        }
+    }
+
+    /// The last lines printed.
+    pub fn logs(&self) -> Vec<String> {
+        self.logs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .cloned()
+            .collect()
+    }
+
+    pub fn id(&self) -> Option<u32> {
+        self.child.id()
+    }
+
+    /// SIGTERM, then waits up to 10 s for the exit (SIGKILL after).
+    pub async fn stop(&mut self) -> anyhow::Result<std::process::ExitStatus> {
+        if let Some(pid) = self.child.id() {
+            let status = Command::new("kill")
+                .arg("-TERM")
+                .arg(pid.to_string())
+                .status()
+                .await?;
+            if !status.success() {
+                bail!("kill -TERM {pid} failed");
+            }
+        }
+        match tokio::time::timeout(Duration::from_secs(10), self.child.wait()).await {
+            Ok(r) => Ok(r?),
+            Err(_) => {
+                self.child.start_kill()?;
+                Ok(self.child.wait().await?)
+            }
+        }
+    }
+
+    /// SIGKILL and reap.
+    pub async fn kill(&mut self) -> anyhow::Result<()> {
+        self.child.start_kill()?;
+        self.child.wait().await?;
+        Ok(())
+    }
 }
 
 fn parse_listening(line: &str) -> Option<(SocketAddr, SocketAddr)> {
@@ -130,72 +252,16 @@ impl WebhookProcess {
                 cmd.arg("--disable-reboot-patches");
             }
         }
-        cmd.stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
-        let mut child = cmd
-            .spawn()
-            .with_context(|| format!("spawning {}", bin.display()))?;
-        let logs = Arc::new(Mutex::new(VecDeque::new()));
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let echo = std::env::var_os("NODEGATE_TEST_VERBOSE").is_some();
-        for pipe in [
-            child
-                .stderr
-                .take()
-                .map(|s| Box::new(s) as Box<dyn tokio::io::AsyncRead + Unpin + Send>),
-            child
-                .stdout
-                .take()
-                .map(|s| Box::new(s) as Box<dyn tokio::io::AsyncRead + Unpin + Send>),
-        ]
-        .into_iter()
-        .flatten()
-        {
-            let logs = logs.clone();
-            let tx = tx.clone();
-            tokio::spawn(async move {
-                let mut lines = BufReader::new(pipe).lines();
-                while let Ok(Some(line)) = lines.next_line().await {
-                    if echo {
-                        eprintln!("[webhook] {line}");
-                    }
-                    if let Some(addrs) = parse_listening(&line) {
-                        let _ = tx.send(addrs);
-                    }
-                    let mut l = logs.lock().unwrap_or_else(|p| p.into_inner());
-                    l.push_back(line);
-                    if l.len() > 500 {
-                        l.pop_front();
-                    }
-                }
-            });
-        }
-        drop(tx);
-        let started = tokio::time::timeout(Duration::from_secs(30), rx.recv()).await;
-        let (https, admin) = match started {
-            Ok(Some(a)) => a,
-            _ => {
-                let _ = child.start_kill();
-                let tail: Vec<String> = logs
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .iter()
-                    .cloned()
-                    .collect();
-                bail!(
-                    "nodegate-webhook did not report its addresses; output:\n{}",
-                    tail.join("\n")
-                );
-            }
-        };
+        let mut child = LoggedChild::spawn("webhook", cmd)?;
+        let line = child
+            .wait_for_line(Duration::from_secs(30), |l| parse_listening(l).is_some())
+            .await?;
+        let (https, admin) = parse_listening(&line).context("listening line")?;
         Ok(WebhookProcess {
             child,
             https,
             admin,
             ca_pem: ca.cert_pem().to_string(),
-            logs,
             _dir: dir,
         })
     }
@@ -244,12 +310,7 @@ impl WebhookProcess {
 
     /// The last lines the process printed.
     pub fn logs(&self) -> Vec<String> {
-        self.logs
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .cloned()
-            .collect()
+        self.child.logs()
     }
 
     /// Fetches the admin port's `/metrics` text.
@@ -274,30 +335,12 @@ impl WebhookProcess {
 
     /// SIGTERM (graceful drain), then waits for the exit.
     pub async fn stop(&mut self) -> anyhow::Result<std::process::ExitStatus> {
-        if let Some(pid) = self.child.id() {
-            let status = Command::new("kill")
-                .arg("-TERM")
-                .arg(pid.to_string())
-                .status()
-                .await?;
-            if !status.success() {
-                bail!("kill -TERM {pid} failed");
-            }
-        }
-        match tokio::time::timeout(Duration::from_secs(10), self.child.wait()).await {
-            Ok(r) => Ok(r?),
-            Err(_) => {
-                self.child.start_kill()?;
-                Ok(self.child.wait().await?)
-            }
-        }
+        self.child.stop().await
     }
 
     /// SIGKILL: an abrupt outage.
     pub async fn kill(&mut self) -> anyhow::Result<()> {
-        self.child.start_kill()?;
-        self.child.wait().await?;
-        Ok(())
+        self.child.kill().await
     }
 }
 

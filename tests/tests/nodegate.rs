@@ -227,6 +227,13 @@ async fn new_node_is_tainted_from_its_first_write() {
     .await
     .unwrap();
     assert!(has_taint(&first));
+    if let Some(w) = c.webhook_ref() {
+        let metrics = w.metrics().await.unwrap();
+        assert!(
+            metrics.contains(r#"nodegate_webhook_taints_added_total{reason="create"} 1"#),
+            "{metrics}"
+        );
+    }
     cleanup(&c, &[&name]).await;
 }
 

@@ -207,7 +207,6 @@ pub async fn run(cfg: CompareConfig) -> anyhow::Result<Outcome> {
         }
     }
     let hook_tail = webhook.log_tail();
-    baseline.stop().await.context("stopping the baseline")?;
     webhook.stop().await.context("stopping the webhook")?;
     let base = best_base.context("no baseline run")?;
     let hook = best_hook.context("no webhook run")?;
@@ -229,8 +228,24 @@ pub async fn run(cfg: CompareConfig) -> anyhow::Result<Outcome> {
     print!("{line}");
     out.push_str(&line);
 
-    // Phase 3: a fresh webhook at half its maximum, open loop.
+    // Control: the transport alone at the rate phase 3 uses. On a busy
+    // machine its p99 shows how much of the webhook's tail is the machine's.
     let rate = (hook.requests_per_sec() / 2.0).max(1.0);
+    let mut lc = load_config(&cfg, baseline.pid, false);
+    lc.rate = Some(rate);
+    lc.duration = Some(cfg.warmup);
+    load::run(&base_target, &lc).await;
+    lc.duration = Some(cfg.duration);
+    let control = load::run(&base_target, &lc).await;
+    let text = describe(
+        &format!("baseline at the same rate ({rate:.0} req/s, open loop, control)"),
+        &control,
+    );
+    print!("{text}");
+    out.push_str(&text);
+    baseline.stop().await.context("stopping the baseline")?;
+
+    // Phase 3: a fresh webhook at half its maximum, open loop.
     let webhook = Server::start(&webhook_bin, &hook_args).await?;
     let target = Target::new(webhook.https, certs.ca_pem(), cfg.proto)?;
     let mut lc = load_config(&cfg, webhook.pid, true);

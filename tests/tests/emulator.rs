@@ -1050,3 +1050,54 @@ async fn kube_runtime_event_recorder_and_core_events() {
     assert_eq!(l.items.len(), 1);
     assert_eq!(l.items[0].reason.as_deref(), Some("Rebooted"));
 }
+
+#[tokio::test]
+async fn rules_tell_nodes_from_nodes_status() {
+    for (resources, status_calls) in [
+        (json!(["nodes"]), 0),
+        (json!(["nodes/*"]), 1),
+        (json!(["nodes", "nodes/status"]), 1),
+    ] {
+        let rules = json!({"rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"], "resources": resources.clone()}]});
+        let (emu, fake) = with_fake(rules, |_| FakeReply::default()).await;
+        let api = nodes(&emu, users::ADMIN).await;
+        api.create(&PostParams::default(), &node("a"))
+            .await
+            .unwrap();
+        api.patch_status(
+            "a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"nodeInfo": {"bootID": "b"}}})),
+        )
+        .await
+        .unwrap();
+        let subs: Vec<Value> = fake
+            .requests()
+            .iter()
+            .map(|r| r["review"]["request"]["subResource"].clone())
+            .collect();
+        let on_status = subs.iter().filter(|s| *s == "status").count();
+        assert_eq!(on_status, status_calls, "{resources}: {subs:?}");
+        // kube-apiserver's matcher: a `*` subresource also matches the main
+        // resource (`sub == "*" || sub == request's`), so `nodes/*` sees both.
+        let main_calls = subs.iter().filter(|s| s.is_null()).count();
+        assert_eq!(main_calls, 1, "{resources}");
+    }
+}
+
+#[tokio::test]
+async fn duplicate_taint_from_a_webhook_fails_validation() {
+    let (emu, _fake) = with_fake(json!({}), |_| FakeReply {
+        patch: Some(json!([{"op": "add", "path": "/spec/taints/-", "value": {"key": NOT_READY, "effect": "NoSchedule"}}])),
+        ..Default::default()
+    })
+    .await;
+    let api = nodes(&emu, users::ADMIN).await;
+    let err = api
+        .create(&PostParams::default(), &node("a"))
+        .await
+        .unwrap_err();
+    let (code, reason, msg) = api_reason(&err);
+    assert_eq!((code, reason.as_str()), (422, "Invalid"));
+    assert!(msg.contains("Duplicate value"), "{msg}");
+}

@@ -73,8 +73,17 @@ impl IntoResponse for Reply {
     fn into_response(self) -> Response {
         let mut resp = json_response(self.code, &self.body);
         for w in self.warnings {
-            let text = format!("299 - \"{}\"", w.replace('\\', "\\\\").replace('"', "\\\""));
-            if let Ok(v) = HeaderValue::from_str(&text) {
+            // Control characters cannot be in a header; UTF-8 text can (Go
+            // sends it as is and kubectl prints it).
+            let clean: String = w
+                .chars()
+                .map(|c| if c.is_control() { ' ' } else { c })
+                .collect();
+            let text = format!(
+                "299 - \"{}\"",
+                clean.replace('\\', "\\\\").replace('"', "\\\"")
+            );
+            if let Ok(v) = HeaderValue::from_bytes(text.as_bytes()) {
                 resp.headers_mut().append(http::header::WARNING, v);
             }
         }

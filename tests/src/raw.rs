@@ -26,9 +26,9 @@ impl RawResponse {
         self.headers
             .get_all(http::header::WARNING)
             .iter()
-            .filter_map(|v| v.to_str().ok())
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
             .map(|v| {
-                let quoted = v.strip_prefix("299 - ").unwrap_or(v);
+                let quoted = v.strip_prefix("299 - ").unwrap_or(&v);
                 let inner = quoted
                     .strip_prefix('"')
                     .and_then(|q| q.strip_suffix('"'))

@@ -610,7 +610,7 @@ fn add_label_patch(key: &str) -> Value {
 async fn webhook_review_shape_patch_and_warning() {
     let (emu, fake) = with_fake(json!({}), |req| FakeReply {
         patch: (req["operation"] == "CREATE").then(|| add_label_patch("example.com/hooked")),
-        warnings: vec!["added \"hooked\"".into()],
+        warnings: vec!["added \"hooked\" — ok".into()],
         ..Default::default()
     })
     .await;
@@ -630,7 +630,7 @@ async fn webhook_review_shape_patch_and_warning() {
         r.json().unwrap()["metadata"]["labels"]["example.com/hooked"],
         "yes"
     );
-    assert_eq!(r.warnings(), vec!["added \"hooked\"".to_string()]);
+    assert_eq!(r.warnings(), vec!["added \"hooked\" — ok".to_string()]);
 
     let reqs = fake.requests();
     assert_eq!(reqs.len(), 1);
@@ -1100,4 +1100,39 @@ async fn duplicate_taint_from_a_webhook_fails_validation() {
     let (code, reason, msg) = api_reason(&err);
     assert_eq!((code, reason.as_str()), (422, "Invalid"));
     assert!(msg.contains("Duplicate value"), "{msg}");
+}
+
+#[tokio::test]
+async fn kube_runtime_streaming_list_watcher() {
+    let emu = emulator().await;
+    let api = nodes(&emu, users::ADMIN).await;
+    api.create(&PostParams::default(), &node("a"))
+        .await
+        .unwrap();
+    // sendInitialEvents: ADDED for the state, then the initial-events-end bookmark.
+    let mut stream = watcher(api.clone(), watcher::Config::default().streaming_lists()).boxed();
+    let mut initial = Vec::new();
+    loop {
+        match tokio::time::timeout(Duration::from_secs(5), stream.try_next())
+            .await
+            .unwrap()
+            .unwrap()
+        {
+            Some(watcher::Event::InitApply(n)) => initial.push(n.metadata.name.unwrap()),
+            Some(watcher::Event::InitDone) => break,
+            Some(_) => {}
+            None => panic!("ended"),
+        }
+    }
+    assert_eq!(initial, vec!["a"]);
+    api.create(&PostParams::default(), &node("b"))
+        .await
+        .unwrap();
+    let next = tokio::time::timeout(Duration::from_secs(5), stream.try_next())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        matches!(next, Some(watcher::Event::Apply(n)) if n.metadata.name.as_deref() == Some("b"))
+    );
 }

@@ -770,6 +770,9 @@ fn bind(st: &AppState, t: &Target, name: &str, body: &[u8]) -> Result<Reply> {
             ));
         }
         let mut new = (*cur).clone();
+        if !new.get("spec").is_some_and(Value::is_object) {
+            new["spec"] = json!({});
+        }
         new["spec"]["nodeName"] = json!(node);
         match st
             .store

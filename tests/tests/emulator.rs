@@ -1136,3 +1136,96 @@ async fn kube_runtime_streaming_list_watcher() {
         matches!(next, Some(watcher::Event::Apply(n)) if n.metadata.name.as_deref() == Some("b"))
     );
 }
+
+#[tokio::test]
+async fn bad_input_gets_a_status_and_the_server_keeps_serving() {
+    let emu = emulator().await;
+    let post = |path: &'static str, body: &'static [u8]| {
+        let emu = &emu;
+        async move {
+            emu.raw(
+                Some(users::ADMIN),
+                "POST",
+                path,
+                "application/json",
+                body.to_vec(),
+            )
+            .await
+            .unwrap()
+        }
+    };
+    for (path, body, code) in [
+        ("/api/v1/nodes", &b"{not json"[..], 400),
+        ("/api/v1/nodes", &b"[1,2]"[..], 400),
+        (
+            "/api/v1/nodes",
+            &br#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"x"}}"#[..],
+            400,
+        ),
+        (
+            "/api/v1/nodes",
+            &br#"{"apiVersion":"v1","kind":"Node","metadata":{}}"#[..],
+            422,
+        ),
+        (
+            "/api/v1/nodes",
+            &br#"{"apiVersion":"v1","kind":"Node","metadata":"weird","spec":"odd"}"#[..],
+            422,
+        ),
+        (
+            "/api/v1/namespaces/default/pods",
+            &br#"{"metadata":{"name":"p"},"spec":"odd"}"#[..],
+            201,
+        ),
+        (
+            "/api/v1/namespaces/default/pods/p/binding",
+            &br#"{"target":{"name":"n1"}}"#[..],
+            201,
+        ),
+        ("/api/v1/nopes", &b"{}"[..], 404),
+    ] {
+        let r = post(path, body).await;
+        assert_eq!(r.status, code, "{path} {}", String::from_utf8_lossy(body));
+        if code >= 400 {
+            assert_eq!(r.json().unwrap()["kind"], "Status");
+        }
+    }
+    let r = emu
+        .raw(
+            Some(users::ADMIN),
+            "PATCH",
+            "/api/v1/nodes/x",
+            "application/json-patch+json",
+            b"[]".to_vec(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status, 404);
+    let r = emu
+        .raw(
+            Some(users::ADMIN),
+            "GET",
+            "/api/v1/nodes?labelSelector=a%20in%201",
+            "",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status, 400);
+    let r = emu
+        .raw(
+            Some(users::ADMIN),
+            "GET",
+            "/api/v1/nodes?continue=garbage",
+            "",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status, 400);
+    // Still serving.
+    let api = nodes(&emu, users::ADMIN).await;
+    api.create(&PostParams::default(), &node("fine"))
+        .await
+        .unwrap();
+}

@@ -155,7 +155,9 @@ impl Admission {
                 }
                 obj["status"]["phase"] = json!("Pending");
             }
-            if obj.pointer("/spec/schedulerName").is_none() && obj["spec"].is_object() {
+            if obj.pointer("/spec/schedulerName").is_none()
+                && obj.get("spec").is_some_and(Value::is_object)
+            {
                 obj["spec"]["schedulerName"] = json!("default-scheduler");
             }
         }

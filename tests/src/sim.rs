@@ -85,6 +85,9 @@ pub struct ScenarioReport {
     pub webhook_calls: usize,
     pub webhook_p50: Option<Duration>,
     pub webhook_p99: Option<Duration>,
+    /// The webhook's own count of taints added (its /metrics), by reason:
+    /// (create, reboot). Reboot taints are added by its background patches.
+    pub webhook_reported: Option<(u64, u64)>,
     pub elapsed: Duration,
 }
 
@@ -473,6 +476,14 @@ pub async fn run_scenario(
         let s = lock(&stats);
         (s.bound, s.violations, s.window)
     };
+    let webhook_reported = match &webhook {
+        Some(w) => w
+            .metrics()
+            .await
+            .ok()
+            .map(|m| (taints_metric(&m, "create"), taints_metric(&m, "reboot"))),
+        None => None,
+    };
     let report = ScenarioReport {
         name: if with_webhook {
             "with nodegate".into()
@@ -491,6 +502,7 @@ pub async fn run_scenario(
         webhook_calls: lat.len(),
         webhook_p50: percentile(&lat, 0.50),
         webhook_p99: percentile(&lat, 0.99),
+        webhook_reported,
         elapsed: started.elapsed(),
     };
     if let Some(mut w) = webhook {
@@ -509,6 +521,16 @@ pub async fn run(
         run_scenario(o, true, agent.clone()).await?,
         run_scenario(o, false, agent).await?,
     ])
+}
+
+/// `nodegate_webhook_taints_added_total{reason="..."}` from a metrics text.
+fn taints_metric(text: &str, reason: &str) -> u64 {
+    let prefix = format!("nodegate_webhook_taints_added_total{{reason=\"{reason}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map(|v| v as u64)
+        .unwrap_or(0)
 }
 
 fn ms(d: Option<Duration>) -> String {
@@ -546,6 +568,14 @@ pub fn render_table(reports: &[ScenarioReport]) -> String {
             Box::new(|r| r.reboot_window_binds.to_string()),
         ),
         ("webhook calls", Box::new(|r| r.webhook_calls.to_string())),
+        (
+            "webhook metrics: taints create/reboot",
+            Box::new(|r| {
+                r.webhook_reported
+                    .map(|(c, b)| format!("{c}/{b}"))
+                    .unwrap_or_else(|| "-".into())
+            }),
+        ),
         ("webhook latency p50", Box::new(|r| ms(r.webhook_p50))),
         ("webhook latency p99", Box::new(|r| ms(r.webhook_p99))),
         (

@@ -98,28 +98,44 @@ fn columns_and_cells(res: &ResourceDef) -> (Vec<Value>, Cells) {
             vec![
                 name,
                 col(
+                    "Ready",
+                    "string",
+                    "",
+                    "The aggregate readiness state of this pod for accepting traffic.",
+                ),
+                col(
                     "Status",
                     "string",
                     "",
                     "The aggregate status of the containers in this pod.",
                 ),
                 col(
-                    "Node",
+                    "Restarts",
                     "string",
                     "",
-                    "The name of the node this pod is bound to.",
+                    "The number of times the containers in this pod have been restarted.",
                 ),
                 age_col,
             ],
             |o| {
+                let total = o
+                    .pointer("/spec/containers")
+                    .and_then(Value::as_array)
+                    .map_or(0, Vec::len);
+                let statuses = o
+                    .pointer("/status/containerStatuses")
+                    .and_then(Value::as_array);
+                let ready = statuses.map_or(0, |s| s.iter().filter(|c| c["ready"] == true).count());
+                let restarts: u64 = statuses.map_or(0, |s| {
+                    s.iter().filter_map(|c| c["restartCount"].as_u64()).sum()
+                });
                 vec![
                     o["metadata"]["name"].clone(),
+                    json!(format!("{ready}/{total}")),
                     o.pointer("/status/phase")
                         .cloned()
                         .unwrap_or(json!("Pending")),
-                    o.pointer("/spec/nodeName")
-                        .cloned()
-                        .unwrap_or(json!("<none>")),
+                    json!(restarts.to_string()),
                     json!(age(o)),
                 ]
             },

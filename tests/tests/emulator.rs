@@ -534,6 +534,29 @@ async fn node_restriction() {
     let (code, _, msg) = api_reason(&err);
     assert_eq!(code, 403);
     assert!(msg.contains("is not allowed to modify taints"), "{msg}");
+    // Nor labels in the kubernetes.io namespaces outside its own set.
+    let err = api
+        .patch(
+            "mine",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"node-role.kubernetes.io/worker": ""}}})),
+        )
+        .await
+        .unwrap_err();
+    let (code, _, msg) = api_reason(&err);
+    assert_eq!(code, 403);
+    assert!(
+        msg.contains("is not allowed to modify labels: node-role.kubernetes.io/worker"),
+        "{msg}"
+    );
+    // Its own labels and nodegate's exclude label are fine.
+    api.patch(
+        "mine",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"nodegate.dev/exclude": "true"}}})),
+    )
+    .await
+    .unwrap();
     // Status writes and restarts are fine.
     kubelet.heartbeat().await.unwrap();
     kubelet.restart().await.unwrap();

@@ -39,6 +39,8 @@ pub struct AppState {
     /// Bumped to end every open watch (what an API server restart does).
     pub kick: watch::Receiver<u64>,
     pub bookmark_interval: Duration,
+    /// RBAC from the given roles and bindings; `None` lets every authenticated user do anything.
+    pub policy: Option<crate::rbac::Policy>,
 }
 
 type Result<T> = std::result::Result<T, ApiError>;
@@ -197,6 +199,45 @@ async fn resource(
     body: Bytes,
 ) -> Result<Response> {
     let watch = matches!(q.get("watch").map(String::as_str), Some("true" | "1"));
+    if let Some(policy) = &st.policy {
+        let verb = match (method.clone(), &t.name) {
+            (Method::GET, None) if watch => "watch",
+            (Method::GET, None) => "list",
+            (Method::GET, Some(_)) => "get",
+            (Method::POST, _) => "create",
+            (Method::PUT, _) => "update",
+            (Method::PATCH, _) => "patch",
+            (Method::DELETE, None) => "deletecollection",
+            (Method::DELETE, Some(_)) => "delete",
+            _ => "unknown",
+        };
+        let resource = if t.sub.is_empty() {
+            t.res.plural.to_string()
+        } else {
+            format!("{}/{}", t.res.plural, t.sub)
+        };
+        let req = crate::rbac::Request {
+            user,
+            verb,
+            group: t.res.group,
+            resource,
+            namespace: &t.ns,
+            name: t.name.as_deref(),
+        };
+        if let Err(why) = policy.authorize(&req) {
+            return Err(match &t.name {
+                Some(n) => ApiError::forbidden(t.res.plural, t.res.group, n, &why),
+                None => {
+                    let what = if t.res.group.is_empty() {
+                        t.res.plural.to_string()
+                    } else {
+                        format!("{}.{}", t.res.plural, t.res.group)
+                    };
+                    ApiError::new(403, "Forbidden", format!("{what} is forbidden: {why}"))
+                }
+            });
+        }
+    }
     match (method.clone(), t.name.clone(), t.sub.as_str()) {
         (Method::GET, None, _) if watch => watch_stream(st, &t, q, wants_table(headers)),
         (Method::GET, None, _) => list(st, &t, q, headers).map(IntoResponse::into_response),

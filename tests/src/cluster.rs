@@ -48,7 +48,12 @@ impl Cluster {
                 scratch,
             });
         }
-        let emu = Emulator::start(EmulatorOptions::default()).await?;
+        // The shipped RBAC is enforced, so a manifest that grants too little fails here.
+        let emu = Emulator::start(EmulatorOptions {
+            rbac: Some(crate::process::shipped_rbac()?),
+            ..Default::default()
+        })
+        .await?;
         let webhook = WebhookProcess::start(WebhookOptions {
             kubeconfig: Some(emu.kubeconfig(users::WEBHOOK)?),
             ..Default::default()

@@ -51,6 +51,20 @@ pub fn shipped_webhook_config() -> anyhow::Result<String> {
     std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))
 }
 
+/// The shipped RBAC documents of the webhook and the agent (those present).
+pub fn shipped_rbac() -> anyhow::Result<Vec<String>> {
+    let mut out = Vec::new();
+    for part in ["webhook", "agent"] {
+        let p = manifests_dir().join(part).join("rbac.yaml");
+        if p.exists() {
+            out.push(
+                std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?,
+            );
+        }
+    }
+    Ok(out)
+}
+
 /// The service the shipped configuration points at.
 pub const WEBHOOK_SERVICE: &str = "nodegate-webhook";
 pub const WEBHOOK_NAMESPACE: &str = "nodegate";

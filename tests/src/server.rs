@@ -36,6 +36,11 @@ pub struct EmulatorOptions {
     pub watch_history: usize,
     /// How often watches that asked for bookmarks get one.
     pub bookmark_interval: Duration,
+    /// RBAC documents (ClusterRole/Role + bindings, YAML or JSON). `None`:
+    /// every authenticated user may do anything NodeRestriction allows.
+    /// Admin, kubelets, the scheduler and the node controller keep their
+    /// built-in access either way.
+    pub rbac: Option<Vec<String>>,
 }
 
 impl Default for EmulatorOptions {
@@ -45,6 +50,7 @@ impl Default for EmulatorOptions {
             service_endpoints: HashMap::new(),
             watch_history: 10_000,
             bookmark_interval: Duration::from_secs(5),
+            rbac: None,
         }
     }
 }
@@ -90,12 +96,23 @@ impl Emulator {
         let addr = listener.local_addr()?;
         let (shutdown, shutdown_rx) = watch::channel(false);
         let (kick, kick_rx) = watch::channel(0u64);
+        let policy = match &opts.rbac {
+            Some(texts) => {
+                let mut docs = Vec::new();
+                for t in texts {
+                    docs.extend(parse_documents(t)?);
+                }
+                Some(crate::rbac::Policy::from_documents(&docs)?)
+            }
+            None => None,
+        };
         let state = Arc::new(AppState {
             store: store.clone(),
             admission: admission.clone(),
             shutdown: shutdown_rx.clone(),
             kick: kick_rx,
             bookmark_interval: opts.bookmark_interval,
+            policy,
         });
         let app = axum::Router::new().fallback(api::handle).with_state(state);
         let acceptor = tokio_rustls::TlsAcceptor::from(server_cfg);

@@ -377,7 +377,11 @@ pub async fn run_scenario(
     agent: Arc<dyn AgentReadiness>,
 ) -> anyhow::Result<ScenarioReport> {
     let started = Instant::now();
-    let emu = Emulator::start(EmulatorOptions::default()).await?;
+    let emu = Emulator::start(EmulatorOptions {
+        rbac: Some(crate::process::shipped_rbac()?),
+        ..Default::default()
+    })
+    .await?;
     let mut webhook = None;
     if with_webhook {
         let w = WebhookProcess::start(WebhookOptions {
@@ -643,7 +647,11 @@ pub fn broken_guarantees(reports: &[ScenarioReport]) -> Vec<String> {
 
 /// `nodegate-sim serve`: emulator + real webhook until Ctrl-C.
 pub async fn serve(kubeconfig_out: PathBuf, user: &str) -> anyhow::Result<()> {
-    let emu = Emulator::start(EmulatorOptions::default()).await?;
+    let emu = Emulator::start(EmulatorOptions {
+        rbac: Some(crate::process::shipped_rbac()?),
+        ..Default::default()
+    })
+    .await?;
     let mut webhook = WebhookProcess::start(WebhookOptions {
         kubeconfig: Some(emu.kubeconfig(users::WEBHOOK)?),
         ..Default::default()

@@ -1252,3 +1252,61 @@ async fn bad_input_gets_a_status_and_the_server_keeps_serving() {
         .await
         .unwrap();
 }
+
+#[tokio::test]
+async fn shipped_rbac_is_enforced() {
+    let emu = Emulator::start(EmulatorOptions {
+        rbac: Some(nodegate_tests::process::shipped_rbac().unwrap()),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    nodes(&emu, users::ADMIN)
+        .await
+        .create(&PostParams::default(), &node("a"))
+        .await
+        .unwrap();
+    // The webhook may get and patch Nodes, nothing else.
+    let webhook = nodes(&emu, users::WEBHOOK).await;
+    webhook.get("a").await.unwrap();
+    webhook
+        .patch(
+            "a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"x": "1"}}})),
+        )
+        .await
+        .unwrap();
+    let err = webhook.list(&ListParams::default()).await.unwrap_err();
+    let (code, _, msg) = api_reason(&err);
+    assert_eq!(code, 403);
+    assert!(
+        msg.contains("User \"system:serviceaccount:nodegate:nodegate-webhook\" cannot list resource \"nodes\" in API group \"\" at the cluster scope"),
+        "{msg}"
+    );
+    // The agent cannot delete Nodes or write their status.
+    let agent = nodes(&emu, users::AGENT).await;
+    agent.list(&ListParams::default()).await.unwrap();
+    assert_eq!(
+        api_reason(
+            &agent
+                .delete("a", &DeleteParams::default())
+                .await
+                .unwrap_err()
+        )
+        .0,
+        403
+    );
+    let err = agent
+        .patch_status(
+            "a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {}})),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(api_reason(&err).0, 403);
+    // An unknown service account can do nothing.
+    let nobody = nodes(&emu, "system:serviceaccount:default:nobody").await;
+    assert_eq!(api_reason(&nobody.get("a").await.unwrap_err()).0, 403);
+}

@@ -245,86 +245,69 @@ pub async fn run(cfg: CompareConfig) -> anyhow::Result<Outcome> {
     out.push_str(&text);
     baseline.stop().await.context("stopping the baseline")?;
 
-    // Phase 3: a fresh webhook at half its maximum, open loop.
-    let webhook = Server::start(&webhook_bin, &hook_args).await?;
-    let target = Target::new(webhook.https, certs.ca_pem(), cfg.proto)?;
-    let mut lc = load_config(&cfg, webhook.pid, true);
-    lc.rate = Some(rate);
-    lc.duration = Some(cfg.warmup);
-    load::run(&target, &lc).await;
+    // Phase 3: a fresh webhook at half its maximum, open loop (p99, RSS).
     let run_for = cfg.soak.unwrap_or(cfg.duration);
-    lc.duration = Some(run_for);
-    if cfg.soak.is_some() {
-        lc.sample_every = Duration::from_secs(5);
-    }
-    if cfg.rotate.is_some() {
-        lc.reconnect_after = cfg.reconnect_after.or(Some(100));
-    }
-    let stop = Arc::new(AtomicBool::new(false));
-    let probe = cfg.rotate.map(|_| {
-        let (target, stop) = (target.clone(), stop.clone());
-        tokio::spawn(async move { probe_leaves(&target, &stop).await })
-    });
-    let rotations = {
-        let load = load::run(&target, &lc);
-        tokio::pin!(load);
-        let mut tick = tokio::time::interval(cfg.rotate_every);
-        tick.tick().await;
-        let mut rotated = 0u64;
-        let report = loop {
-            tokio::select! {
-                r = &mut load => break r,
-                _ = tick.tick(), if cfg.rotate.is_some() => {
-                    if let Some(style) = cfg.rotate {
-                        certs.rotate(style)?;
-                        rotated += 1;
-                    }
-                }
-            }
-        };
-        (report, rotated)
-    };
-    stop.store(true, Ordering::Relaxed);
-    let (half, rotated) = rotations;
-    let leaves = match probe {
-        Some(p) => p.await.unwrap_or_default(),
-        None => Vec::new(),
-    };
-    let alive = {
-        let mut w = webhook;
-        let alive = w.is_running();
-        let tail = w.log_tail();
-        w.stop().await.context("stopping the webhook")?;
-        (alive, tail)
-    };
+    let half = half_rate(
+        &webhook_bin,
+        &hook_args,
+        &mut certs,
+        &cfg,
+        rate,
+        run_for,
+        None,
+    )
+    .await?;
     let label = format!(
-        "webhook at half max ({rate:.0} req/s, open loop, {}s{})",
-        run_for.as_secs(),
-        cfg.rotate
-            .map(|s| format!(", rotating certs every {:?} ({s:?})", cfg.rotate_every))
-            .unwrap_or_default()
+        "webhook at half max ({rate:.0} req/s, open loop, {}s)",
+        run_for.as_secs()
     );
-    let text = describe(&label, &half);
+    let mut text = describe(&label, &half.report);
+    if let Some(g) = load::rss_growth(&half.report.memory) {
+        let _ = writeln!(
+            text,
+            "  RSS growth (last vs first quarter): {:+.2} MiB over {} samples",
+            g as f64 / (1024.0 * 1024.0),
+            half.report.memory.len()
+        );
+    }
     print!("{text}");
     out.push_str(&text);
-    if let Some(g) = load::rss_growth(&half.memory) {
-        let line = format!(
-            "  RSS growth (last vs first quarter): {:+.2} MiB over {} samples\n",
-            g as f64 / (1024.0 * 1024.0),
-            half.memory.len()
-        );
-        print!("{line}");
-        out.push_str(&line);
-    }
-    if cfg.rotate.is_some() {
-        let distinct = count_distinct(&leaves);
-        let line = format!(
-            "  cert rotation: {rotated} rotations, {} probe handshakes saw {distinct} distinct leaf certs\n",
-            leaves.len()
-        );
-        print!("{line}");
-        out.push_str(&line);
-    }
+
+    // Phase 4: the same rate while the certificate rotates and connections
+    // reopen, so handshakes meet the swap.
+    let rotation = match cfg.rotate {
+        Some(style) => {
+            let r = half_rate(
+                &webhook_bin,
+                &hook_args,
+                &mut certs,
+                &cfg,
+                rate,
+                cfg.duration,
+                Some(style),
+            )
+            .await?;
+            let mut text = describe(
+                &format!(
+                    "webhook at half max, rotating certs every {:?} ({style:?})",
+                    cfg.rotate_every
+                ),
+                &r.report,
+            );
+            let _ = writeln!(
+                text,
+                "  cert rotation: {} rotations, {} probe handshakes saw {} distinct leaf certs",
+                r.rotated,
+                r.leaves.len(),
+                count_distinct(&r.leaves)
+            );
+            print!("{text}");
+            out.push_str(&text);
+            Some(r)
+        }
+        None => None,
+    };
+    let half_report = &half.report;
 
     // Targets.
     let mut verdicts = vec![
@@ -343,32 +326,36 @@ pub async fn run(cfg: CompareConfig) -> anyhow::Result<Outcome> {
         Verdict {
             name: "p99 at half max",
             target: format!("<= {}", ms(MAX_P99)),
-            measured: ms(half.latency.summary().p99),
-            met: half.latency.summary().p99 <= MAX_P99,
+            measured: ms(half_report.latency.summary().p99),
+            met: half_report.latency.summary().p99 <= MAX_P99,
         },
         Verdict {
             name: "errors at half max",
             target: "0".into(),
-            measured: format!("{} ({})", half.failures.total(), half.failures),
-            met: half.failures.total() == 0 && half.ok > 0,
+            measured: format!(
+                "{} ({})",
+                half_report.failures.total(),
+                half_report.failures
+            ),
+            met: half_report.failures.total() == 0 && half_report.ok > 0,
         },
         Verdict {
             name: "peak RSS at half max",
             target: format!("<= {:.0} MiB", mib(MAX_PEAK_RSS)),
-            measured: half
+            measured: half_report
                 .peak_rss()
                 .map_or("?".into(), |p| format!("{:.1} MiB", mib(p))),
-            met: half.peak_rss().is_some_and(|p| p <= MAX_PEAK_RSS),
+            met: half_report.peak_rss().is_some_and(|p| p <= MAX_PEAK_RSS),
         },
         Verdict {
             name: "server survived",
             target: "running until stopped".into(),
-            measured: if alive.0 { "yes" } else { "no" }.into(),
-            met: alive.0,
+            measured: if half.alive { "yes" } else { "no" }.into(),
+            met: half.alive,
         },
     ];
     if cfg.soak.is_some() {
-        let g = load::rss_growth(&half.memory);
+        let g = load::rss_growth(&half_report.memory);
         verdicts.push(Verdict {
             name: "RSS growth over soak",
             target: format!("<= {:.0} MiB", MAX_RSS_GROWTH as f64 / (1024.0 * 1024.0)),
@@ -378,16 +365,17 @@ pub async fn run(cfg: CompareConfig) -> anyhow::Result<Outcome> {
             met: g.is_some_and(|g| g <= MAX_RSS_GROWTH),
         });
     }
-    if cfg.rotate.is_some() {
-        let distinct = count_distinct(&leaves);
+    if let Some(r) = &rotation {
+        let distinct = count_distinct(&r.leaves);
         verdicts.push(Verdict {
             name: "cert rotation",
             target: "0 failed requests, new cert served".into(),
             measured: format!(
-                "{} failed, {distinct} distinct certs seen",
-                half.failures.total()
+                "{} failed ({}), {distinct} distinct certs seen",
+                r.report.failures.total(),
+                r.report.failures
             ),
-            met: half.failures.total() == 0 && distinct >= 2,
+            met: r.report.failures.total() == 0 && r.report.ok > 0 && distinct >= 2 && r.alive,
         });
     }
     let mut table = String::from("\ntargets:\n");
@@ -403,18 +391,100 @@ pub async fn run(cfg: CompareConfig) -> anyhow::Result<Outcome> {
     }
     print!("{table}");
     out.push_str(&table);
-    if !alive.0 || verdicts.iter().any(|v| !v.met && v.name == "cert rotation") {
-        let tail = format!("\nwebhook log tail:\n{}\n", alive.1);
-        print!("{tail}");
-        out.push_str(&tail);
-    } else if hook.failures.total() > 0 {
-        let tail = format!("\nwebhook log tail:\n{hook_tail}\n");
+    let tails = [
+        (!half.alive, &half.tail),
+        (
+            rotation.as_ref().is_some_and(|r| {
+                !r.alive || r.report.failures.total() > 0 || count_distinct(&r.leaves) < 2
+            }),
+            &rotation
+                .as_ref()
+                .map(|r| r.tail.clone())
+                .unwrap_or_default(),
+        ),
+        (hook.failures.total() > 0, &hook_tail),
+    ];
+    if let Some((_, tail)) = tails.iter().find(|(show, _)| *show) {
+        let tail = format!("\nwebhook log tail:\n{tail}\n");
         print!("{tail}");
         out.push_str(&tail);
     }
     Ok(Outcome {
         text: out,
         verdicts,
+    })
+}
+
+/// What one half-rate run of a fresh webhook process measured.
+struct HalfRun {
+    report: LoadReport,
+    rotated: u64,
+    leaves: Vec<u64>,
+    alive: bool,
+    tail: String,
+}
+
+/// Starts a fresh webhook, warms it up at `rate`, then measures `run_for`
+/// at `rate` in open loop; with `rotate`, swaps its certificate every
+/// `cfg.rotate_every`, reopens connections and probes which cert is served.
+async fn half_rate(
+    bin: &std::path::Path,
+    args: &[String],
+    certs: &mut CertDir,
+    cfg: &CompareConfig,
+    rate: f64,
+    run_for: Duration,
+    rotate: Option<RotateStyle>,
+) -> anyhow::Result<HalfRun> {
+    let webhook = Server::start(bin, args).await?;
+    let target = Target::new(webhook.https, certs.ca_pem(), cfg.proto)?;
+    let mut lc = load_config(cfg, webhook.pid, true);
+    lc.rate = Some(rate);
+    lc.duration = Some(cfg.warmup);
+    load::run(&target, &lc).await;
+    lc.duration = Some(run_for);
+    if run_for >= Duration::from_secs(60) {
+        lc.sample_every = Duration::from_secs(5);
+    }
+    if rotate.is_some() {
+        lc.reconnect_after = cfg.reconnect_after.or(Some(100));
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let probe = rotate.map(|_| {
+        let (target, stop) = (target.clone(), stop.clone());
+        tokio::spawn(async move { probe_leaves(&target, &stop).await })
+    });
+    let load = load::run(&target, &lc);
+    tokio::pin!(load);
+    let mut tick = tokio::time::interval(cfg.rotate_every);
+    tick.tick().await;
+    let mut rotated = 0u64;
+    let report = loop {
+        tokio::select! {
+            r = &mut load => break r,
+            _ = tick.tick(), if rotate.is_some() => {
+                if let Some(style) = rotate {
+                    certs.rotate(style)?;
+                    rotated += 1;
+                }
+            }
+        }
+    };
+    stop.store(true, Ordering::Relaxed);
+    let leaves = match probe {
+        Some(p) => p.await.unwrap_or_default(),
+        None => Vec::new(),
+    };
+    let mut webhook = webhook;
+    let alive = webhook.is_running();
+    let tail = webhook.log_tail();
+    webhook.stop().await.context("stopping the webhook")?;
+    Ok(HalfRun {
+        report,
+        rotated,
+        leaves,
+        alive,
+        tail,
     })
 }
 

@@ -446,3 +446,45 @@ async fn kubectl_get_watch_prints_rows() {
     child.kill().await.unwrap();
     cleanup(&c, &[&name]).await;
 }
+
+#[tokio::test]
+async fn node_controller_patch_after_a_reboot_carries_the_taint() {
+    // Rule 2: a main-resource write after a reboot (here the node lifecycle
+    // controller's strategic merge patch of the whole taint list, with its
+    // resourceVersion lock) gets the taint added in the same write — even when
+    // the list it sends lacks nodegate's taint (a cache from before it landed).
+    let c = Cluster::start().await.unwrap();
+    let name = c.node_name("nlc");
+    let mut kubelet = SimKubelet::with_client(c.client(&users::node(&name)).await.unwrap(), &name);
+    kubelet.register().await.unwrap();
+    StandInAgent::default()
+        .mark_ready(&c.client(users::AGENT).await.unwrap(), &name)
+        .await
+        .unwrap();
+    kubelet.reboot().await.unwrap();
+    let nlc: Api<Node> = Api::all(c.client(users::NODE_CONTROLLER).await.unwrap());
+    let patched = loop {
+        let n = nlc.get(&name).await.unwrap();
+        let rv = n.metadata.resource_version.clone();
+        let others: Vec<_> = n
+            .spec
+            .and_then(|s| s.taints)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|t| t.key != TAINT_KEY && t.key != "node.kubernetes.io/not-ready")
+            .collect();
+        let patch = json!({"metadata": {"resourceVersion": rv}, "spec": {"taints": others}});
+        match nlc
+            .patch(&name, &PatchParams::default(), &Patch::Strategic(patch))
+            .await
+        {
+            Ok(n) => break n,
+            // The background patch moved the node on meanwhile: read again, as the controller does.
+            Err(kube::Error::Api(s)) if s.code == 409 => continue,
+            Err(e) => panic!("{e}"),
+        }
+    };
+    assert!(has_taint(&patched), "{:?}", taint_keys(&patched));
+    assert!(!taint_keys(&patched).contains(&"node.kubernetes.io/not-ready".to_string()));
+    cleanup(&c, &[&name]).await;
+}

@@ -215,8 +215,16 @@ pub async fn run(cfg: CompareConfig) -> anyhow::Result<Outcome> {
     } else {
         0.0
     };
+    let cpu_ratio = match (base.cpu_per_request(), hook.cpu_per_request()) {
+        (Some(b), Some(h)) if !h.is_zero() => format!(
+            " (ratio {:.2}; the webhook's own work {:.1}µs/req)",
+            b.as_secs_f64() / h.as_secs_f64(),
+            (h.as_secs_f64() - b.as_secs_f64()) * 1e6
+        ),
+        _ => String::new(),
+    };
     let line = format!(
-        "\nratio webhook/baseline: {:.2} ({:.0} / {:.0} req/s); server cpu/req {} vs {}\n\n",
+        "\nratio webhook/baseline: {:.2} ({:.0} / {:.0} req/s); server cpu/req {} vs {}{cpu_ratio}\n\n",
         ratio,
         hook.requests_per_sec(),
         base.requests_per_sec(),

@@ -225,6 +225,7 @@ async fn shutdown_retaint_appends_with_guard_and_retries() {
     assert_eq!(
         first,
         json!([
+            {"op": "test", "path": "/metadata/resourceVersion", "value": "1"},
             {"op": "test", "path": "/spec/taints", "value": [other]},
             {"op": "add", "path": "/spec/taints/-", "value": ours()}
         ])
@@ -232,6 +233,7 @@ async fn shutdown_retaint_appends_with_guard_and_retries() {
     assert_eq!(
         second,
         json!([
+            {"op": "test", "path": "/metadata/resourceVersion", "value": "2"},
             {"op": "test", "path": "/spec/taints", "value": []},
             {"op": "add", "path": "/spec/taints/-", "value": ours()}
         ])

@@ -17,8 +17,10 @@ use crate::taint::TaintSpec;
 pub enum Guard {
     /// Admission patches apply to the exact object under review.
     None,
-    /// `test` the current taint list (or the resourceVersion when the node has
-    /// no taints), so a concurrent change fails the patch instead of being lost.
+    /// `test` the resourceVersion that was read, and the taint list itself, so
+    /// any write since the read fails the patch and the caller re-reads. The
+    /// taint list alone is not enough: it can go back to what was read (ABA)
+    /// while the agent records that the node is ready on its current boot.
     Current,
 }
 
@@ -30,15 +32,16 @@ pub fn add_taints(node: &NodeView, missing: &[&TaintSpec], guard: Guard) -> Patc
     }
     let taints_present = node.spec.as_ref().and_then(|s| s.taints.as_ref()).is_some();
     if guard == Guard::Current {
+        if let Some(rv) = &node.metadata.resource_version {
+            ops.push(PatchOperation::Test(TestOperation {
+                path: PointerBuf::from_tokens(["metadata", "resourceVersion"]),
+                value: Value::String(rv.clone()),
+            }));
+        }
         if taints_present {
             ops.push(PatchOperation::Test(TestOperation {
                 path: PointerBuf::from_tokens(["spec", "taints"]),
                 value: Value::Array(node.taints().to_vec()),
-            }));
-        } else if let Some(rv) = &node.metadata.resource_version {
-            ops.push(PatchOperation::Test(TestOperation {
-                path: PointerBuf::from_tokens(["metadata", "resourceVersion"]),
-                value: Value::String(rv.clone()),
             }));
         }
     }
@@ -141,9 +144,25 @@ mod tests {
         let now = json!({"metadata": {"resourceVersion": "6"},
                          "spec": {"taints": [{"key": "b", "effect": "NoSchedule"}]}});
         assert!(apply(&now, &patch).is_err());
-        let unchanged = json!({"metadata": {"resourceVersion": "6"},
+        let unchanged = json!({"metadata": {"resourceVersion": "5"},
                                "spec": {"taints": [{"key": "a", "effect": "NoSchedule"}]}});
         assert!(apply(&unchanged, &patch).is_ok());
+    }
+
+    #[test]
+    fn guard_fails_when_taints_went_back_to_what_was_read() {
+        // Read: rebooted node, only the not-ready taint. Meanwhile our taint
+        // landed and the agent removed it again, recording the new boot: the
+        // list is what was read, but the node is now ready on this boot.
+        let taints = json!([{"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}]);
+        let read = json!({"metadata": {"resourceVersion": "5"}, "spec": {"taints": taints}});
+        let view: NodeView = serde_json::from_value(read).unwrap();
+        let specs = specs();
+        let patch = add_taints(&view, &view.missing(&specs), Guard::Current);
+        let now = json!({"metadata": {"resourceVersion": "9",
+                                      "annotations": {"nodegate.dev/ready-boot-id": "b2"}},
+                         "spec": {"taints": taints}});
+        assert!(apply(&now, &patch).is_err());
     }
 
     #[test]

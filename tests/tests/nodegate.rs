@@ -489,10 +489,9 @@ async fn node_controller_patch_after_a_reboot_carries_the_taint() {
     cleanup(&c, &[&name]).await;
 }
 
-/// The ABA race in tests/README.md ("Findings"): fails until the reboot
-/// patch's guard covers more than the taint list. Run with `--ignored`.
+/// A reboot patch read before the agent became ready on the new boot must not
+/// apply afterwards, even when the taint list went back to what was read (ABA).
 #[tokio::test]
-#[ignore = "known bug in shared::patch Guard::Current (taint-list ABA); see tests/README.md"]
 async fn stale_reboot_patch_must_not_retaint_a_node_ready_on_its_boot() {
     use nodegate_shared::patch::{Guard, add_taints};
     use nodegate_shared::{NodeView, TaintSpec};

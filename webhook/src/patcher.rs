@@ -3,7 +3,7 @@
 //! A `nodes/status` write cannot carry taints (the API server keeps the
 //! stored spec), so when one shows a reboot the webhook queues the node here
 //! and a worker patches the main resource: re-read the node, re-check the
-//! rule, JSON patch with a `test` guard on the taints it read, retry with
+//! rule, JSON patch with a `test` guard on the resourceVersion and taints it read, retry with
 //! backoff when the node changed meanwhile. The queue is bounded and holds
 //! each node at most once; the admission answer never waits for it.
 
@@ -289,6 +289,7 @@ mod tests {
             assert_eq!(
                 body_json(req).await,
                 json!([
+                    {"op": "test", "path": "/metadata/resourceVersion", "value": "5"},
                     {"op": "test", "path": "/spec/taints",
                      "value": [{"key": "node.kubernetes.io/unreachable", "effect": "NoSchedule"}]},
                     {"op": "add", "path": "/spec/taints/-",
@@ -309,6 +310,7 @@ mod tests {
             assert_eq!(
                 body_json(req).await,
                 json!([
+                    {"op": "test", "path": "/metadata/resourceVersion", "value": "6"},
                     {"op": "test", "path": "/spec/taints", "value": []},
                     {"op": "add", "path": "/spec/taints/-",
                      "value": {"key": "node.cilium.io/agent-not-ready", "value": "true", "effect": "NoSchedule"}}

@@ -51,6 +51,18 @@ pub async fn run_with_client(
     client: Client,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), Error> {
+    run_with_handlers(args, client, Vec::new(), shutdown).await
+}
+
+/// [`run_with_client`] with in-process deletion handlers next to
+/// `--on-node-delete`, so an embedding simulator can see every dispatched
+/// deletion and its source without spawning commands.
+pub async fn run_with_handlers(
+    args: Args,
+    client: Client,
+    extra_handlers: Vec<Arc<dyn NodeDeleteHandler>>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), Error> {
     let started = Instant::now();
     args.validate()?;
     let metrics = Metrics::default();
@@ -94,7 +106,7 @@ pub async fn run_with_client(
 
     let prune_task = if args.prune {
         let (tx, rx) = mpsc::unbounded_channel();
-        let mut handlers: Vec<Arc<dyn NodeDeleteHandler>> = Vec::new();
+        let mut handlers = extra_handlers;
         if let Some(cmd) = &args.on_node_delete {
             handlers.push(Arc::new(CommandHandler {
                 command: cmd.clone(),

@@ -20,7 +20,7 @@ pub mod record;
 pub mod snapshot;
 pub mod taint;
 
-pub use agent::{run, run_with_client};
+pub use agent::{run, run_with_client, run_with_handlers};
 pub use config::Args;
 
 /// Resolves once the stop flag is set (or its sender is gone). Returns `()`

@@ -6,10 +6,16 @@
 //! The model: a kubelet reports Ready shortly after it starts; a stand-in
 //! node lifecycle controller turns `node.kubernetes.io/not-ready` on and off
 //! from the Ready condition (strategic merge patch of the whole taint list
-//! with a resourceVersion lock, as the real one does); the network agent is
-//! ready only later, and then removes nodegate's taint (see [`crate::standin`]).
+//! with a resourceVersion lock, as the real one does); the real
+//! nodegate-agent logic runs for every node in this process ([`fleet`]); the
+//! simulated network agent is ready only later, and then writes the file the
+//! agent probes. After the reboot wave, the pruning agents are stopped, nodes
+//! are deleted (one re-created) and the agents restarted: their deletion
+//! handlers must run exactly for the nodes deleted meanwhile.
 
-use std::collections::HashMap;
+mod fleet;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -17,15 +23,16 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use serde_json::{Value, json};
 
 use crate::admission::NOT_READY_TAINT_KEY;
 use crate::kubelet::SimKubelet;
 use crate::process::{WebhookOptions, WebhookProcess};
-use crate::standin::AgentReadiness;
 use crate::{Emulator, EmulatorOptions, users};
+
+pub use fleet::{Dispatched, Fleet, Recorder};
 
 /// Knobs of `nodegate-sim run`.
 #[derive(Debug, Clone)]
@@ -39,6 +46,16 @@ pub struct RunOptions {
     /// Time from a boot to the network agent being ready (plus up to `agent_jitter`).
     pub agent_delay: Duration,
     pub agent_jitter: Duration,
+    /// Time from the kubelet's start to nodegate's agent running on the node
+    /// (its DaemonSet pod is created only once the Node exists).
+    pub agent_start_delay: Duration,
+    /// The agent's `--probe-period` (the file probe also reacts through inotify).
+    pub probe_period: Duration,
+    /// Agents that also prune (node watcher + snapshot); the others run the
+    /// gate only, so the emulator's watch fan-out stays small.
+    pub pruning_agents: usize,
+    /// Nodes deleted while the pruning agents are down (the first re-created).
+    pub deleted_nodes: usize,
     /// Concurrent kubelet starts.
     pub concurrency: usize,
     /// The taint the webhook adds (key:Effect form accepted by `--taint`).
@@ -56,6 +73,10 @@ impl Default for RunOptions {
             kubelet_ready_delay: Duration::from_millis(50),
             agent_delay: Duration::from_millis(300),
             agent_jitter: Duration::from_millis(200),
+            agent_start_delay: Duration::from_millis(150),
+            probe_period: Duration::from_secs(1),
+            pruning_agents: 5,
+            deleted_nodes: 3,
             concurrency: 16,
             taint_key: "node.cilium.io/agent-not-ready".into(),
             webhook_config: None,
@@ -89,13 +110,52 @@ pub struct ScenarioReport {
     /// The webhook's own count of taints added (its /metrics), by reason:
     /// (create, reboot). Reboot taints are added by its background patches.
     pub webhook_reported: Option<(u64, u64)>,
+    /// Nodes created without nodegate's taint that the agent's start-up
+    /// safety net tainted (webhook off).
+    pub safety_net_taints: usize,
+    /// nodegate's taint removed while the node's network agent was not ready.
+    pub early_untaints: usize,
+    /// From the probe file appearing to the taint gone (seen by a watch).
+    pub p50_untaint_lag: Option<Duration>,
+    pub max_untaint_lag: Option<Duration>,
+    /// Nodes without nodegate's taint at the end, of all nodes.
+    pub untainted_at_end: (usize, usize),
+    pub prune: PruneReport,
     pub elapsed: Duration,
+}
+
+/// The agent restart with nodes deleted meanwhile.
+#[derive(Debug, Clone, Default)]
+pub struct PruneReport {
+    /// Pruning agents stopped and restarted.
+    pub agents: usize,
+    /// Nodes deleted while they were down (one of them re-created).
+    pub deleted: usize,
+    /// Fewest deleted nodes any restarted agent's handler got exactly once,
+    /// with the old uid and source `snapshot`.
+    pub exact_min: usize,
+    /// Dispatched deletions of nodes that were not deleted (live ones, or
+    /// any before the restart).
+    pub false_prunes: usize,
+    /// Deleted nodes back in an agent's snapshot or in the API.
+    pub resurrected: usize,
 }
 
 /// Ground truth of one simulated machine.
 #[derive(Debug, Default)]
 struct Truth {
+    /// The node's network agent (Cilium) is ready on the current boot.
     agent_ready: bool,
+    /// When the network agent wrote its probe file on this boot.
+    network_ready_at: Option<Instant>,
+    /// The next sighting without the taint closes the file→untaint lag.
+    untaint_due: bool,
+    /// Created without nodegate's taint (webhook off).
+    untainted_at_create: bool,
+    /// Then tainted by the agent's start-up safety net.
+    safety_net_seen: bool,
+    /// nodegate's taint on the last sighting.
+    tainted: Option<bool>,
     reboot_started: Option<Instant>,
     /// When the kubelet's status write with the new bootID returned: from
     /// here on the API server knows, and the taint is due within 1 s.
@@ -176,13 +236,17 @@ async fn node_lifecycle(client: kube::Client) {
     }
 }
 
-/// Watches nodes and closes a rebooting node's window when its taint shows.
-async fn observer(
-    client: kube::Client,
-    truths: Truths,
-    taint_key: String,
-    seen: Arc<Mutex<usize>>,
-) {
+/// What the node watch saw of nodegate's taint.
+#[derive(Debug, Default)]
+struct Seen {
+    reboot_retaints: usize,
+    early_untaints: usize,
+    untaint_lags: Vec<Duration>,
+}
+
+/// Watches nodes: closes a rebooting node's window when its taint shows,
+/// and checks every removal of the taint against the ground truth.
+async fn observer(client: kube::Client, truths: Truths, taint_key: String, seen: Arc<Mutex<Seen>>) {
     let api: Api<Node> = Api::all(client);
     let mut s = watcher(api, watcher::Config::default()).boxed();
     while let Ok(Some(ev)) = s.try_next().await {
@@ -192,17 +256,34 @@ async fn observer(
         let Some(name) = n.metadata.name.clone() else {
             continue;
         };
-        if !taints(&n).iter().any(|t| t.key == taint_key) {
-            continue;
-        }
+        let has = taints(&n).iter().any(|t| t.key == taint_key);
+        let now = Instant::now();
         let mut g = lock(&truths);
-        if let Some(t) = g.get_mut(&name)
-            && t.reboot_started.is_some()
-            && t.retainted.is_none()
-        {
-            t.retainted = Some(Instant::now());
-            *lock(&seen) += 1;
+        let Some(t) = g.get_mut(&name) else {
+            continue;
+        };
+        let mut s = lock(&seen);
+        if has {
+            if t.reboot_started.is_some() && t.retainted.is_none() {
+                t.retainted = Some(now);
+                s.reboot_retaints += 1;
+            }
+            if t.untainted_at_create && t.reboot_started.is_none() {
+                t.safety_net_seen = true;
+            }
+        } else {
+            if t.tainted == Some(true) && !t.agent_ready {
+                s.early_untaints += 1;
+                tracing::warn!(node = %name, "nodegate's taint removed before the network agent was ready");
+            }
+            if t.untaint_due {
+                t.untaint_due = false;
+                if let Some(at) = t.network_ready_at {
+                    s.untaint_lags.push(now.saturating_duration_since(at));
+                }
+            }
         }
+        t.tainted = Some(has);
     }
 }
 
@@ -313,42 +394,217 @@ fn agent_delay(o: &RunOptions) -> Duration {
         })
 }
 
-/// One machine coming up: kubelet start, Ready after a delay, agent after another.
+/// What every machine of a scenario shares.
+struct Ctx<'a> {
+    o: &'a RunOptions,
+    emu: &'a Emulator,
+    fleet: &'a Fleet,
+    truths: &'a Truths,
+}
+
+/// One machine coming up: kubelet start, Ready after a delay, nodegate's
+/// agent after another, the network agent (its probe file) after a third.
+/// A reboot is a crash: the network agent and nodegate's agent go down with
+/// the machine and start again after the kubelet.
 async fn boot(
     mut kubelet: SimKubelet,
     reboot: bool,
-    o: &RunOptions,
-    agent: &dyn AgentReadiness,
-    agent_client: &kube::Client,
-    truths: &Truths,
-    taint_key: &str,
+    c: &Ctx<'_>,
 ) -> anyhow::Result<(SimKubelet, bool)> {
+    let name = kubelet.name().to_string();
     kubelet.set_ready(false);
-    if reboot && let Some(t) = lock(truths).get_mut(kubelet.name()) {
-        // The machine goes down now: its agent is not ready until it says so.
-        t.agent_ready = false;
-        t.reboot_started = Some(Instant::now());
+    if reboot {
+        if let Some(t) = lock(c.truths).get_mut(&name) {
+            // The machine goes down now: its agent is not ready until it says so.
+            t.agent_ready = false;
+            t.untaint_due = false;
+            t.reboot_started = Some(Instant::now());
+        }
+        c.fleet.network_down(&name)?;
+        c.fleet.stop(&name).await?;
     }
     let created = if reboot {
         kubelet.reboot().await?
     } else {
         kubelet.register().await?
     };
-    if reboot && let Some(t) = lock(truths).get_mut(kubelet.name()) {
-        t.boot_written = Some(Instant::now());
+    let up = Instant::now();
+    let tainted = taints(&created).iter().any(|t| t.key == c.o.taint_key);
+    if let Some(t) = lock(c.truths).get_mut(&name) {
+        if reboot {
+            t.boot_written = Some(up);
+        } else {
+            t.untainted_at_create = !tainted;
+        }
     }
-    let tainted = taints(&created).iter().any(|t| t.key == taint_key);
-    let agent_at = Instant::now() + agent_delay(o);
-    tokio::time::sleep(o.kubelet_ready_delay).await;
+    let network_at = up + agent_delay(c.o);
+    tokio::time::sleep(c.o.kubelet_ready_delay).await;
     kubelet.set_ready(true);
     kubelet.heartbeat().await?;
-    tokio::time::sleep_until(agent_at.into()).await;
-    // The agent is ready now; then it tells the API server.
-    if let Some(t) = lock(truths).get_mut(kubelet.name()) {
+    tokio::time::sleep_until((up + c.o.agent_start_delay).into()).await;
+    c.fleet.start(c.emu, &name).await?;
+    tokio::time::sleep_until(network_at.into()).await;
+    // The network agent is ready now; the file tells nodegate's agent.
+    if let Some(t) = lock(c.truths).get_mut(&name) {
         t.agent_ready = true;
+        t.network_ready_at = Some(Instant::now());
+        t.untaint_due = true;
     }
-    agent.mark_ready(agent_client, kubelet.name()).await?;
+    c.fleet.network_ready(&name)?;
     Ok((kubelet, tainted))
+}
+
+/// Name → uid of every Node.
+async fn live_uids(nodes: &Api<Node>) -> anyhow::Result<BTreeMap<String, String>> {
+    Ok(nodes
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter_map(|n| Some((n.metadata.name?, n.metadata.uid?)))
+        .collect())
+}
+
+/// Polls `node`'s snapshot until it holds exactly `live` without its own
+/// node (or the deadline passes); returns the last one read.
+async fn wait_snapshot(
+    fleet: &Fleet,
+    node: &str,
+    live: &BTreeMap<String, String>,
+    deadline: Duration,
+) -> anyhow::Result<Option<BTreeMap<String, String>>> {
+    let mut want = live.clone();
+    want.remove(node);
+    let end = Instant::now() + deadline;
+    loop {
+        let snap = fleet.snapshot(node)?;
+        if snap.as_ref() == Some(&want) || Instant::now() >= end {
+            return Ok(snap);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The agent restart with nodes deleted meanwhile: the pruning agents stop
+/// (their last snapshot is written), `deleted_nodes` other nodes are deleted
+/// and the first of them re-created under its name (new uid), the agents
+/// restart on the same state dirs, and their handlers must run exactly for
+/// the deleted nodes (old uids, source `snapshot`), never for a live one.
+async fn prune_phase(
+    c: &Ctx<'_>,
+    admin: &kube::Client,
+    names: &[String],
+) -> anyhow::Result<PruneReport> {
+    use nodegate_agent::handler::DeleteSource;
+    let nodes: Api<Node> = Api::all(admin.clone());
+    let mut pruners: Vec<String> = c.fleet.pruners().cloned().collect();
+    pruners.sort();
+    let live = live_uids(&nodes).await?;
+    for p in &pruners {
+        let snap = wait_snapshot(c.fleet, p, &live, Duration::from_secs(15)).await?;
+        anyhow::ensure!(
+            snap.is_some_and(|s| s.len() + 1 == live.len()),
+            "the snapshot of {p}'s agent never held all {} other nodes",
+            live.len() - 1
+        );
+    }
+    let stops = futures::future::join_all(pruners.iter().map(|p| c.fleet.stop(p))).await;
+    stops.into_iter().collect::<anyhow::Result<Vec<()>>>()?;
+
+    let victims: Vec<String> = names
+        .iter()
+        .rev()
+        .filter(|n| !c.fleet.is_pruner(n))
+        .take(c.o.deleted_nodes)
+        .cloned()
+        .collect();
+    let mut deleted = BTreeSet::new();
+    for v in &victims {
+        // Decommissioned: the machine (and its agents) first, then the Node.
+        c.fleet.network_down(v)?;
+        c.fleet.stop(v).await?;
+        lock(c.truths).remove(v);
+        let uid = live.get(v).cloned().unwrap_or_default();
+        nodes.delete(v, &DeleteParams::default()).await?;
+        deleted.insert((v.clone(), uid));
+    }
+    if let Some(again) = victims.first() {
+        // Reinstalled under the same name: a new Node object, a new uid.
+        lock(c.truths).insert(again.clone(), Truth::default());
+        boot(SimKubelet::new(c.emu, again).await?, false, c).await?;
+    }
+    for p in &pruners {
+        c.fleet.start(c.emu, p).await?;
+    }
+    let live_now = live_uids(&nodes).await?;
+
+    let mut report = PruneReport {
+        agents: pruners.len(),
+        deleted: deleted.len(),
+        exact_min: if pruners.is_empty() { 0 } else { usize::MAX },
+        ..Default::default()
+    };
+    for p in &pruners {
+        // A deleted node leaves the snapshot only once its handlers ran.
+        let snap = wait_snapshot(c.fleet, p, &live_now, Duration::from_secs(15)).await?;
+        let recorders = c.fleet.recorders(p);
+        let Some((last, earlier)) = recorders.split_last() else {
+            anyhow::bail!("no recorder for {p}'s agent");
+        };
+        // Nothing was deleted while the earlier runs were up.
+        report.false_prunes += earlier.iter().map(|r| r.calls().len()).sum::<usize>();
+        let calls = last.calls();
+        let exact = deleted
+            .iter()
+            .filter(|(n, u)| {
+                let mine: Vec<&Dispatched> = calls
+                    .iter()
+                    .filter(|d| &d.name == n && &d.uid == u)
+                    .collect();
+                mine.len() == 1 && mine[0].source == DeleteSource::Snapshot
+            })
+            .count();
+        report.exact_min = report.exact_min.min(exact);
+        let false_here: Vec<&Dispatched> = calls
+            .iter()
+            .filter(|d| !deleted.contains(&(d.name.clone(), d.uid.clone())))
+            .collect();
+        if !false_here.is_empty() {
+            tracing::warn!(agent = %p, calls = ?false_here, "deletion handler ran for a node that was not deleted");
+        }
+        report.false_prunes += false_here.len();
+        report.resurrected += snap
+            .unwrap_or_default()
+            .iter()
+            .filter(|(n, u)| live_now.get(*n) != Some(*u))
+            .count();
+    }
+    report.resurrected += deleted
+        .iter()
+        .filter(|(n, u)| live_now.get(n) == Some(u))
+        .count();
+    Ok(report)
+}
+
+/// Polls until every node is free of nodegate's taint (or the deadline);
+/// returns (untainted, all).
+async fn wait_untainted(
+    nodes: &Api<Node>,
+    taint_key: &str,
+    deadline: Duration,
+) -> anyhow::Result<(usize, usize)> {
+    let end = Instant::now() + deadline;
+    loop {
+        let list = nodes.list(&ListParams::default()).await?.items;
+        let free = list
+            .iter()
+            .filter(|n| !taints(n).iter().any(|t| t.key == taint_key))
+            .count();
+        if free == list.len() || Instant::now() >= end {
+            return Ok((free, list.len()));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 async fn wait_all_bound(client: &kube::Client, deadline: Duration) -> anyhow::Result<()> {
@@ -372,11 +628,13 @@ async fn wait_all_bound(client: &kube::Client, deadline: Duration) -> anyhow::Re
 }
 
 /// Runs one scenario against a fresh emulator.
-pub async fn run_scenario(
-    o: &RunOptions,
-    with_webhook: bool,
-    agent: Arc<dyn AgentReadiness>,
-) -> anyhow::Result<ScenarioReport> {
+pub async fn run_scenario(o: &RunOptions, with_webhook: bool) -> anyhow::Result<ScenarioReport> {
+    anyhow::ensure!(
+        o.pruning_agents + o.deleted_nodes <= o.nodes,
+        "{} pruning agents and {} deleted nodes need at least as many nodes",
+        o.pruning_agents,
+        o.deleted_nodes
+    );
     let started = Instant::now();
     let emu = Emulator::start(EmulatorOptions {
         rbac: Some(crate::process::shipped_rbac()?),
@@ -393,18 +651,46 @@ pub async fn run_scenario(
         w.attach(&emu, o.webhook_config.as_deref())?;
         webhook = Some(w);
     }
+    let names: Vec<String> = (0..o.nodes).map(|i| format!("node-{i:03}")).collect();
+    let fleet = Fleet::new(names.iter().take(o.pruning_agents).cloned(), o.probe_period)?;
+    let result = drive(o, &emu, &fleet, &names, webhook.as_ref()).await;
+    // Every agent stops before its API server does, also after a failure.
+    let stopped = fleet.stop_all().await;
+    if let Some(mut w) = webhook {
+        let _ = w.stop().await;
+    }
+    emu.shutdown().await;
+    let mut report = result?;
+    stopped?;
+    report.name = if with_webhook {
+        "with nodegate".into()
+    } else {
+        "without webhook".into()
+    };
+    report.webhook = with_webhook;
+    report.elapsed = started.elapsed();
+    Ok(report)
+}
+
+/// Scale-out, reboot wave and agent restart on a started emulator.
+async fn drive(
+    o: &RunOptions,
+    emu: &Emulator,
+    fleet: &Fleet,
+    names: &[String],
+    webhook: Option<&WebhookProcess>,
+) -> anyhow::Result<ScenarioReport> {
     let truths: Truths = Arc::new(Mutex::new(HashMap::new()));
     let stats = Arc::new(Mutex::new(BindStats::default()));
-    let reboot_seen = Arc::new(Mutex::new(0usize));
+    let seen = Arc::new(Mutex::new(Seen::default()));
     let admin = emu.client(users::ADMIN).await?;
-    let agent_client = emu.client(users::AGENT).await?;
-    let mut tasks = vec![
+    let tasks = vec![
         tokio::spawn(node_lifecycle(emu.client(users::NODE_CONTROLLER).await?)),
         tokio::spawn(observer(
             admin.clone(),
             truths.clone(),
             o.taint_key.clone(),
-            reboot_seen.clone(),
+            seen.clone(),
         )),
         tokio::spawn(scheduler(
             emu.client(users::SCHEDULER).await?,
@@ -412,20 +698,34 @@ pub async fn run_scenario(
             stats.clone(),
         )),
     ];
+    // The background tasks end with this function, however it ends.
+    struct AbortOnDrop(Vec<tokio::task::JoinHandle<()>>);
+    impl Drop for AbortOnDrop {
+        fn drop(&mut self) {
+            for t in &self.0 {
+                t.abort();
+            }
+        }
+    }
+    let _tasks = AbortOnDrop(tasks);
+    let c = Ctx {
+        o,
+        emu,
+        fleet,
+        truths: &truths,
+    };
     create_pods(&admin, "scale-out", o.nodes * o.pods_per_node).await?;
 
     // Scale-out.
     let mut kubelets = Vec::new();
-    for i in 0..o.nodes {
-        let name = format!("node-{i:03}");
+    for name in names {
         lock(&truths).insert(name.clone(), Truth::default());
-        kubelets.push(SimKubelet::new(&emu, &name).await?);
+        kubelets.push(SimKubelet::new(emu, name).await?);
     }
     let results: Vec<anyhow::Result<(SimKubelet, bool)>> = futures::stream::iter(kubelets)
         .map(|k| {
-            let (truths, agent, agent_client, key) =
-                (&truths, agent.as_ref(), &agent_client, o.taint_key.as_str());
-            async move { boot(k, false, o, agent, agent_client, truths, key).await }
+            let c = &c;
+            async move { boot(k, false, c).await }
         })
         .buffer_unordered(o.concurrency.max(1))
         .collect()
@@ -440,6 +740,7 @@ pub async fn run_scenario(
     wait_all_bound(&admin, Duration::from_secs(20))
         .await
         .context("after scale-out")?;
+    let safety_net_taints = lock(&truths).values().filter(|t| t.safety_net_seen).count();
 
     // Reboot wave, with new work arriving meanwhile.
     let reboots = ((o.nodes as f64) * o.reboot_fraction).round() as usize;
@@ -448,9 +749,8 @@ pub async fn run_scenario(
     let wave_pods = create_pods(&admin, "wave", o.nodes);
     let wave = futures::stream::iter(rebooting)
         .map(|k| {
-            let (truths, agent, agent_client, key) =
-                (&truths, agent.as_ref(), &agent_client, o.taint_key.as_str());
-            async move { boot(k, true, o, agent, agent_client, truths, key).await }
+            let c = &c;
+            async move { boot(k, true, c).await }
         })
         .buffer_unordered(o.concurrency.max(1))
         .collect::<Vec<_>>();
@@ -462,18 +762,21 @@ pub async fn run_scenario(
     wait_all_bound(&admin, Duration::from_secs(20))
         .await
         .context("after the reboot wave")?;
-    for t in &tasks {
-        t.abort();
-    }
-    tasks.clear();
+
+    // Agent restart with nodes deleted meanwhile.
+    let prune = prune_phase(&c, &admin, names).await?;
+    let untainted_at_end = wait_untainted(
+        &Api::all(admin.clone()),
+        &o.taint_key,
+        Duration::from_secs(10),
+    )
+    .await?;
 
     let mut lags: Vec<Duration> = lock(&truths)
         .values()
         .filter_map(|t| Some(t.retainted?.saturating_duration_since(t.boot_written?)))
         .collect();
     lags.sort();
-    let max_lag = lags.last().copied();
-    let p50_lag = percentile(&lags, 0.5);
     let mut lat: Vec<Duration> = emu
         .webhook_calls(false)
         .into_iter()
@@ -484,7 +787,12 @@ pub async fn run_scenario(
         let s = lock(&stats);
         (s.bound, s.violations, s.window)
     };
-    let webhook_reported = match &webhook {
+    let (reboot_retaints, early_untaints, mut untaint_lags) = {
+        let s = lock(&seen);
+        (s.reboot_retaints, s.early_untaints, s.untaint_lags.clone())
+    };
+    untaint_lags.sort();
+    let webhook_reported = match webhook {
         Some(w) => w
             .metrics()
             .await
@@ -492,43 +800,35 @@ pub async fn run_scenario(
             .map(|m| (taints_metric(&m, "create"), taints_metric(&m, "reboot"))),
         None => None,
     };
-    let report = ScenarioReport {
-        name: if with_webhook {
-            "with nodegate".into()
-        } else {
-            "without nodegate".into()
-        },
-        webhook: with_webhook,
+    Ok(ScenarioReport {
         nodes: o.nodes,
         reboots,
         tainted_at_create,
-        tainted_at_reboot: *lock(&reboot_seen),
+        tainted_at_reboot: reboot_retaints,
         pods_bound: bound,
         violations,
         reboot_window_binds: window,
-        max_reboot_taint_lag: max_lag,
-        p50_reboot_taint_lag: p50_lag,
+        max_reboot_taint_lag: lags.last().copied(),
+        p50_reboot_taint_lag: percentile(&lags, 0.5),
         webhook_calls: lat.len(),
         webhook_p50: percentile(&lat, 0.50),
         webhook_p99: percentile(&lat, 0.99),
         webhook_reported,
-        elapsed: started.elapsed(),
-    };
-    if let Some(mut w) = webhook {
-        let _ = w.stop().await;
-    }
-    emu.shutdown().await;
-    Ok(report)
+        safety_net_taints,
+        early_untaints,
+        p50_untaint_lag: percentile(&untaint_lags, 0.5),
+        max_untaint_lag: untaint_lags.last().copied(),
+        untainted_at_end,
+        prune,
+        ..Default::default()
+    })
 }
 
 /// Both scenarios, webhook first.
-pub async fn run(
-    o: &RunOptions,
-    agent: Arc<dyn AgentReadiness>,
-) -> anyhow::Result<Vec<ScenarioReport>> {
+pub async fn run(o: &RunOptions) -> anyhow::Result<Vec<ScenarioReport>> {
     Ok(vec![
-        run_scenario(o, true, agent.clone()).await?,
-        run_scenario(o, false, agent).await?,
+        run_scenario(o, true).await?,
+        run_scenario(o, false).await?,
     ])
 }
 
@@ -554,10 +854,18 @@ type Column = Box<dyn Fn(&ScenarioReport) -> String>;
 pub fn render_table(reports: &[ScenarioReport]) -> String {
     let rows: Vec<(&str, Column)> = vec![
         ("nodes", Box::new(|r| r.nodes.to_string())),
+        (
+            "nodegate-agents (real logic) / pruning",
+            Box::new(|r| format!("{} / {}", r.nodes, r.prune.agents)),
+        ),
         ("rebooted nodes", Box::new(|r| r.reboots.to_string())),
         (
             "taint added at create",
             Box::new(|r| r.tainted_at_create.to_string()),
+        ),
+        (
+            "taint added later by the agent's safety net",
+            Box::new(|r| r.safety_net_taints.to_string()),
         ),
         (
             "taint back after reboot",
@@ -570,6 +878,18 @@ pub fn render_table(reports: &[ScenarioReport]) -> String {
         (
             "status write→taint lag max",
             Box::new(|r| ms(r.max_reboot_taint_lag)),
+        ),
+        (
+            "probe file→taint removed p50",
+            Box::new(|r| ms(r.p50_untaint_lag)),
+        ),
+        (
+            "probe file→taint removed max",
+            Box::new(|r| ms(r.max_untaint_lag)),
+        ),
+        (
+            "taint removed before the network agent was ready",
+            Box::new(|r| r.early_untaints.to_string()),
         ),
         ("pods bound", Box::new(|r| r.pods_bound.to_string())),
         (
@@ -591,6 +911,22 @@ pub fn render_table(reports: &[ScenarioReport]) -> String {
         ),
         ("webhook latency p50", Box::new(|r| ms(r.webhook_p50))),
         ("webhook latency p99", Box::new(|r| ms(r.webhook_p99))),
+        (
+            "stale nodes pruned after agent restart",
+            Box::new(|r| format!("{}/{} per agent", r.prune.exact_min, r.prune.deleted)),
+        ),
+        (
+            "false prunes (live or not deleted)",
+            Box::new(|r| r.prune.false_prunes.to_string()),
+        ),
+        (
+            "deleted nodes resurrected",
+            Box::new(|r| r.prune.resurrected.to_string()),
+        ),
+        (
+            "nodes untainted at the end",
+            Box::new(|r| format!("{}/{}", r.untainted_at_end.0, r.untainted_at_end.1)),
+        ),
         (
             "scenario time",
             Box::new(|r| format!("{:.1} s", r.elapsed.as_secs_f64())),
@@ -620,9 +956,41 @@ pub fn render_table(reports: &[ScenarioReport]) -> String {
     out
 }
 
-/// What nodegate promises, checked on the webhook scenario.
+/// What nodegate promises: the agent's in every scenario, the webhook's in
+/// the one that has it.
 pub fn broken_guarantees(reports: &[ScenarioReport]) -> Vec<String> {
     let mut broken = Vec::new();
+    for r in reports {
+        let n = &r.name;
+        if r.early_untaints > 0 {
+            broken.push(format!(
+                "{n}: the agent removed the taint {} times before the network agent was ready",
+                r.early_untaints
+            ));
+        }
+        if r.untainted_at_end.0 != r.untainted_at_end.1 {
+            broken.push(format!(
+                "{n}: only {}/{} nodes were untainted at the end",
+                r.untainted_at_end.0, r.untainted_at_end.1
+            ));
+        }
+        let p = &r.prune;
+        if p.agents > 0 && p.exact_min != p.deleted {
+            broken.push(format!(
+                "{n}: a restarted agent pruned only {}/{} nodes deleted while it was down exactly once",
+                p.exact_min, p.deleted
+            ));
+        }
+        if p.false_prunes > 0 {
+            broken.push(format!(
+                "{n}: {} deletions dispatched for nodes that were not deleted",
+                p.false_prunes
+            ));
+        }
+        if p.resurrected > 0 {
+            broken.push(format!("{n}: {} deleted nodes resurrected", p.resurrected));
+        }
+    }
     for r in reports.iter().filter(|r| r.webhook) {
         // Reboot-window binds are counted apart: there, the taint lands by a
         // background patch after the kubelet's status write (issue 2, rule 3).

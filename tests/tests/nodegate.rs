@@ -371,9 +371,7 @@ async fn sim_run_keeps_the_guarantees_and_shows_the_problem_without() {
         nodes: 12,
         ..Default::default()
     };
-    let reports = sim::run(&opts, std::sync::Arc::new(StandInAgent::default()))
-        .await
-        .unwrap();
+    let reports = sim::run(&opts).await.unwrap();
     eprintln!("{}", sim::render_table(&reports));
     let (with, without) = (&reports[0], &reports[1]);
     assert!(with.webhook && !without.webhook);

@@ -1,12 +1,10 @@
 //! `nodegate-sim`: try nodegate locally (`serve`) or watch it work (`run`).
 
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use nodegate_tests::sim::{self, RunOptions};
-use nodegate_tests::standin::StandInAgent;
 
 #[derive(Parser)]
 #[command(name = "nodegate-sim", version, about)]
@@ -26,7 +24,9 @@ enum Cmd {
         #[arg(long, env = "NODEGATE_SIM_USER", default_value = "admin")]
         user: String,
     },
-    /// Scale-out and reboot wave with the webhook on and off; prints a table.
+    /// Scale-out, reboot wave and agent restart with nodes deleted meanwhile,
+    /// with the webhook on and off; the real agent logic runs for every node.
+    /// Prints a table; exits 1 if a guarantee broke.
     Run {
         /// Nodes in the scale-out.
         #[arg(long, env = "NODEGATE_SIM_NODES", default_value_t = 100)]
@@ -40,6 +40,15 @@ enum Cmd {
         /// Milliseconds from boot to the network agent being ready (plus up to 200 ms).
         #[arg(long, env = "NODEGATE_SIM_AGENT_DELAY_MS", default_value_t = 300)]
         agent_delay_ms: u64,
+        /// Milliseconds from the kubelet's start to nodegate's agent running on the node.
+        #[arg(long, env = "NODEGATE_SIM_AGENT_START_DELAY_MS", default_value_t = 150)]
+        agent_start_delay_ms: u64,
+        /// Agents that also prune (node watcher + snapshot); the others gate only.
+        #[arg(long, env = "NODEGATE_SIM_PRUNING_AGENTS", default_value_t = 5)]
+        pruning_agents: usize,
+        /// Nodes deleted while the pruning agents are down (one of them re-created).
+        #[arg(long, env = "NODEGATE_SIM_DELETED_NODES", default_value_t = 3)]
+        deleted_nodes: usize,
     },
 }
 
@@ -62,20 +71,30 @@ async fn main() -> anyhow::Result<()> {
             pods_per_node,
             reboot_fraction,
             agent_delay_ms,
+            agent_start_delay_ms,
+            pruning_agents,
+            deleted_nodes,
         } => {
             anyhow::ensure!(nodes > 0, "--nodes must be at least 1");
             anyhow::ensure!(
                 (0.0..=1.0).contains(&reboot_fraction),
                 "--reboot-fraction must be within 0..=1"
             );
+            anyhow::ensure!(
+                pruning_agents + deleted_nodes <= nodes,
+                "--pruning-agents + --deleted-nodes must not exceed --nodes"
+            );
             let opts = RunOptions {
                 nodes,
                 pods_per_node,
                 reboot_fraction,
                 agent_delay: Duration::from_millis(agent_delay_ms),
+                agent_start_delay: Duration::from_millis(agent_start_delay_ms),
+                pruning_agents,
+                deleted_nodes,
                 ..Default::default()
             };
-            let reports = sim::run(&opts, Arc::new(StandInAgent::default())).await?;
+            let reports = sim::run(&opts).await?;
             print!("{}", sim::render_table(&reports));
             let broken = sim::broken_guarantees(&reports);
             if broken.is_empty() {

@@ -45,7 +45,8 @@ async fn webhook_answers_every_review_with_a_patch() {
         assert_eq!(r.failures.total(), 0, "{proto:?}: {}", r.failures);
         assert_eq!(r.ok, 200);
         assert_eq!(r.latency.count(), 200);
-        assert_eq!(r.connects, 4);
+        // Keep-alive: at most one connection per worker.
+        assert!((1..=4).contains(&r.connects), "{}", r.connects);
         assert!(r.server_cpu.is_some() && !r.memory.is_empty());
     }
     // Open loop with a request count: all sent, all checked.

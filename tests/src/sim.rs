@@ -15,7 +15,7 @@
 
 mod fleet;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -156,6 +156,10 @@ struct Truth {
     safety_net_seen: bool,
     /// nodegate's taint on the last sighting.
     tainted: Option<bool>,
+    /// Boots on which the network agent was ready: a removal of the taint
+    /// is judged by the bootID of the object it shows up on, so a watch
+    /// event delivered after the next crash is not blamed on the new boot.
+    ready_boots: HashSet<String>,
     reboot_started: Option<Instant>,
     /// When the kubelet's status write with the new bootID returned: from
     /// here on the API server knows, and the taint is due within 1 s.
@@ -272,7 +276,13 @@ async fn observer(client: kube::Client, truths: Truths, taint_key: String, seen:
                 t.safety_net_seen = true;
             }
         } else {
-            if t.tainted == Some(true) && !t.agent_ready {
+            let boot = n
+                .status
+                .as_ref()
+                .and_then(|s| s.node_info.as_ref())
+                .map(|i| i.boot_id.as_str())
+                .unwrap_or_default();
+            if t.tainted == Some(true) && !t.ready_boots.contains(boot) {
                 s.early_untaints += 1;
                 tracing::warn!(node = %name, "nodegate's taint removed before the network agent was ready");
             }
@@ -447,6 +457,7 @@ async fn boot(
     // The network agent is ready now; the file tells nodegate's agent.
     if let Some(t) = lock(c.truths).get_mut(&name) {
         t.agent_ready = true;
+        t.ready_boots.insert(kubelet.boot_id().to_string());
         t.network_ready_at = Some(Instant::now());
         t.untaint_due = true;
     }
@@ -740,7 +751,6 @@ async fn drive(
     wait_all_bound(&admin, Duration::from_secs(20))
         .await
         .context("after scale-out")?;
-    let safety_net_taints = lock(&truths).values().filter(|t| t.safety_net_seen).count();
 
     // Reboot wave, with new work arriving meanwhile.
     let reboots = ((o.nodes as f64) * o.reboot_fraction).round() as usize;
@@ -762,6 +772,9 @@ async fn drive(
     wait_all_bound(&admin, Duration::from_secs(20))
         .await
         .context("after the reboot wave")?;
+    // Counted only now: a safety-net taint may land after the scale-out's
+    // pods are bound (they need not wait for it without the webhook).
+    let safety_net_taints = lock(&truths).values().filter(|t| t.safety_net_seen).count();
 
     // Agent restart with nodes deleted meanwhile.
     let prune = prune_phase(&c, &admin, names).await?;

@@ -945,3 +945,97 @@ async fn burst_of_node_events_is_coalesced_into_few_writes() {
     );
     assert!(agent.term().await.success());
 }
+
+/// Records every dispatched deletion (an embedding simulator's handler).
+#[derive(Default)]
+struct Recording(Mutex<Vec<(String, String, nodegate_agent::handler::DeleteSource)>>);
+
+impl nodegate_agent::handler::NodeDeleteHandler for Recording {
+    fn name(&self) -> &str {
+        "recording"
+    }
+
+    fn handle<'a>(
+        &'a self,
+        node: &'a nodegate_agent::record::NodeRecord,
+        source: nodegate_agent::handler::DeleteSource,
+    ) -> futures::future::BoxFuture<'a, Result<(), nodegate_agent::handler::HandlerError>> {
+        self.0
+            .lock()
+            .unwrap()
+            .push((node.name.clone(), node.uid.clone(), source));
+        Box::pin(async { Ok(()) })
+    }
+}
+
+#[tokio::test]
+async fn in_process_handlers_get_the_deletions_missed_while_down() {
+    use clap::Parser;
+    use nodegate_agent::handler::DeleteSource;
+    let emu = Emulator::start(EmulatorOptions::default()).await.unwrap();
+    let nodes = admin_nodes(&emu).await;
+    create(&nodes, "own", "10.0.0.1").await;
+    let keep = create(&nodes, "keep", "10.0.0.2").await;
+    let gone = create(&nodes, "gone", "10.0.0.3").await;
+    let state = tempfile::tempdir().unwrap();
+    let args = || {
+        nodegate_agent::Args::try_parse_from([
+            "nodegate-agent".as_ref(),
+            "--node-name".as_ref(),
+            "own".as_ref(),
+            "--state-dir".as_ref(),
+            state.path().as_os_str(),
+            "--snapshot-interval".as_ref(),
+            "100ms".as_ref(),
+            "--admin-listen".as_ref(),
+            "127.0.0.1:0".as_ref(),
+        ])
+        .unwrap()
+    };
+    let client = emu.client(users::AGENT).await.unwrap();
+    let run = |rec: Arc<Recording>| {
+        let (stop, rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(nodegate_agent::run_with_handlers(
+            args(),
+            client.clone(),
+            vec![rec as Arc<dyn nodegate_agent::handler::NodeDeleteHandler>],
+            async move {
+                let _ = rx.await;
+            },
+        ));
+        (stop, task)
+    };
+
+    let first = Arc::new(Recording::default());
+    let (stop, task) = run(first.clone());
+    let want: BTreeMap<String, String> = [
+        ("keep".to_string(), keep.clone()),
+        ("gone".to_string(), gone.clone()),
+    ]
+    .into();
+    eventually("first snapshot", || async {
+        read_snapshot(state.path()).as_ref() == Some(&want)
+    })
+    .await;
+    stop.send(()).unwrap();
+    task.await.unwrap().unwrap();
+
+    nodes
+        .delete("gone", &DeleteParams::default())
+        .await
+        .unwrap();
+    let second = Arc::new(Recording::default());
+    let (stop, task) = run(second.clone());
+    let want: BTreeMap<String, String> = [("keep".to_string(), keep)].into();
+    eventually("snapshot without the deleted node", || async {
+        read_snapshot(state.path()).as_ref() == Some(&want)
+    })
+    .await;
+    assert!(first.0.lock().unwrap().is_empty());
+    assert_eq!(
+        *second.0.lock().unwrap(),
+        vec![("gone".to_string(), gone, DeleteSource::Snapshot)]
+    );
+    stop.send(()).unwrap();
+    task.await.unwrap().unwrap();
+}

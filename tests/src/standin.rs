@@ -2,8 +2,9 @@
 //! removes nodegate's taints and records the bootID it was ready on, in one
 //! guarded JSON patch — the write the webhook's reboot rule keys on.
 //!
-//! The simulation talks to agents through [`AgentReadiness`], so the real
-//! agent's logic can replace this stand-in without touching the sim.
+//! The webhook's end-to-end tests use it to play the agent's write at an
+//! exact moment (the real agent decides its moments itself). `nodegate-sim`
+//! runs the real agent logic instead (see [`crate::sim`]).
 
 use futures::future::BoxFuture;
 use json_patch::{AddOperation, Patch, PatchOperation, RemoveOperation, TestOperation};

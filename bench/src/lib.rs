@@ -18,4 +18,5 @@ pub mod micro;
 pub mod process;
 pub mod procfs;
 pub mod schedule;
+pub mod slim;
 pub mod stats;

@@ -23,6 +23,8 @@ pub enum Step {
     Scan,
     /// `wire::decode_request`: AdmissionReview<SlimNode> as the webhook decodes it.
     Decode,
+    /// [`crate::slim::decode`]: a borrowed decoder of only what the rules read.
+    Slim,
     /// `Rules::review` on a decoded request.
     Review,
     /// `wire::encode_response` of the decision.
@@ -31,9 +33,10 @@ pub enum Step {
     Handle,
 }
 
-pub const ALL: [Step; 5] = [
+pub const ALL: [Step; 6] = [
     Step::Scan,
     Step::Decode,
+    Step::Slim,
     Step::Review,
     Step::Encode,
     Step::Handle,
@@ -60,6 +63,9 @@ pub fn measure(step: Step, fixture: &Fixture, iterations: u32) -> anyhow::Result
             }
             Step::Decode => {
                 let _ = black_box(wire::decode_request(black_box(&body)));
+            }
+            Step::Slim => {
+                let _ = black_box(crate::slim::decode(black_box(&body)));
             }
             Step::Review => {
                 black_box(rules.review(black_box(&req)));

@@ -656,6 +656,8 @@ pub async fn run_scenario(o: &RunOptions, with_webhook: bool) -> anyhow::Result<
     if with_webhook {
         let w = WebhookProcess::start(WebhookOptions {
             kubeconfig: Some(emu.kubeconfig(users::WEBHOOK)?),
+            // No Service endpoints to drain at the end of a run.
+            extra_args: vec!["--shutdown-delay".into(), "0s".into()],
             ..Default::default()
         })
         .await?;
@@ -667,6 +669,8 @@ pub async fn run_scenario(o: &RunOptions, with_webhook: bool) -> anyhow::Result<
     let result = drive(o, &emu, &fleet, &names, webhook.as_ref()).await;
     // Every agent stops before its API server does, also after a failure.
     let stopped = fleet.stop_all().await;
+    // Without the webhook's graceful stop (it keeps serving for a drain period).
+    let elapsed = started.elapsed();
     if let Some(mut w) = webhook {
         let _ = w.stop().await;
     }
@@ -679,7 +683,7 @@ pub async fn run_scenario(o: &RunOptions, with_webhook: bool) -> anyhow::Result<
         "without webhook".into()
     };
     report.webhook = with_webhook;
-    report.elapsed = started.elapsed();
+    report.elapsed = elapsed;
     Ok(report)
 }
 

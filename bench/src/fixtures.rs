@@ -585,7 +585,7 @@ mod tests {
             let req = wire::decode_request(&body).expect("webhook decodes the fixture");
             let d = rules.review(&req);
             assert!(d.added.is_some(), "{}: {}", f.name, d.why);
-            let out = wire::encode_response(&d.response);
+            let out = wire::encode_response(&req.uid, d.patch.as_deref());
             assert_eq!(
                 crate::stats::check_review(
                     &out,
@@ -598,7 +598,7 @@ mod tests {
             );
             // The patch applies to the object and appends nodegate's taint after the others.
             let patch: json_patch::Patch =
-                serde_json::from_slice(d.response.patch.as_deref().unwrap()).unwrap();
+                serde_json::from_slice(d.patch.as_deref().unwrap().patch()).unwrap();
             let mut obj = parsed(&f, &id)["request"]["object"].clone();
             json_patch::patch(&mut obj, &patch).unwrap();
             let taints = obj["spec"]["taints"].as_array().unwrap();
@@ -607,7 +607,8 @@ mod tests {
             // A second call on the mutated object adds nothing (reinvocation).
             let mut again = parsed(&f, &id);
             again["request"]["object"] = obj;
-            let req = wire::decode_request(&serde_json::to_vec(&again).unwrap()).unwrap();
+            let again = serde_json::to_vec(&again).unwrap();
+            let req = wire::decode_request(&again).unwrap();
             assert!(rules.review(&req).added.is_none(), "{}", f.name);
         }
     }

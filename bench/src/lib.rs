@@ -18,5 +18,4 @@ pub mod micro;
 pub mod process;
 pub mod procfs;
 pub mod schedule;
-pub mod slim;
 pub mod stats;

@@ -21,10 +21,8 @@ use crate::fixtures::{Fixture, uid};
 pub enum Step {
     /// serde_json skipping the whole body: the floor for any JSON decoder.
     Scan,
-    /// `wire::decode_request`: AdmissionReview<SlimNode> as the webhook decodes it.
+    /// `wire::decode_request`: the webhook's borrowed decoder of only what the rules read.
     Decode,
-    /// [`crate::slim::decode`]: a borrowed decoder of only what the rules read.
-    Slim,
     /// `Rules::review` on a decoded request.
     Review,
     /// `wire::encode_response` of the decision.
@@ -33,10 +31,9 @@ pub enum Step {
     Handle,
 }
 
-pub const ALL: [Step; 6] = [
+pub const ALL: [Step; 5] = [
     Step::Scan,
     Step::Decode,
-    Step::Slim,
     Step::Review,
     Step::Encode,
     Step::Handle,
@@ -64,14 +61,14 @@ pub fn measure(step: Step, fixture: &Fixture, iterations: u32) -> anyhow::Result
             Step::Decode => {
                 let _ = black_box(wire::decode_request(black_box(&body)));
             }
-            Step::Slim => {
-                let _ = black_box(crate::slim::decode(black_box(&body)));
-            }
             Step::Review => {
                 black_box(rules.review(black_box(&req)));
             }
             Step::Encode => {
-                black_box(wire::encode_response(black_box(&decision.response)));
+                black_box(wire::encode_response(
+                    black_box(&req.uid),
+                    black_box(decision.patch.as_deref()),
+                ));
             }
             Step::Handle => {
                 black_box(hook.handle(black_box(&body)));

@@ -65,17 +65,16 @@ impl Webhook {
                     op,
                     outcome,
                     StatusCode::OK,
-                    wire::encode_response(&d.response),
+                    wire::encode_response(&req.uid, d.patch.as_deref()),
                 )
             }
             Err(BadInput::Answer { uid, reason }) => {
                 tracing::warn!(%uid, "{reason}; allowing untouched");
-                let resp = wire::allow_uid(uid);
                 (
                     Op::Unknown,
                     Outcome::Invalid,
                     StatusCode::OK,
-                    wire::encode_response(&resp),
+                    wire::encode_response(&uid, None),
                 )
             }
             Err(BadInput::Reject(reason)) => {

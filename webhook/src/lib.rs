@@ -1,6 +1,7 @@
 //! Mutating admission webhook that taints Nodes until their network agent is ready.
 //!
-//! Modules: [`rules`] decides (pure), [`wire`] decodes/encodes AdmissionReviews,
+//! Modules: [`rules`] decides (pure), [`wire`] decodes/encodes AdmissionReviews
+//! (borrowed, only what the rules read), [`patches`] holds the answers built once,
 //! [`app`] holds the HTTP routes, [`serve`] the TLS/HTTP stack (reused by the
 //! performance harness), [`tls`] reloads the serving certificate, [`patcher`]
 //! does the background reboot patches, [`metrics`] exports Prometheus metrics.
@@ -10,6 +11,7 @@ pub mod config;
 pub mod fixtures;
 pub mod metrics;
 pub mod patcher;
+pub mod patches;
 pub mod rules;
 pub mod serve;
 pub mod slim;

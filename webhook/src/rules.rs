@@ -3,14 +3,16 @@
 //! Pure and synchronous: no I/O, so it is table-tested directly and runs on
 //! the runtime threads without blocking them.
 
-use kube::core::admission::{AdmissionRequest, AdmissionResponse, Operation};
+use std::borrow::Cow;
+
+use kube::core::admission::Operation;
 use nodegate_shared::keys::NODE_USER_PREFIX;
 use nodegate_shared::node::{boot_id_changed, rebooted_since_ready};
-use nodegate_shared::patch::{Guard, add_taints};
 use nodegate_shared::taint::check_unique;
 use nodegate_shared::{NodeView, TaintError, TaintSpec};
 
-use crate::slim::SlimNode;
+use crate::patches::{Patches, Prepared, Shape};
+use crate::wire::{Node, Request};
 
 /// Why taints were added; also the `reason` label of the taints metric.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,11 +32,13 @@ impl Reason {
     }
 }
 
-/// The outcome of one review.
+/// The outcome of one review. The answer is always allowed; see
+/// [`crate::wire::encode_response`].
 #[derive(Debug)]
-pub struct Decision {
-    /// Always allowed; carries the patch and warnings when taints are added.
-    pub response: AdmissionResponse,
+pub struct Decision<'r> {
+    /// The patch and warnings when taints are added (usually borrowed from
+    /// the answers prepared in [`Rules::new`]).
+    pub patch: Option<Cow<'r, Prepared>>,
     /// Taints added by the patch and why.
     pub added: Option<(Reason, usize)>,
     /// A status write after a reboot: the node named here needs a background
@@ -44,12 +48,23 @@ pub struct Decision {
     pub why: &'static str,
 }
 
+impl Decision<'_> {
+    fn allow(why: &'static str) -> Self {
+        Decision {
+            patch: None,
+            added: None,
+            reboot_patch: None,
+            why,
+        }
+    }
+}
+
 /// The configured taints with everything per-request work can reuse.
 #[derive(Debug, Clone)]
 pub struct Rules {
     taints: Vec<TaintSpec>,
-    /// Warning per configured taint, built once: `[create, reboot]`.
-    warnings: Vec<[String; 2]>,
+    /// Patches, warnings and answers, serialized once.
+    patches: Patches,
 }
 
 /// `system:node:<name>`: the kubelet of that node.
@@ -68,18 +83,8 @@ impl Rules {
     /// a Node carrying both.
     pub fn new(taints: Vec<TaintSpec>) -> Result<Self, TaintError> {
         check_unique(&taints)?;
-        let warnings = taints
-            .iter()
-            .map(|t| {
-                [
-                    format!("nodegate: added taint {t}: new node, its network agent is not ready yet"),
-                    format!(
-                        "nodegate: added taint {t}: node rebooted since its network agent was last ready"
-                    ),
-                ]
-            })
-            .collect();
-        Ok(Self { taints, warnings })
+        let patches = Patches::new(&taints);
+        Ok(Self { taints, patches })
     }
 
     pub fn taints(&self) -> &[TaintSpec] {
@@ -87,18 +92,13 @@ impl Rules {
     }
 
     /// Decides one admission request. Never denies: nodegate only adds taints.
-    pub fn review(&self, req: &AdmissionRequest<SlimNode>) -> Decision {
-        let allow = |why| Decision {
-            response: AdmissionResponse::from(req),
-            added: None,
-            reboot_patch: None,
-            why,
-        };
+    pub fn review(&self, req: &Request<'_>) -> Decision<'_> {
+        let allow = Decision::allow;
         // Rule 4: other kinds are not ours.
         if !req.kind.group.is_empty() || req.kind.version != "v1" || req.kind.kind != "Node" {
             return allow("not a v1 Node");
         }
-        let Some(node) = req.object.as_ref().map(|o| &o.view) else {
+        let Some(node) = req.object.as_ref() else {
             return allow("no object");
         };
         if node.is_excluded() {
@@ -107,32 +107,32 @@ impl Rules {
         let sub = req.sub_resource.as_deref().unwrap_or("");
         match (&req.operation, sub) {
             // Rule 1: a pure mutation, so dry-run gets it too.
-            (Operation::Create, "") => self.patch(req, node, Reason::Create, "create"),
+            (Operation::Create, "") => self.patch(node, Reason::Create, "create"),
             (Operation::Update, "") => {
                 // Rule 2: NodeRestriction refuses a kubelet update that changes
                 // taints, and it runs again after a mutation.
                 if is_node_itself(req.user_info.username.as_deref(), node.name()) {
                     return allow("update by the node itself");
                 }
-                let old_boot = req.old_object.as_ref().and_then(|o| o.view.boot_id());
+                let old_boot = req.old_object.as_ref().and_then(Node::boot_id);
                 if !rebooted_since_ready(node.ready_boot_id(), old_boot) {
                     return allow("update: no reboot since ready");
                 }
-                self.patch(req, node, Reason::Reboot, "update after reboot")
+                self.patch(node, Reason::Reboot, "update after reboot")
             }
             (Operation::Update, "status") => {
                 // Rule 3: spec changes are dropped on a status write, so never
                 // patch here; fix the main resource in the background instead.
-                let old = req.old_object.as_ref().map(|o| &o.view);
+                let old = req.old_object.as_ref();
                 let new_boot = node.boot_id();
-                let rebooted = boot_id_changed(old.and_then(NodeView::boot_id), new_boot)
+                let rebooted = boot_id_changed(old.and_then(Node::boot_id), new_boot)
                     || rebooted_since_ready(node.ready_boot_id(), new_boot);
                 if !rebooted {
                     return allow("status: no reboot");
                 }
                 // The stored spec is what a status write keeps.
                 let stored = old.filter(|o| o.has_spec()).unwrap_or(node);
-                if stored.missing(&self.taints).is_empty() {
+                if self.taints.iter().all(|t| stored.has_taint(t)) {
                     return allow("status: rebooted, taints present");
                 }
                 if req.dry_run {
@@ -146,52 +146,17 @@ impl Rules {
         }
     }
 
-    fn patch(
-        &self,
-        req: &AdmissionRequest<SlimNode>,
-        node: &NodeView,
-        reason: Reason,
-        why: &'static str,
-    ) -> Decision {
-        let response = AdmissionResponse::from(req);
-        let missing = node.missing(&self.taints);
-        if missing.is_empty() {
-            return Decision {
-                response,
-                added: None,
-                reboot_patch: None,
-                why: "taints already present",
-            };
+    fn patch(&self, node: &Node<'_>, reason: Reason, why: &'static str) -> Decision<'_> {
+        let missing = |i: usize| !node.has_taint(&self.taints[i]);
+        if !(0..self.taints.len()).any(missing) {
+            return Decision::allow("taints already present");
         }
-        let idx = match reason {
-            Reason::Create => 0,
-            Reason::Reboot => 1,
-        };
-        let warnings = self
-            .taints
-            .iter()
-            .zip(&self.warnings)
-            .filter(|(t, _)| missing.iter().any(|m| std::ptr::eq(*m, *t)))
-            .map(|(_, w)| w[idx].clone())
-            .collect();
-        let patch = add_taints(node, &missing, Guard::None);
-        match response.with_patch(patch) {
-            Ok(mut response) => {
-                response.warnings = Some(warnings);
-                Decision {
-                    response,
-                    added: Some((reason, missing.len())),
-                    reboot_patch: None,
-                    why,
-                }
-            }
-            // Serializing a patch of strings cannot fail; allow untouched if it does.
-            Err(_) => Decision {
-                response: AdmissionResponse::from(req),
-                added: None,
-                reboot_patch: None,
-                why: "patch serialization failed",
-            },
+        let patch = self.patches.get(reason, Shape::of(node), missing);
+        Decision {
+            added: Some((reason, patch.added())),
+            patch: Some(patch),
+            reboot_patch: None,
+            why,
         }
     }
 
@@ -215,8 +180,12 @@ mod tests {
     use base64::Engine;
     use serde_json::{Value, json};
 
+    use kube::core::admission::AdmissionReview;
+    use nodegate_shared::patch::{Guard, add_taints};
+
     use super::*;
     use crate::fixtures::{kubelet_node, review, with_annotation, with_taints};
+    use crate::slim::SlimNode;
     use crate::wire;
     use nodegate_shared::keys::{DEFAULT_TAINT, EXCLUDE_LABEL, READY_BOOT_ID_ANNOTATION as ANN};
 
@@ -236,15 +205,100 @@ mod tests {
     /// applying the (base64) patch with json-patch.
     struct Answer {
         wire: Value,
-        decision: Decision,
+        added: Option<(Reason, usize)>,
+        reboot_patch: Option<String>,
         patched: Option<Value>,
     }
 
+    /// The decision as nodegate made it with kube's decoder: the request as
+    /// `AdmissionReview<SlimNode>` (the contract), the node as the shared
+    /// `NodeView`, the patch from the shared `add_taints`. Returns the patch
+    /// bytes, warnings, added taints and background patch.
+    type Reference = (
+        Option<Vec<u8>>,
+        Option<Vec<String>>,
+        Option<(Reason, usize)>,
+        Option<String>,
+    );
+
+    fn reference(rules: &Rules, body: &[u8]) -> Reference {
+        let review: AdmissionReview<SlimNode> = serde_json::from_slice(body).unwrap();
+        let req = review.request.unwrap();
+        let none = (None, None, None, None);
+        if !req.kind.group.is_empty() || req.kind.version != "v1" || req.kind.kind != "Node" {
+            return none;
+        }
+        let Some(node) = req.object.as_ref().map(|o| &o.view) else {
+            return none;
+        };
+        if node.is_excluded() {
+            return none;
+        }
+        let patch = |reason: Reason| {
+            let missing = node.missing(rules.taints());
+            if missing.is_empty() {
+                return (None, None, None, None);
+            }
+            let why = match reason {
+                Reason::Create => "new node, its network agent is not ready yet",
+                Reason::Reboot => "node rebooted since its network agent was last ready",
+            };
+            let warnings = missing
+                .iter()
+                .map(|t| format!("nodegate: added taint {t}: {why}"))
+                .collect();
+            let bytes = serde_json::to_vec(&add_taints(node, &missing, Guard::None)).unwrap();
+            (
+                Some(bytes),
+                Some(warnings),
+                Some((reason, missing.len())),
+                None,
+            )
+        };
+        match (&req.operation, req.sub_resource.as_deref().unwrap_or("")) {
+            (Operation::Create, "") => patch(Reason::Create),
+            (Operation::Update, "") => {
+                if is_node_itself(req.user_info.username.as_deref(), node.name()) {
+                    return none;
+                }
+                let old_boot = req.old_object.as_ref().and_then(|o| o.view.boot_id());
+                if !rebooted_since_ready(node.ready_boot_id(), old_boot) {
+                    return none;
+                }
+                patch(Reason::Reboot)
+            }
+            (Operation::Update, "status") => {
+                let old = req.old_object.as_ref().map(|o| &o.view);
+                let new_boot = node.boot_id();
+                let rebooted = boot_id_changed(old.and_then(NodeView::boot_id), new_boot)
+                    || rebooted_since_ready(node.ready_boot_id(), new_boot);
+                let stored = old.filter(|o| o.has_spec()).unwrap_or(node);
+                if rebooted && !stored.missing(rules.taints()).is_empty() && !req.dry_run {
+                    return (None, None, None, node.name().map(str::to_owned));
+                }
+                none
+            }
+            _ => none,
+        }
+    }
+
     fn answer(rules: &Rules, review: &Value) -> Answer {
-        let req = wire::decode_request(&serde_json::to_vec(review).unwrap()).unwrap();
+        let body = serde_json::to_vec(review).unwrap();
+        let req = wire::decode_request(&body).unwrap();
         let decision = rules.review(&req);
-        let wire: Value =
-            serde_json::from_slice(&wire::encode_response(&decision.response)).unwrap();
+        let bytes = wire::encode_response(&req.uid, decision.patch.as_deref());
+        let wire: Value = serde_json::from_slice(&bytes).unwrap();
+        // Same decision as with kube's decoder and the shared patch builder.
+        let (patch, warnings, added, reboot_patch) = reference(rules, &body);
+        assert_eq!(decision.patch.as_ref().map(|p| p.patch().to_vec()), patch);
+        assert_eq!(
+            wire["response"]
+                .get("warnings")
+                .map(|w| serde_json::from_value::<Vec<String>>(w.clone()).unwrap()),
+            warnings
+        );
+        assert_eq!(decision.added, added);
+        assert_eq!(decision.reboot_patch, reboot_patch);
         assert_eq!(wire["apiVersion"], "admission.k8s.io/v1");
         assert_eq!(wire["kind"], "AdmissionReview");
         assert_eq!(wire["response"]["uid"], review["request"]["uid"]);
@@ -265,7 +319,8 @@ mod tests {
         }
         Answer {
             wire,
-            decision,
+            added: decision.added,
+            reboot_patch: decision.reboot_patch,
             patched,
         }
     }
@@ -389,12 +444,12 @@ mod tests {
                         w.contains(DEFAULT_TAINT) && w.contains("new node"),
                         "{name}: {w}"
                     );
-                    assert_eq!(a.decision.added, Some((Reason::Create, 1)), "{name}");
+                    assert_eq!(a.added, Some((Reason::Create, 1)), "{name}");
                     assert_idempotent(&r, &rv, out);
                 }
                 _ => panic!("{name}: expected {want:?}, got {}", a.wire),
             }
-            assert_eq!(a.decision.reboot_patch, None, "{name}");
+            assert_eq!(a.reboot_patch, None, "{name}");
         }
     }
 
@@ -499,12 +554,12 @@ mod tests {
                     );
                     let w = a.wire["response"]["warnings"][0].as_str().unwrap();
                     assert!(w.contains("rebooted"), "{name}: {w}");
-                    assert_eq!(a.decision.added, Some((Reason::Reboot, 1)));
+                    assert_eq!(a.added, Some((Reason::Reboot, 1)));
                     assert_idempotent(&r, &rv, out);
                 }
                 _ => panic!("{name}: expected {want:?}, got {}", a.wire),
             }
-            assert_eq!(a.decision.reboot_patch, None, "{name}");
+            assert_eq!(a.reboot_patch, None, "{name}");
         }
     }
 
@@ -593,11 +648,7 @@ mod tests {
                 "{name}: status write patched: {}",
                 a.wire
             );
-            assert_eq!(
-                a.decision.reboot_patch.as_deref(),
-                queued.then_some("n1"),
-                "{name}"
-            );
+            assert_eq!(a.reboot_patch.as_deref(), queued.then_some("n1"), "{name}");
         }
     }
 
@@ -631,7 +682,7 @@ mod tests {
         for rv in [pod, delete, connect, proxy, no_object] {
             let a = answer(&r, &rv);
             assert!(a.patched.is_none(), "{}", a.wire);
-            assert_eq!(a.decision.added, None);
+            assert_eq!(a.added, None);
         }
     }
 

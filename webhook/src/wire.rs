@@ -64,7 +64,7 @@ pub struct Request<'a> {
     pub kind: Gvk<'a>,
     #[allow(dead_code, reason = "required like kube's, never read")]
     resource: IgnoredAny,
-    #[serde(default, borrow)]
+    #[serde(default, borrow, deserialize_with = "opt_str")]
     pub sub_resource: Option<Cow<'a, str>>,
     #[serde(default, borrow)]
     pub name: Cow<'a, str>,
@@ -91,7 +91,7 @@ pub struct Gvk<'a> {
 
 #[derive(Debug, Default, Deserialize)]
 pub struct UserInfo<'a> {
-    #[serde(default, borrow)]
+    #[serde(default, borrow, deserialize_with = "opt_str")]
     pub username: Option<Cow<'a, str>>,
 }
 
@@ -109,9 +109,9 @@ pub struct Node<'a> {
 #[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Meta<'a> {
-    #[serde(default, borrow)]
+    #[serde(default, borrow, deserialize_with = "opt_str")]
     pub name: Option<Cow<'a, str>>,
-    #[serde(default, borrow)]
+    #[serde(default, borrow, deserialize_with = "opt_str")]
     pub resource_version: Option<Cow<'a, str>>,
     /// The value of `nodegate.dev/exclude`, if labelled.
     #[serde(default, rename = "labels", deserialize_with = "exclude_label")]
@@ -146,7 +146,7 @@ pub struct Status<'a> {
 
 #[derive(Debug, Default, Deserialize)]
 pub struct NodeInfo<'a> {
-    #[serde(default, borrow, rename = "bootID")]
+    #[serde(default, borrow, rename = "bootID", deserialize_with = "opt_str")]
     pub boot_id: Option<Cow<'a, str>>,
 }
 
@@ -287,6 +287,13 @@ impl<'de> Deserialize<'de> for Str<'de> {
         }
         d.deserialize_str(V)
     }
+}
+
+/// An optional string, borrowed when it has no escapes. serde's own
+/// `Option<Cow<str>>` always copies: `#[serde(borrow)]` only borrows a
+/// bare `Cow`.
+fn opt_str<'de: 'a, 'a, D: Deserializer<'de>>(d: D) -> Result<Option<Cow<'a, str>>, D::Error> {
+    Ok(Option::<Str<'de>>::deserialize(d)?.map(|s| s.0))
 }
 
 /// A string whose content is not needed: checked to be a string (as a
@@ -606,6 +613,17 @@ mod tests {
         let node = req.object.as_ref().unwrap();
         assert_eq!(node.name(), Some("n\\1"), "escaped string is decoded");
         assert!(matches!(node.metadata.name, Some(Cow::Owned(_))));
+        // Strings without escapes are not copied, optional ones included.
+        assert!(matches!(req.user_info.username, Some(Cow::Borrowed(_))));
+        let boot = node.status.as_ref().and_then(|s| s.node_info.as_ref());
+        assert!(matches!(
+            boot.and_then(|i| i.boot_id.as_ref()),
+            Some(Cow::Borrowed(_))
+        ));
+        assert!(matches!(
+            node.metadata.ready_boot_id,
+            Some(Cow::Borrowed(_))
+        ));
         assert_eq!(node.ready_boot_id(), Some("x/y"));
         assert_eq!(node.metadata.exclude.as_deref(), Some("false"));
         assert!(!node.is_excluded());

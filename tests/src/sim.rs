@@ -1066,9 +1066,14 @@ pub async fn serve(kubeconfig_out: PathBuf, user: &str) -> anyhow::Result<()> {
         kubeconfig_out.display()
     );
     println!("Ctrl-C stops.");
-    tokio::signal::ctrl_c()
-        .await
-        .context("waiting for Ctrl-C")?;
+    // SIGTERM too (`kill`, process supervisors): stop the webhook child
+    // rather than leaving it orphaned.
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("installing the SIGTERM handler")?;
+    tokio::select! {
+        r = tokio::signal::ctrl_c() => r.context("waiting for Ctrl-C")?,
+        _ = term.recv() => {}
+    }
     let _ = webhook.stop().await;
     emu.shutdown().await;
     Ok(())

@@ -165,23 +165,9 @@ impl Store {
         if dry_run {
             return Ok(obj);
         }
-        g.rv += 1;
-        let rv = g.rv;
-        obj["metadata"]["resourceVersion"] = json!(rv.to_string());
-        let stored = Arc::new(obj.clone());
+        let stored = self.commit(&mut g, res, ns, EventType::Added, obj, None);
         g.objects.insert(key, stored.clone());
-        self.record(
-            &mut g,
-            StoredEvent {
-                rv,
-                key: res.key(),
-                namespace: ns.to_string(),
-                etype: EventType::Added,
-                object: stored,
-                prev: None,
-            },
-        );
-        Ok(obj)
+        Ok((*stored).clone())
     }
 
     /// Replaces an object if it is still at `expected_rv`.
@@ -209,23 +195,9 @@ impl Store {
             // A no-op write keeps the resourceVersion and emits no event.
             return Ok(obj);
         }
-        g.rv += 1;
-        let rv = g.rv;
-        obj["metadata"]["resourceVersion"] = json!(rv.to_string());
-        let stored = Arc::new(obj.clone());
+        let stored = self.commit(&mut g, res, ns, EventType::Modified, obj, Some(prev));
         g.objects.insert(key, stored.clone());
-        self.record(
-            &mut g,
-            StoredEvent {
-                rv,
-                key: res.key(),
-                namespace: ns.to_string(),
-                etype: EventType::Modified,
-                object: stored,
-                prev: Some(prev),
-            },
-        );
-        Ok(obj)
+        Ok((*stored).clone())
     }
 
     pub fn delete(
@@ -246,23 +218,38 @@ impl Store {
             return Ok((*prev).clone());
         }
         g.objects.remove(&key);
+        let gone = (*prev).clone();
+        let stored = self.commit(&mut g, res, ns, EventType::Deleted, gone, Some(prev));
+        Ok((*stored).clone())
+    }
+
+    /// Stamps the next resourceVersion on `obj` and records its event; the
+    /// caller stores (or, for a delete, has removed) the object.
+    fn commit(
+        &self,
+        g: &mut Inner,
+        res: &ResourceDef,
+        ns: &str,
+        etype: EventType,
+        mut obj: Value,
+        prev: Option<Arc<Value>>,
+    ) -> Arc<Value> {
         g.rv += 1;
         let rv = g.rv;
-        let mut gone = (*prev).clone();
-        gone["metadata"]["resourceVersion"] = json!(rv.to_string());
-        let stored = Arc::new(gone.clone());
+        obj["metadata"]["resourceVersion"] = json!(rv.to_string());
+        let stored = Arc::new(obj);
         self.record(
-            &mut g,
+            g,
             StoredEvent {
                 rv,
                 key: res.key(),
                 namespace: ns.to_string(),
-                etype: EventType::Deleted,
-                object: stored,
-                prev: Some(prev),
+                etype,
+                object: stored.clone(),
+                prev,
             },
         );
-        Ok(gone)
+        stored
     }
 
     /// Events after `rv` still in the history, plus a receiver for later ones,

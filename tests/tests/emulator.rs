@@ -42,6 +42,13 @@ fn taint_keys(n: &Node) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// Creates node `a`, expecting the API server to refuse it.
+async fn create_refused(api: &Api<Node>) -> kube::Error {
+    api.create(&PostParams::default(), &node("a"))
+        .await
+        .expect_err("the API server should refuse this create")
+}
+
 fn api_reason(e: &kube::Error) -> (u16, String, String) {
     match e {
         kube::Error::Api(s) => (s.code, s.reason.clone(), s.message.clone()),
@@ -80,10 +87,7 @@ async fn create_adds_not_ready_taint_and_rejects_duplicates() {
     assert!(n.metadata.uid.is_some());
     // Nodes keep status on create.
     assert_eq!(n.status.unwrap().node_info.unwrap().boot_id, "boot-1");
-    let err = api
-        .create(&PostParams::default(), &node("a"))
-        .await
-        .unwrap_err();
+    let err = create_refused(&api).await;
     assert_eq!(api_reason(&err).0, 409);
     assert_eq!(api_reason(&err).1, "AlreadyExists");
     let dry = PostParams {
@@ -735,10 +739,7 @@ async fn match_condition_error_follows_failure_policy() {
     )
     .await;
     let api = nodes(&emu, users::ADMIN).await;
-    let err = api
-        .create(&PostParams::default(), &node("a"))
-        .await
-        .unwrap_err();
+    let err = create_refused(&api).await;
     assert_eq!(api_reason(&err).0, 500);
     assert!(fake.requests().is_empty());
 }
@@ -773,10 +774,7 @@ async fn failure_policy_fail_and_ignore() {
     let (emu, _fake) = with_fake(json!({}), |_| FakeReply::default()).await;
     emu.remove_service_endpoint("fake.test.svc");
     let api = nodes(&emu, users::ADMIN).await;
-    let err = api
-        .create(&PostParams::default(), &node("a"))
-        .await
-        .unwrap_err();
+    let err = create_refused(&api).await;
     let (code, _, msg) = api_reason(&err);
     assert_eq!(code, 500);
     assert!(
@@ -816,10 +814,7 @@ async fn unappliable_patch_fails_even_with_ignore() {
     })
     .await;
     let api = nodes(&emu, users::ADMIN).await;
-    let err = api
-        .create(&PostParams::default(), &node("a"))
-        .await
-        .unwrap_err();
+    let err = create_refused(&api).await;
     assert_eq!(api_reason(&err).0, 500);
     assert!(api.get_opt("a").await.unwrap().is_none());
 }
@@ -832,10 +827,7 @@ async fn invalid_response_follows_failure_policy() {
     })
     .await;
     let api = nodes(&emu, users::ADMIN).await;
-    let err = api
-        .create(&PostParams::default(), &node("a"))
-        .await
-        .unwrap_err();
+    let err = create_refused(&api).await;
     let (code, _, msg) = api_reason(&err);
     assert_eq!(code, 500);
     assert!(msg.contains("expected response.uid"), "{msg}");
@@ -870,10 +862,7 @@ async fn webhook_denial_is_returned() {
     })
     .await;
     let api = nodes(&emu, users::ADMIN).await;
-    let err = api
-        .create(&PostParams::default(), &node("a"))
-        .await
-        .unwrap_err();
+    let err = create_refused(&api).await;
     let (code, _, msg) = api_reason(&err);
     assert_eq!(code, 403);
     assert!(msg.contains("denied the request: no thanks"), "{msg}");
@@ -897,10 +886,7 @@ async fn server_name_is_verified_against_the_certificate() {
     .await
     .unwrap();
     let api = nodes(&emu, users::ADMIN).await;
-    let err = api
-        .create(&PostParams::default(), &node("a"))
-        .await
-        .unwrap_err();
+    let err = create_refused(&api).await;
     assert_eq!(api_reason(&err).0, 500);
     assert!(fake.requests().is_empty());
 }
@@ -1116,10 +1102,7 @@ async fn duplicate_taint_from_a_webhook_fails_validation() {
     })
     .await;
     let api = nodes(&emu, users::ADMIN).await;
-    let err = api
-        .create(&PostParams::default(), &node("a"))
-        .await
-        .unwrap_err();
+    let err = create_refused(&api).await;
     let (code, reason, msg) = api_reason(&err);
     assert_eq!((code, reason.as_str()), (422, "Invalid"));
     assert!(msg.contains("Duplicate value"), "{msg}");

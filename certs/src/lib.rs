@@ -11,6 +11,7 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
 use base64::Engine;
+use nodegate_shared::taint::is_dns1123_label;
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DistinguishedName, DnType,
     ExtendedKeyUsagePurpose, IsCa, KeyPair, KeyUsagePurpose, PKCS_ECDSA_P256_SHA256, SanType,
@@ -115,16 +116,6 @@ fn check_days(days: u32) -> Result<(), CertError> {
         )));
     }
     Ok(())
-}
-
-fn is_dns1123_label(s: &str) -> bool {
-    let b = s.as_bytes();
-    !b.is_empty()
-        && b.len() <= 63
-        && b.iter()
-            .all(|&c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-')
-        && b[0] != b'-'
-        && b[b.len() - 1] != b'-'
 }
 
 /// Backdated a little so a client with a slightly slow clock accepts a fresh cert.

@@ -240,15 +240,19 @@ fn is_qualified_name_part(s: &str) -> bool {
 }
 
 fn is_dns1123_subdomain(s: &str) -> bool {
-    s.split('.').all(|label| {
-        let b = label.as_bytes();
-        !b.is_empty()
-            && b.len() <= 63
-            && b.iter()
-                .all(|&c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-')
-            && b[0] != b'-'
-            && b[b.len() - 1] != b'-'
-    })
+    s.split('.').all(is_dns1123_label)
+}
+
+/// A DNS-1123 label: at most 63 lowercase alphanumerics or `-`, starting and
+/// ending alphanumeric (Service and Namespace names, subdomain parts).
+pub fn is_dns1123_label(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b.iter()
+            .all(|&c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-')
+        && b[0] != b'-'
+        && b[b.len() - 1] != b'-'
 }
 
 #[cfg(test)]

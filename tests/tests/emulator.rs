@@ -26,6 +26,16 @@ async fn nodes(emu: &Emulator, user: &str) -> Api<Node> {
     Api::all(emu.client(user).await.unwrap())
 }
 
+/// A fresh emulator holding node `a`, and the admin's Node API.
+async fn with_node_a() -> (Emulator, Api<Node>) {
+    let emu = emulator().await;
+    let api = nodes(&emu, users::ADMIN).await;
+    api.create(&PostParams::default(), &node("a"))
+        .await
+        .unwrap();
+    (emu, api)
+}
+
 fn node(name: &str) -> Node {
     serde_json::from_value(json!({
         "metadata": {"name": name, "labels": {"pool": "a"}},
@@ -149,11 +159,7 @@ async fn dry_run_runs_admission_and_stores_nothing() {
 
 #[tokio::test]
 async fn main_writes_keep_status_and_status_writes_keep_spec() {
-    let emu = emulator().await;
-    let api = nodes(&emu, users::ADMIN).await;
-    api.create(&PostParams::default(), &node("a"))
-        .await
-        .unwrap();
+    let (_emu, api) = with_node_a().await;
 
     // A main-resource write cannot change status.
     let n = api
@@ -262,11 +268,7 @@ async fn stale_resource_version_is_a_conflict() {
 
 #[tokio::test]
 async fn strategic_merge_replaces_taints_and_merges_conditions() {
-    let emu = emulator().await;
-    let api = nodes(&emu, users::ADMIN).await;
-    api.create(&PostParams::default(), &node("a"))
-        .await
-        .unwrap();
+    let (_emu, api) = with_node_a().await;
     let n = api
         .patch(
             "a",
@@ -368,11 +370,7 @@ async fn unknown_token_is_401() {
 
 #[tokio::test]
 async fn expired_resource_version_is_an_error_event_in_a_200_stream() {
-    let emu = emulator().await;
-    let api = nodes(&emu, users::ADMIN).await;
-    api.create(&PostParams::default(), &node("a"))
-        .await
-        .unwrap();
+    let (emu, api) = with_node_a().await;
     let old = emu.store().current_rv() - 1;
     api.create(&PostParams::default(), &node("b"))
         .await
@@ -956,11 +954,7 @@ async fn a_webhook_that_taints_a_kubelet_update_gets_it_forbidden() {
 
 #[tokio::test]
 async fn kube_runtime_watcher_relists_after_a_410() {
-    let emu = emulator().await;
-    let api = nodes(&emu, users::ADMIN).await;
-    api.create(&PostParams::default(), &node("a"))
-        .await
-        .unwrap();
+    let (emu, api) = with_node_a().await;
     let mut stream = watcher(api.clone(), watcher::Config::default()).boxed();
     let mut restarts = 0;
     // Initial list.
@@ -1110,11 +1104,7 @@ async fn duplicate_taint_from_a_webhook_fails_validation() {
 
 #[tokio::test]
 async fn kube_runtime_streaming_list_watcher() {
-    let emu = emulator().await;
-    let api = nodes(&emu, users::ADMIN).await;
-    api.create(&PostParams::default(), &node("a"))
-        .await
-        .unwrap();
+    let (_emu, api) = with_node_a().await;
     // sendInitialEvents: ADDED for the state, then the initial-events-end bookmark.
     let mut stream = watcher(api.clone(), watcher::Config::default().streaming_lists()).boxed();
     let mut initial = Vec::new();

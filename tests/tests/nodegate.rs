@@ -75,6 +75,20 @@ async fn throughout(what: &str, window: Duration, mut f: impl AsyncFnMut() -> bo
     }
 }
 
+/// A node registered by its simulated kubelet and marked ready by the agent
+/// (taint removed, current bootID recorded); returns the agent's client too.
+async fn registered_and_ready(c: &Cluster, prefix: &str) -> (String, SimKubelet, kube::Client) {
+    let name = c.node_name(prefix);
+    let kubelet = SimKubelet::with_client(c.client(&users::node(&name)).await.unwrap(), &name);
+    kubelet.register().await.unwrap();
+    let agent = c.client(users::AGENT).await.unwrap();
+    StandInAgent::default()
+        .mark_ready(&agent, &name)
+        .await
+        .unwrap();
+    (name, kubelet, agent)
+}
+
 async fn cleanup(c: &Cluster, nodes: &[&str]) {
     if let Some(emu) = c.emulator() {
         // failurePolicy Ignore would hide a broken call or CEL condition.
@@ -240,14 +254,7 @@ async fn new_node_is_tainted_from_its_first_write() {
 #[tokio::test]
 async fn reboot_retaints_within_a_second_and_kubelet_writes_are_never_rejected() {
     let c = Cluster::start().await.unwrap();
-    let name = c.node_name("reboot");
-    let mut kubelet = SimKubelet::with_client(c.client(&users::node(&name)).await.unwrap(), &name);
-    kubelet.register().await.unwrap();
-    let agent_client = c.client(users::AGENT).await.unwrap();
-    StandInAgent::default()
-        .mark_ready(&agent_client, &name)
-        .await
-        .unwrap();
+    let (name, mut kubelet, agent_client) = registered_and_ready(&c, "reboot").await;
     let api: Api<Node> = Api::all(c.client(users::ADMIN).await.unwrap());
     let n = api.get(&name).await.unwrap();
     assert!(!has_taint(&n));
@@ -294,13 +301,7 @@ async fn reboot_retaints_within_a_second_and_kubelet_writes_are_never_rejected()
 #[tokio::test]
 async fn dry_run_reboot_status_write_retaints_nothing() {
     let c = Cluster::start().await.unwrap();
-    let name = c.node_name("dryboot");
-    let kubelet = SimKubelet::with_client(c.client(&users::node(&name)).await.unwrap(), &name);
-    kubelet.register().await.unwrap();
-    StandInAgent::default()
-        .mark_ready(&c.client(users::AGENT).await.unwrap(), &name)
-        .await
-        .unwrap();
+    let (name, kubelet, _) = registered_and_ready(&c, "dryboot").await;
     let dry = PatchParams {
         dry_run: true,
         ..Default::default()
@@ -475,13 +476,7 @@ async fn node_controller_patch_after_a_reboot_carries_the_taint() {
     // resourceVersion lock) gets the taint added in the same write — even when
     // the list it sends lacks nodegate's taint (a cache from before it landed).
     let c = Cluster::start().await.unwrap();
-    let name = c.node_name("nlc");
-    let mut kubelet = SimKubelet::with_client(c.client(&users::node(&name)).await.unwrap(), &name);
-    kubelet.register().await.unwrap();
-    StandInAgent::default()
-        .mark_ready(&c.client(users::AGENT).await.unwrap(), &name)
-        .await
-        .unwrap();
+    let (name, mut kubelet, _) = registered_and_ready(&c, "nlc").await;
     kubelet.reboot().await.unwrap();
     let nlc: Api<Node> = Api::all(c.client(users::NODE_CONTROLLER).await.unwrap());
     let patched = loop {
@@ -517,14 +512,7 @@ async fn stale_reboot_patch_must_not_retaint_a_node_ready_on_its_boot() {
     use nodegate_shared::patch::{Guard, add_taints};
     use nodegate_shared::{NodeView, TaintSpec};
     let c = Cluster::start().await.unwrap();
-    let name = c.node_name("aba");
-    let mut kubelet = SimKubelet::with_client(c.client(&users::node(&name)).await.unwrap(), &name);
-    kubelet.register().await.unwrap();
-    let agent = c.client(users::AGENT).await.unwrap();
-    StandInAgent::default()
-        .mark_ready(&agent, &name)
-        .await
-        .unwrap();
+    let (name, mut kubelet, agent) = registered_and_ready(&c, "aba").await;
     kubelet.reboot().await.unwrap();
     let webhook: Api<Node> = Api::all(c.client(users::WEBHOOK).await.unwrap());
     // What the webhook's patcher read right after the reboot, before its taint landed.

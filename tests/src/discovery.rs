@@ -54,13 +54,7 @@ pub fn api_group(group: &str) -> Option<Value> {
 }
 
 pub fn resource_list(group: &str, version: &str) -> Option<Value> {
-    let defs: Vec<&ResourceDef> = resources::ALL
-        .iter()
-        .filter(|r| r.group == group && r.version == version)
-        .collect();
-    if defs.is_empty() {
-        return None;
-    }
+    let defs = resources::in_group_version(group, version)?;
     let mut list = Vec::new();
     for r in defs {
         list.push(json!({
@@ -156,13 +150,7 @@ fn op(r: &ResourceDef, action: &str, id: &str, write: bool) -> Value {
 
 /// The OpenAPI v3 document of one group-version, or `None`.
 pub fn openapi_gv(group: &str, version: &str) -> Option<Value> {
-    let defs: Vec<&ResourceDef> = resources::ALL
-        .iter()
-        .filter(|r| r.group == group && r.version == version)
-        .collect();
-    if defs.is_empty() {
-        return None;
-    }
+    let defs = resources::in_group_version(group, version)?;
     let prefix = if group.is_empty() {
         format!("/api/{version}")
     } else {

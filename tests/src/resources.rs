@@ -160,6 +160,15 @@ pub const MUTATING_WEBHOOKS: ResourceDef = res!(
 );
 
 /// Every served type, in discovery order.
+/// The resources served under one group-version, or `None` when it is unknown.
+pub fn in_group_version(group: &str, version: &str) -> Option<Vec<&'static ResourceDef>> {
+    let defs: Vec<&'static ResourceDef> = ALL
+        .iter()
+        .filter(|r| r.group == group && r.version == version)
+        .collect();
+    (!defs.is_empty()).then_some(defs)
+}
+
 pub const ALL: &[ResourceDef] = &[
     NODES,
     PODS,

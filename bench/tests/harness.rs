@@ -9,8 +9,19 @@ use nodegate_bench::certdir::{CertDir, RotateStyle};
 use nodegate_bench::client::{Proto, Target};
 use nodegate_bench::fixtures::{self, Workload};
 use nodegate_bench::load::{self, LoadConfig};
-use nodegate_webhook::{Config, start};
+use nodegate_webhook::{Config, Running, start};
 use tokio::sync::oneshot;
+
+/// The webhook in-process; it runs until the returned sender fires.
+async fn start_webhook(config: Config) -> (Running, oneshot::Sender<()>) {
+    let (stop, stopped) = oneshot::channel::<()>();
+    let running = start(config, async move {
+        let _ = stopped.await;
+    })
+    .await
+    .unwrap();
+    (running, stop)
+}
 
 fn config(workload: Workload, requests: u64, webhook: bool) -> LoadConfig {
     LoadConfig {
@@ -30,15 +41,7 @@ fn config(workload: Workload, requests: u64, webhook: bool) -> LoadConfig {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn webhook_answers_every_review_with_a_patch() {
     let certs = CertDir::new(RotateStyle::Secret).unwrap();
-    let (stop, stopped) = oneshot::channel::<()>();
-    let running = start(
-        Config::local(certs.cert_path(), certs.key_path()),
-        async move {
-            let _ = stopped.await;
-        },
-    )
-    .await
-    .unwrap();
+    let (running, stop) = start_webhook(Config::local(certs.cert_path(), certs.key_path())).await;
     for proto in [Proto::H1, Proto::H2] {
         let target = Target::new(running.https_addr, certs.ca_pem(), proto).unwrap();
         let r = load::run(&target, &config(Workload::Mix, 200, true)).await;
@@ -101,15 +104,7 @@ async fn the_check_catches_a_server_that_is_not_the_webhook() {
 async fn a_wrong_ca_fails_to_connect() {
     let certs = CertDir::new(RotateStyle::Secret).unwrap();
     let other = CertDir::new(RotateStyle::Secret).unwrap();
-    let (stop, stopped) = oneshot::channel::<()>();
-    let running = start(
-        Config::local(certs.cert_path(), certs.key_path()),
-        async move {
-            let _ = stopped.await;
-        },
-    )
-    .await
-    .unwrap();
+    let (running, stop) = start_webhook(Config::local(certs.cert_path(), certs.key_path())).await;
     let target = Target::new(running.https_addr, other.ca_pem(), Proto::H1).unwrap();
     let err = target.connect().await.err().expect("untrusted server");
     assert!(format!("{err:#}").contains("TLS handshake"), "{err:#}");
@@ -123,14 +118,9 @@ async fn a_wrong_ca_fails_to_connect() {
 async fn rotated_certificates_are_served_to_new_connections() {
     for style in [RotateStyle::Files, RotateStyle::Secret] {
         let mut certs = CertDir::new(style).unwrap();
-        let (stop, stopped) = oneshot::channel::<()>();
         let mut config = Config::local(certs.cert_path(), certs.key_path());
         config.tls_reload_interval = Duration::from_secs(3600);
-        let running = start(config, async move {
-            let _ = stopped.await;
-        })
-        .await
-        .unwrap();
+        let (running, stop) = start_webhook(config).await;
         let target = Target::new(running.https_addr, certs.ca_pem(), Proto::H1).unwrap();
         let first = target.leaf_fingerprint().await.unwrap();
         certs.rotate(style).unwrap();

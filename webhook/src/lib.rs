@@ -13,6 +13,7 @@ pub mod metrics;
 pub mod patcher;
 pub mod patches;
 pub mod rules;
+mod scan;
 pub mod serve;
 pub mod slim;
 pub mod tls;

@@ -41,13 +41,13 @@ pub enum BadInput {
 /// The top level of an AdmissionReview, as far as nodegate reads it.
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct Review<'a> {
+pub(crate) struct Review<'a> {
     #[serde(borrow)]
-    api_version: Cow<'a, str>,
+    pub(crate) api_version: Cow<'a, str>,
     #[serde(borrow)]
-    kind: Cow<'a, str>,
+    pub(crate) kind: Cow<'a, str>,
     #[serde(default, borrow)]
-    request: Option<Request<'a>>,
+    pub(crate) request: Option<Request<'a>>,
 }
 
 /// An admission request: the fields the rules and the log line read.
@@ -63,7 +63,7 @@ pub struct Request<'a> {
     #[serde(borrow)]
     pub kind: Gvk<'a>,
     #[allow(dead_code, reason = "required like kube's, never read")]
-    resource: IgnoredAny,
+    pub(crate) resource: IgnoredAny,
     #[serde(default, borrow, deserialize_with = "opt_str")]
     pub sub_resource: Option<Cow<'a, str>>,
     #[serde(default, borrow)]
@@ -211,9 +211,11 @@ struct UidRequest {
     uid: Option<String>,
 }
 
-/// Decodes a review body into its request, borrowing from `body`.
+/// Decodes a review body into its request, borrowing from `body`: with the
+/// fast reader when it can vouch for the body, else with serde_json (which
+/// also explains what is wrong with bad input).
 pub fn decode_request(body: &[u8]) -> Result<Request<'_>, BadInput> {
-    match serde_json::from_slice::<Review<'_>>(body) {
+    match crate::scan::review(body).map_or_else(|| serde_json::from_slice::<Review<'_>>(body), Ok) {
         Ok(review) => {
             let Some(req) = review.request else {
                 return Err(BadInput::Reject("AdmissionReview has no request".into()));

@@ -143,6 +143,7 @@ pub async fn run(target: &Target, cfg: &LoadConfig) -> LoadReport {
 
 async fn worker(id: u32, target: &Target, cfg: &LoadConfig, schedule: &Schedule) -> WorkerResult {
     let mut r = WorkerResult::default();
+    let mut checker = crate::stats::Checker::default();
     let mut conn: Option<Conn> = None;
     let mut used = 0u64;
     loop {
@@ -194,7 +195,7 @@ async fn worker(id: u32, target: &Target, cfg: &LoadConfig, schedule: &Schedule)
         let outcome = match answer {
             Err(_) => Err(Failure::Timeout),
             Ok(Err(_)) => Err(Failure::Transport),
-            Ok(Ok((200, body))) => crate::stats::check_review(&body, &uid, expect),
+            Ok(Ok((200, body))) => checker.check(&body, &uid, expect),
             Ok(Ok((status, _))) => Err(Failure::Status(status)),
         };
         match outcome {

@@ -33,7 +33,9 @@ impl Webhook {
     /// Answers one body: the response bytes and the HTTP status.
     pub fn handle(&self, body: &[u8]) -> (StatusCode, Vec<u8>) {
         let start = Instant::now();
-        let (op, outcome, status, bytes) = match wire::decode_request(body) {
+        let (decoded, decoder) = wire::decode_request_with(body);
+        self.metrics.decoded(decoder == wire::Decoder::Fast);
+        let (op, outcome, status, bytes) = match decoded {
             Ok(req) => {
                 let op = Op::from(&req.operation);
                 let d = self.rules.review(&req);

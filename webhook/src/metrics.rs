@@ -72,6 +72,11 @@ struct RequestLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PathLabels {
+    path: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReasonLabels {
     reason: &'static str,
 }
@@ -90,6 +95,7 @@ pub struct Metrics {
     taints_added: [Counter; 2],
     background: [Counter; 4],
     tls_reloads: [Counter; 2],
+    decodes: [Counter; 2],
 }
 
 impl Default for Metrics {
@@ -148,6 +154,15 @@ impl Metrics {
             "Serving certificate reloads after the files changed, by result",
             tls,
         );
+        let paths = Family::<PathLabels, Counter>::default();
+        let decodes =
+            ["fast", "serde"].map(|path| paths.get_or_create(&PathLabels { path }).clone());
+        registry.register(
+            "decodes",
+            "Request bodies by decoder: fast (compact JSON as the API server writes it) or serde \
+             (anything else, including bad input); a growing serde share costs CPU, not correctness",
+            paths,
+        );
         Self {
             registry,
             requests,
@@ -155,6 +170,7 @@ impl Metrics {
             taints_added,
             background,
             tls_reloads,
+            decodes,
         }
     }
 
@@ -181,6 +197,11 @@ impl Metrics {
         self.background[result as usize].inc();
     }
 
+    /// Which decoder read a request body (`fast` = [`crate::wire::Decoder::Fast`]).
+    pub fn decoded(&self, fast: bool) {
+        self.decodes[usize::from(!fast)].inc();
+    }
+
     pub fn tls_reload(&self, ok: bool) {
         self.tls_reloads[usize::from(!ok)].inc();
     }
@@ -205,6 +226,7 @@ mod tests {
         m.taints_added(Reason::Reboot, 2);
         m.background(Background::Skipped);
         m.tls_reload(false);
+        m.decoded(false);
         let text = m.encode();
         for line in [
             r#"nodegate_webhook_requests_total{operation="CREATE",result="patched"} 1"#,
@@ -215,6 +237,8 @@ mod tests {
             r#"nodegate_webhook_background_patches_total{result="skipped"} 1"#,
             r#"nodegate_webhook_background_patches_total{result="ok"} 0"#,
             r#"nodegate_webhook_tls_reloads_total{result="failed"} 1"#,
+            r#"nodegate_webhook_decodes_total{path="serde"} 1"#,
+            r#"nodegate_webhook_decodes_total{path="fast"} 0"#,
         ] {
             assert!(text.contains(line), "missing {line} in\n{text}");
         }

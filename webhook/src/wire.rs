@@ -211,11 +211,39 @@ struct UidRequest {
     uid: Option<String>,
 }
 
-/// Decodes a review body into its request, borrowing from `body`: with the
-/// fast reader when it can vouch for the body, else with serde_json (which
-/// also explains what is wrong with bad input).
+/// Which decoder read a body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decoder {
+    /// [`crate::scan`]: compact JSON as the API server writes it.
+    Fast,
+    /// serde_json: everything the fast reader cannot vouch for.
+    Serde,
+}
+
+/// Decodes a review body into its request, borrowing from `body`.
 pub fn decode_request(body: &[u8]) -> Result<Request<'_>, BadInput> {
-    match crate::scan::review(body).map_or_else(|| serde_json::from_slice::<Review<'_>>(body), Ok) {
+    decode_request_with(body).0
+}
+
+/// [`decode_request`], and which decoder read the body: the fast reader when
+/// it can vouch for the body, else serde_json (which also explains what is
+/// wrong with bad input).
+pub fn decode_request_with(body: &[u8]) -> (Result<Request<'_>, BadInput>, Decoder) {
+    match crate::scan::review(body) {
+        Some(review) => (checked(Ok(review), body), Decoder::Fast),
+        None => (
+            checked(serde_json::from_slice::<Review<'_>>(body), body),
+            Decoder::Serde,
+        ),
+    }
+}
+
+/// The request of a decoded review, or why there is none.
+fn checked<'a>(
+    review: Result<Review<'a>, serde_json::Error>,
+    body: &[u8],
+) -> Result<Request<'a>, BadInput> {
+    match review {
         Ok(review) => {
             let Some(req) = review.request else {
                 return Err(BadInput::Reject("AdmissionReview has no request".into()));
@@ -540,6 +568,30 @@ mod tests {
                 (got, _) => panic!("{name}: unexpected {got:?}"),
             }
         }
+    }
+
+    /// The API server's compact JSON takes the fast reader; the same review
+    /// pretty-printed goes to serde_json; both read the same request.
+    #[test]
+    fn both_decoders_read_the_same_request() {
+        let review = kubelet_create("uid-5", "n1");
+        let compact = serde_json::to_vec(&review).unwrap();
+        let pretty = serde_json::to_vec_pretty(&review).unwrap();
+        let (fast, by) = decode_request_with(&compact);
+        assert_eq!(by, Decoder::Fast);
+        let (slow, by) = decode_request_with(&pretty);
+        assert_eq!(by, Decoder::Serde);
+        assert_eq!(
+            format!("{:?}", fast.unwrap()),
+            format!("{:?}", slow.unwrap())
+        );
+        // Bad input is explained by serde_json, whoever looked first.
+        let bad_op = String::from_utf8(compact)
+            .unwrap()
+            .replace("\"CREATE\"", "\"EXPLODE\"");
+        let (bad, by) = decode_request_with(bad_op.as_bytes());
+        assert_eq!(by, Decoder::Serde);
+        assert!(matches!(bad, Err(BadInput::Answer { uid, .. }) if uid == "uid-5"));
     }
 
     #[test]

@@ -849,11 +849,29 @@ mod tests {
                 Some(kubelet_node("n1", "b", 0)),
                 true,
             ),
+            // Escapes and non-ASCII in skipped strings, odd taint entries.
+            fixture(
+                "u-3",
+                "CREATE",
+                None,
+                "y",
+                with_taints(
+                    with_annotation(kubelet_node("n1", "b", 0), "n", "\u{e9}\"\\/\u{1F600}"),
+                    json!([{"key": "a", "effect": "NoSchedule"}, "s", null, [true, {"k": -1.5e3}]]),
+                ),
+                None,
+                false,
+            ),
         ]
         .map(|v| serde_json::to_vec(&v).unwrap());
-        let mut rng = StdRng::seed_from_u64(0x6e6f_6465_6761_7465);
+        // NODEGATE_SCAN_MUTATIONS / NODEGATE_SCAN_SEED run more or other
+        // cases (best with `cargo test --release`).
+        let env = |name: &str| std::env::var(name).ok().and_then(|n| n.parse::<u64>().ok());
+        let rounds = env("NODEGATE_SCAN_MUTATIONS").map_or(30_000, |n| n as usize);
+        let seed = env("NODEGATE_SCAN_SEED").unwrap_or(0x6e6f_6465_6761_7465);
+        let mut rng = StdRng::seed_from_u64(seed);
         let (mut fast, mut serde_ok, mut total) = (0, 0, 0);
-        for round in 0..30_000 {
+        for round in 0..rounds {
             let mut body = small[round % small.len()].clone();
             for _ in 0..rng.random_range(1..=3) {
                 let at = rng.random_range(0..body.len());

@@ -1,7 +1,8 @@
 //! Mutating admission webhook that taints Nodes until their network agent is ready.
 //!
 //! Modules: [`rules`] decides (pure), [`wire`] decodes/encodes AdmissionReviews
-//! (borrowed, only what the rules read), [`patches`] holds the answers built once,
+//! (borrowed, only what the rules read; `scan` is its fast reader for compact
+//! JSON, serde_json the fallback), [`patches`] holds the answers built once,
 //! [`app`] holds the HTTP routes, [`serve`] the TLS/HTTP stack (reused by the
 //! performance harness), [`tls`] reloads the serving certificate, [`patcher`]
 //! does the background reboot patches, [`metrics`] exports Prometheus metrics.

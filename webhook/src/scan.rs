@@ -511,12 +511,26 @@ impl<'a> Cursor<'a> {
         })
     }
 
-    fn user_info(&mut self) -> Option<UserInfo<'a>> {
-        let mut username = None;
-        self.object(|c, key| match key {
-            b"username" => once(&mut username, c.opt_str()?),
-            _ => c.skip(),
+    /// An object of which only the field `name` is read (once, as in a
+    /// derived struct); the rest is skipped.
+    fn one_field<T>(
+        &mut self,
+        name: &[u8],
+        mut read: impl FnMut(&mut Self) -> Option<T>,
+    ) -> Option<Option<T>> {
+        let mut value = None;
+        self.object(|c, key| {
+            if key == name {
+                once(&mut value, read(c)?)
+            } else {
+                c.skip()
+            }
         })?;
+        Some(value)
+    }
+
+    fn user_info(&mut self) -> Option<UserInfo<'a>> {
+        let username = self.one_field(b"username", Self::opt_str)?;
         Some(UserInfo {
             username: username.flatten(),
         })
@@ -574,11 +588,7 @@ impl<'a> Cursor<'a> {
     }
 
     fn spec(&mut self) -> Option<Spec<'a>> {
-        let mut taints = None;
-        self.object(|c, key| match key {
-            b"taints" => once(&mut taints, c.nullable(Self::taints)?),
-            _ => c.skip(),
-        })?;
+        let taints = self.one_field(b"taints", |c| c.nullable(Self::taints))?;
         Some(Spec {
             taints: taints.flatten(),
         })
@@ -633,22 +643,14 @@ impl<'a> Cursor<'a> {
     }
 
     fn status(&mut self) -> Option<Status<'a>> {
-        let mut node_info = None;
-        self.object(|c, key| match key {
-            b"nodeInfo" => once(&mut node_info, c.nullable(Self::node_info)?),
-            _ => c.skip(),
-        })?;
+        let node_info = self.one_field(b"nodeInfo", |c| c.nullable(Self::node_info))?;
         Some(Status {
             node_info: node_info.flatten(),
         })
     }
 
     fn node_info(&mut self) -> Option<NodeInfo<'a>> {
-        let mut boot_id = None;
-        self.object(|c, key| match key {
-            b"bootID" => once(&mut boot_id, c.opt_str()?),
-            _ => c.skip(),
-        })?;
+        let boot_id = self.one_field(b"bootID", Self::opt_str)?;
         Some(NodeInfo {
             boot_id: boot_id.flatten(),
         })

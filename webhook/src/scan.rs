@@ -278,8 +278,8 @@ impl<'a> Cursor<'a> {
     }
 
     fn literal(&mut self, word: &[u8]) -> Option<()> {
-        let end = self.i.checked_add(word.len())?;
-        (self.b.get(self.i..end)? == word).then(|| self.i = end)
+        self.i = literal_end(self.b, self.i, word)?;
+        Some(())
     }
 
     /// After an opening quote: the raw bytes up to the closing quote, and
@@ -307,8 +307,8 @@ impl<'a> Cursor<'a> {
         }
     }
 
-    /// An object key without escapes, as bytes: the body is known to be
-    /// UTF-8 and keys are only compared.
+    /// An object key without escapes, as bytes: keys are only compared, and
+    /// UTF-8 is checked for the whole body at the end.
     fn key(&mut self) -> Option<&'a [u8]> {
         self.eat(b'"')?;
         match self.string_rest()? {

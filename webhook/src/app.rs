@@ -50,10 +50,11 @@ impl Webhook {
                 } else {
                     tracing::debug!(uid = %req.uid, node = %req.name, operation = ?req.operation, "{}", d.why);
                 }
-                if let Some(node) = &d.reboot_patch {
+                if let Some(job) = &d.reboot_patch {
+                    let node = &job.node;
                     // Info only for a new job: a node without the taint keeps
                     // sending reboot-looking status writes until it is patched.
-                    match self.patcher.enqueue(node) {
+                    match self.patcher.enqueue(job) {
                         Enqueued::Queued => tracing::info!(uid = %req.uid, %node, "{}", d.why),
                         q => tracing::debug!(uid = %req.uid, %node, queued = ?q, "{}", d.why),
                     }

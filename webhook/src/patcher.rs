@@ -6,6 +6,11 @@
 //! rule, JSON patch with a `test` guard on the resourceVersion and taints it read, retry with
 //! backoff when the node changed meanwhile. The queue is bounded and holds
 //! each node at most once; the admission answer never waits for it.
+//!
+//! Admission runs before the write is stored, so the re-read can still show
+//! the node as it was before the reboot: the job then waits (with the same
+//! backoff) until the stored bootID is no longer the one the write replaced,
+//! instead of concluding that nothing is needed.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -46,6 +51,16 @@ impl Default for PatcherOptions {
     }
 }
 
+/// A node whose status write showed a reboot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RebootJob {
+    pub node: String,
+    /// When the write changes the bootID: the one it replaces (empty when
+    /// there was none). Until the stored node moves off it, the write that
+    /// triggered the job is not stored yet.
+    pub previous_boot: Option<String>,
+}
+
 /// What happened to a node handed to [`RebootPatcher::enqueue`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Enqueued {
@@ -61,7 +76,7 @@ pub enum Enqueued {
 /// Handle used by the admission path to queue nodes.
 #[derive(Debug, Clone)]
 pub struct RebootPatcher {
-    tx: Option<mpsc::Sender<String>>,
+    tx: Option<mpsc::Sender<RebootJob>>,
     pending: Arc<Mutex<HashSet<String>>>,
     metrics: Arc<Metrics>,
 }
@@ -92,7 +107,7 @@ impl RebootPatcher {
         metrics: Arc<Metrics>,
         opts: PatcherOptions,
     ) -> (Self, tokio::task::JoinHandle<()>) {
-        let (tx, mut rx) = mpsc::channel::<String>(opts.queue_capacity.max(1));
+        let (tx, mut rx) = mpsc::channel::<RebootJob>(opts.queue_capacity.max(1));
         let pending: Arc<Mutex<HashSet<String>>> = Arc::default();
         let handle = Self {
             tx: Some(tx),
@@ -108,7 +123,7 @@ impl RebootPatcher {
                 let Ok(permit) = permits.clone().acquire_owned().await else {
                     return;
                 };
-                let Some(node) = rx.recv().await else {
+                let Some(job) = rx.recv().await else {
                     return;
                 };
                 // Removed before the work starts: a write that arrives while
@@ -116,11 +131,12 @@ impl RebootPatcher {
                 pending
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
-                    .remove(&node);
+                    .remove(&job.node);
                 let (api, rules, metrics) = (api.clone(), rules.clone(), metrics.clone());
                 tokio::spawn(async move {
                     let _permit = permit;
-                    match patch_node(&api, &rules, &node, &opts).await {
+                    let node = &job.node;
+                    match patch_node(&api, &rules, &job, &opts).await {
                         Ok(PatchOutcome::Patched(n)) => {
                             metrics.background(Background::Ok);
                             metrics.taints_added(Reason::Reboot, n);
@@ -141,24 +157,24 @@ impl RebootPatcher {
         (handle, worker)
     }
 
-    /// Queues `node` for a background reboot patch; never waits.
-    pub fn enqueue(&self, node: &str) -> Enqueued {
+    /// Queues a background reboot patch; never waits.
+    pub fn enqueue(&self, job: &RebootJob) -> Enqueued {
         let Some(tx) = &self.tx else {
             self.metrics.background(Background::Skipped);
             return Enqueued::Skipped;
         };
         let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
-        if pending.contains(node) {
+        if pending.contains(&job.node) {
             return Enqueued::AlreadyQueued;
         }
-        match tx.try_send(node.to_owned()) {
+        match tx.try_send(job.clone()) {
             Ok(()) => {
-                pending.insert(node.to_owned());
+                pending.insert(job.node.clone());
                 Enqueued::Queued
             }
             Err(_) => {
                 self.metrics.background(Background::Failed);
-                tracing::warn!(%node, "reboot patch queue full; dropping");
+                tracing::warn!(node = %job.node, "reboot patch queue full; dropping");
                 Enqueued::Dropped
             }
         }
@@ -175,39 +191,62 @@ fn retryable(err: &KubeError) -> bool {
     }
 }
 
-/// One job: read, re-check, guarded patch; retried with exponential backoff.
+/// What one read (and maybe patch) of a job found.
+enum Attempt {
+    Done(PatchOutcome),
+    /// The node still shows the boot the triggering write replaces.
+    NotStoredYet,
+}
+
+/// One job: read, re-check, guarded patch; retried with exponential backoff,
+/// also while the write that triggered it is not stored yet.
 pub async fn patch_node(
     api: &Api<SlimNode>,
     rules: &Rules,
-    name: &str,
+    job: &RebootJob,
     opts: &PatcherOptions,
 ) -> Result<PatchOutcome, KubeError> {
+    let name = job.node.as_str();
     let mut delay = opts.base_backoff;
     let mut attempt = 1;
     loop {
         let result = async {
             let Some(node) = api.get_opt(name).await? else {
-                return Ok(PatchOutcome::Unneeded);
+                return Ok(Attempt::Done(PatchOutcome::Unneeded));
             };
+            let stored_boot = node.view.boot_id().unwrap_or("");
+            if job.previous_boot.as_deref() == Some(stored_boot) {
+                return Ok(Attempt::NotStoredYet);
+            }
             let missing = rules.reboot_taints_needed(&node.view);
             if missing.is_empty() {
-                return Ok(PatchOutcome::Unneeded);
+                return Ok(Attempt::Done(PatchOutcome::Unneeded));
             }
             let patch = add_taints(&node.view, &missing, Guard::Current);
             api.patch(name, &PatchParams::default(), &Patch::Json::<()>(patch))
                 .await?;
-            Ok(PatchOutcome::Patched(missing.len()))
+            Ok(Attempt::Done(PatchOutcome::Patched(missing.len())))
         }
         .await;
         match result {
+            Ok(Attempt::Done(outcome)) => return Ok(outcome),
+            Ok(Attempt::NotStoredYet) if attempt >= opts.max_attempts => {
+                // The write never showed up (refused after admission): nothing
+                // of ours to fix.
+                tracing::debug!(node = %name, "status write never stored; nothing to do");
+                return Ok(PatchOutcome::Unneeded);
+            }
+            Ok(Attempt::NotStoredYet) => {
+                tracing::debug!(node = %name, attempt, "status write not stored yet; reading again");
+            }
             Err(err) if attempt < opts.max_attempts && retryable(&err) => {
                 tracing::debug!(node = %name, attempt, %err, "reboot patch will be retried");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(opts.max_backoff);
-                attempt += 1;
             }
-            other => return other,
+            Err(err) => return Err(err),
         }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(opts.max_backoff);
+        attempt += 1;
     }
 }
 
@@ -229,6 +268,14 @@ mod tests {
 
     fn rules() -> Arc<Rules> {
         Arc::new(Rules::new(vec![DEFAULT_TAINT.parse().unwrap()]).unwrap())
+    }
+
+    /// A job for a status write that did not change the stored bootID.
+    fn job(node: &str) -> RebootJob {
+        RebootJob {
+            node: node.to_owned(),
+            previous_boot: None,
+        }
     }
 
     fn fast() -> PatcherOptions {
@@ -318,7 +365,9 @@ mod tests {
             );
             send.send_response(json_response(StatusCode::OK, &changed));
         });
-        let out = patch_node(&api, &rules(), "n1", &fast()).await.unwrap();
+        let out = patch_node(&api, &rules(), &job("n1"), &fast())
+            .await
+            .unwrap();
         assert_eq!(out, PatchOutcome::Patched(1));
         server.await.unwrap();
     }
@@ -361,23 +410,71 @@ mod tests {
         });
         let r = rules();
         assert_eq!(
-            patch_node(&api, &r, "n1", &fast()).await.unwrap(),
+            patch_node(&api, &r, &job("n1"), &fast()).await.unwrap(),
             PatchOutcome::Unneeded
         );
         assert_eq!(
-            patch_node(&api, &r, "n1", &fast()).await.unwrap(),
+            patch_node(&api, &r, &job("n1"), &fast()).await.unwrap(),
             PatchOutcome::Unneeded
         );
-        assert!(patch_node(&api, &r, "n1", &fast()).await.is_err());
+        assert!(patch_node(&api, &r, &job("n1"), &fast()).await.is_err());
         let two = PatcherOptions {
             max_attempts: 2,
             ..fast()
         };
-        let err = patch_node(&api, &r, "n1", &two).await.unwrap_err();
+        let err = patch_node(&api, &r, &job("n1"), &two).await.unwrap_err();
         assert!(
             matches!(err, KubeError::Api(ref s) if s.code == 409),
             "{err}"
         );
+        server.await.unwrap();
+    }
+
+    /// Admission comes before the status write is stored: a read that still
+    /// shows the boot the write replaces waits and reads again, and a write
+    /// that never shows up ends the job without a patch.
+    #[tokio::test]
+    async fn waits_until_the_status_write_is_stored() {
+        let (svc, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
+        let api: Api<SlimNode> = Api::all(Client::new(svc, "default"));
+        let before_reboot = with_annotation(kubelet_node("n1", "boot-1", 0), ANN, "boot-1");
+        let server = tokio::spawn(async move {
+            // Not stored yet, then stored: one read more, then the patch.
+            let (_, send) = expect(&mut handle, Method::GET, "/api/v1/nodes/n1").await;
+            send.send_response(json_response(StatusCode::OK, &before_reboot));
+            let (_, send) = expect(&mut handle, Method::GET, "/api/v1/nodes/n1").await;
+            send.send_response(json_response(StatusCode::OK, &rebooted_node("7")));
+            let (req, send) = expect(&mut handle, Method::PATCH, "/api/v1/nodes/n1").await;
+            assert_eq!(body_json(req).await[0]["value"], "7");
+            send.send_response(json_response(StatusCode::OK, &rebooted_node("8")));
+            // Never stored: as many reads as attempts, no PATCH.
+            for _ in 0..2 {
+                let (_, send) = expect(&mut handle, Method::GET, "/api/v1/nodes/n1").await;
+                send.send_response(json_response(StatusCode::OK, &before_reboot));
+            }
+            assert!(
+                handle.next_request().await.is_none(),
+                "nothing after the reads"
+            );
+        });
+        let r = rules();
+        let job = RebootJob {
+            node: "n1".into(),
+            previous_boot: Some("boot-1".into()),
+        };
+        assert_eq!(
+            patch_node(&api, &r, &job, &fast()).await.unwrap(),
+            PatchOutcome::Patched(1)
+        );
+        let two = PatcherOptions {
+            max_attempts: 2,
+            ..fast()
+        };
+        assert_eq!(
+            patch_node(&api, &r, &job, &two).await.unwrap(),
+            PatchOutcome::Unneeded
+        );
+        drop(api);
         server.await.unwrap();
     }
 
@@ -400,13 +497,13 @@ mod tests {
         };
         let (patcher, _worker) =
             RebootPatcher::spawn(Client::new(svc, "default"), rules(), metrics.clone(), opts);
-        assert_eq!(patcher.enqueue("n1"), Enqueued::Queued);
+        assert_eq!(patcher.enqueue(&job("n1")), Enqueued::Queued);
         // n1 is in flight (its GET is waiting for us); n2 waits for the only slot.
         let (_, send_n1) = expect(&mut handle, Method::GET, "/api/v1/nodes/n1").await;
-        assert_eq!(patcher.enqueue("n2"), Enqueued::Queued);
-        assert_eq!(patcher.enqueue("n2"), Enqueued::AlreadyQueued);
+        assert_eq!(patcher.enqueue(&job("n2")), Enqueued::Queued);
+        assert_eq!(patcher.enqueue(&job("n2")), Enqueued::AlreadyQueued);
         // A new write for n1 while its job runs queues a fresh job.
-        assert_eq!(patcher.enqueue("n1"), Enqueued::Queued);
+        assert_eq!(patcher.enqueue(&job("n1")), Enqueued::Queued);
         send_n1.send_response(json_response(StatusCode::OK, &rebooted_node("5")));
         let (_, send) = expect(&mut handle, Method::PATCH, "/api/v1/nodes/n1").await;
         send.send_response(json_response(StatusCode::OK, &rebooted_node("6")));
@@ -430,7 +527,7 @@ mod tests {
         .await;
 
         let disabled = RebootPatcher::disabled(metrics.clone());
-        assert_eq!(disabled.enqueue("n3"), Enqueued::Skipped);
+        assert_eq!(disabled.enqueue(&job("n3")), Enqueued::Skipped);
         assert!(
             metrics
                 .encode()

@@ -11,6 +11,7 @@ use nodegate_shared::node::{boot_id_changed, rebooted_since_ready};
 use nodegate_shared::taint::check_unique;
 use nodegate_shared::{NodeView, TaintError, TaintSpec};
 
+use crate::patcher::RebootJob;
 use crate::patches::{Patches, Prepared, Shape};
 use crate::wire::{Node, Request};
 
@@ -41,9 +42,9 @@ pub struct Decision<'r> {
     pub patch: Option<Cow<'r, Prepared>>,
     /// Taints added by the patch and why.
     pub added: Option<(Reason, usize)>,
-    /// A status write after a reboot: the node named here needs a background
-    /// patch of its main resource (rule 3). `None` on dry-run.
-    pub reboot_patch: Option<String>,
+    /// A status write after a reboot: this node needs a background patch of
+    /// its main resource (rule 3). `None` on dry-run.
+    pub reboot_patch: Option<RebootJob>,
     /// One short phrase for the log line.
     pub why: &'static str,
 }
@@ -139,7 +140,12 @@ impl Rules {
                     return allow("status: rebooted, dry-run");
                 }
                 let mut d = allow("status: rebooted, background patch");
-                d.reboot_patch = node.name().map(str::to_owned);
+                let old_boot = old.and_then(Node::boot_id);
+                d.reboot_patch = node.name().map(|name| RebootJob {
+                    node: name.to_owned(),
+                    previous_boot: (old_boot != new_boot)
+                        .then(|| old_boot.unwrap_or("").to_owned()),
+                });
                 d
             }
             _ => allow("operation not handled"),
@@ -206,7 +212,7 @@ mod tests {
     struct Answer {
         wire: Value,
         added: Option<(Reason, usize)>,
-        reboot_patch: Option<String>,
+        reboot_patch: Option<RebootJob>,
         patched: Option<Value>,
     }
 
@@ -218,7 +224,7 @@ mod tests {
         Option<Vec<u8>>,
         Option<Vec<String>>,
         Option<(Reason, usize)>,
-        Option<String>,
+        Option<RebootJob>,
     );
 
     fn reference(rules: &Rules, body: &[u8]) -> Reference {
@@ -274,7 +280,13 @@ mod tests {
                     || rebooted_since_ready(node.ready_boot_id(), new_boot);
                 let stored = old.filter(|o| o.has_spec()).unwrap_or(node);
                 if rebooted && !stored.missing(rules.taints()).is_empty() && !req.dry_run {
-                    return (None, None, None, node.name().map(str::to_owned));
+                    let old_boot = old.and_then(NodeView::boot_id);
+                    let job = node.name().map(|name| RebootJob {
+                        node: name.to_owned(),
+                        previous_boot: (old_boot != new_boot)
+                            .then(|| old_boot.unwrap_or("").to_owned()),
+                    });
+                    return (None, None, None, job);
                 }
                 none
             }
@@ -585,52 +597,62 @@ mod tests {
         let unannotated_reboot_new = kubelet_node("n1", "boot-2", 0);
         let mut excluded = rebooted.clone();
         excluded["metadata"]["labels"][EXCLUDE_LABEL] = json!("true");
-        // (name, new, old, dry_run, queued?)
-        let cases: Vec<(&str, Value, Value, bool, bool)> = vec![
-            ("bootID changed", rebooted.clone(), old.clone(), false, true),
+        // Queued, with the bootID the write replaces (if it replaces one).
+        type Queued<'a> = Option<Option<&'a str>>;
+        let boot_1 = Some(Some("boot-1"));
+        // (name, new, old, dry_run, queued)
+        let cases: Vec<(&str, Value, Value, bool, Queued<'_>)> = vec![
+            (
+                "bootID changed",
+                rebooted.clone(),
+                old.clone(),
+                false,
+                boot_1,
+            ),
             (
                 "bootID changed, dry-run",
                 rebooted.clone(),
                 old.clone(),
                 true,
-                false,
+                None,
             ),
             (
                 "heartbeat, bootID unchanged",
                 heartbeat,
                 old.clone(),
                 false,
-                false,
+                None,
             ),
             (
                 "first status after registration (old bootID empty)",
                 first_status,
                 unannotated_old,
                 false,
-                false,
+                None,
             ),
             (
                 "bootID changed but taint present",
                 tainted_new,
                 tainted_old,
                 false,
-                false,
+                None,
             ),
             (
                 "annotation differs from current bootID",
                 stale_annotation_new,
                 stale_annotation_old,
                 false,
-                true,
+                // The write keeps the bootID: nothing to wait for.
+                Some(None),
             ),
             (
                 "bootID changed, never ready",
                 unannotated_reboot_new,
                 unannotated_reboot_old,
                 false,
-                true,
+                boot_1,
             ),
-            ("excluded", excluded, old, false, false),
+            ("excluded", excluded, old, false, None),
         ];
         for (name, new, old, dry_run, queued) in cases {
             let rv = review(
@@ -648,7 +670,11 @@ mod tests {
                 "{name}: status write patched: {}",
                 a.wire
             );
-            assert_eq!(a.reboot_patch.as_deref(), queued.then_some("n1"), "{name}");
+            let want = queued.map(|prev| RebootJob {
+                node: "n1".into(),
+                previous_boot: prev.map(str::to_owned),
+            });
+            assert_eq!(a.reboot_patch, want, "{name}");
         }
     }
 

@@ -34,7 +34,7 @@ impl Webhook {
     pub fn handle(&self, body: &[u8]) -> (StatusCode, Vec<u8>) {
         let start = Instant::now();
         let (decoded, decoder) = wire::decode_request_with(body);
-        self.metrics.decoded(decoder == wire::Decoder::Fast);
+        self.metrics.decoded(decoder);
         let (op, outcome, status, bytes) = match decoded {
             Ok(req) => {
                 let op = Op::from(&req.operation);

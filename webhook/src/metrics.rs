@@ -11,6 +11,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use crate::rules::Reason;
+use crate::wire::Decoder;
 
 /// `operation` label values, in [`Op`] order.
 const OPERATIONS: [&str; 5] = ["CREATE", "UPDATE", "DELETE", "CONNECT", "UNKNOWN"];
@@ -197,9 +198,13 @@ impl Metrics {
         self.background[result as usize].inc();
     }
 
-    /// Which decoder read a request body (`fast` = [`crate::wire::Decoder::Fast`]).
-    pub fn decoded(&self, fast: bool) {
-        self.decodes[usize::from(!fast)].inc();
+    /// Which decoder read a request body.
+    pub fn decoded(&self, decoder: Decoder) {
+        let i = match decoder {
+            Decoder::Fast => 0,
+            Decoder::Serde => 1,
+        };
+        self.decodes[i].inc();
     }
 
     pub fn tls_reload(&self, ok: bool) {
@@ -226,7 +231,7 @@ mod tests {
         m.taints_added(Reason::Reboot, 2);
         m.background(Background::Skipped);
         m.tls_reload(false);
-        m.decoded(false);
+        m.decoded(Decoder::Serde);
         let text = m.encode();
         for line in [
             r#"nodegate_webhook_requests_total{operation="CREATE",result="patched"} 1"#,

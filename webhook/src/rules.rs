@@ -125,8 +125,9 @@ impl Rules {
                 // Rule 3: spec changes are dropped on a status write, so never
                 // patch here; fix the main resource in the background instead.
                 let old = req.old_object.as_ref();
+                let old_boot = old.and_then(Node::boot_id);
                 let new_boot = node.boot_id();
-                let rebooted = boot_id_changed(old.and_then(Node::boot_id), new_boot)
+                let rebooted = boot_id_changed(old_boot, new_boot)
                     || rebooted_since_ready(node.ready_boot_id(), new_boot);
                 if !rebooted {
                     return allow("status: no reboot");
@@ -140,7 +141,6 @@ impl Rules {
                     return allow("status: rebooted, dry-run");
                 }
                 let mut d = allow("status: rebooted, background patch");
-                let old_boot = old.and_then(Node::boot_id);
                 d.reboot_patch = node.name().map(|name| RebootJob {
                     node: name.to_owned(),
                     previous_boot: (old_boot != new_boot)

@@ -298,23 +298,19 @@ impl<'a> Cursor<'a> {
         self.string_rest().map(drop)
     }
 
-    /// A string without escapes, borrowed.
-    fn str(&mut self) -> Option<&'a str> {
-        self.eat(b'"')?;
-        match self.string_rest()? {
-            (raw, false) => std::str::from_utf8(raw).ok(),
-            (_, true) => None,
-        }
-    }
-
-    /// An object key without escapes, as bytes: keys are only compared, and
-    /// UTF-8 is checked for the whole body at the end.
-    fn key(&mut self) -> Option<&'a [u8]> {
+    /// A string without escapes, as raw bytes (object keys are only
+    /// compared; UTF-8 is checked for the whole body at the end).
+    fn unescaped(&mut self) -> Option<&'a [u8]> {
         self.eat(b'"')?;
         match self.string_rest()? {
             (raw, false) => Some(raw),
             (_, true) => None,
         }
+    }
+
+    /// A string without escapes, borrowed.
+    fn str(&mut self) -> Option<&'a str> {
+        std::str::from_utf8(self.unescaped()?).ok()
     }
 
     fn cow(&mut self) -> Option<Cow<'a, str>> {
@@ -343,7 +339,7 @@ impl<'a> Cursor<'a> {
             return Some(());
         }
         loop {
-            let key = self.key()?;
+            let key = self.unescaped()?;
             self.eat(b':')?;
             field(self, key)?;
             match self.peek()? {

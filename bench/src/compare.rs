@@ -107,8 +107,25 @@ pub fn describe(label: &str, r: &LoadReport) -> String {
         let _ = writeln!(s, "  service  {}", r.service.summary());
     }
     let _ = write!(s, "  server");
+    let us = |d: Duration| d.as_secs_f64() * 1e6;
     if let Some(c) = r.cpu_per_request() {
-        let _ = write!(s, " cpu {:.1}µs/req", c.as_secs_f64() * 1e6);
+        let _ = write!(s, " cpu {:.1}µs/req", us(c));
+    }
+    if let Some(u) = r.server {
+        // User vs system time and switches show the scheduling cost that
+        // grows when the server, not the generator, is the bottleneck.
+        if let (Some(user), Some(sys), Some(sw)) = (
+            r.per_request(u.user),
+            r.per_request(u.system),
+            r.switches_per_request(),
+        ) {
+            let _ = write!(
+                s,
+                " [user {:.1} + sys {:.1}; {sw:.2} switches/req]",
+                us(user),
+                us(sys)
+            );
+        }
     }
     if let Some(c) = r.server_cores() {
         let _ = write!(s, " ({c:.2} cores)");
@@ -119,12 +136,10 @@ pub fn describe(label: &str, r: &LoadReport) -> String {
     if let Some((_, last)) = r.memory.last() {
         let _ = write!(s, ", RSS now {:.1} MiB", mib(last.rss));
     }
-    if let Some(c) = r.own_cpu {
-        let _ = write!(
-            s,
-            "; loadgen {:.2} cores",
-            c.as_secs_f64() / r.elapsed.as_secs_f64().max(1e-9)
-        );
+    if let Some(own) = r.own
+        && let (Some(cores), Some(per)) = (r.cores(own.cpu()), r.per_request(own.cpu()))
+    {
+        let _ = write!(s, "; loadgen {cores:.2} cores, {:.1}µs/req", us(per));
     }
     let _ = writeln!(s, "; {} connects", r.connects);
     s
@@ -513,4 +528,47 @@ fn count_distinct(v: &[u64]) -> usize {
     v.sort_unstable();
     v.dedup();
     v.len()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use crate::procfs::Usage;
+
+    #[test]
+    fn describe_splits_server_time_and_counts_switches() {
+        let r = LoadReport {
+            elapsed: Duration::from_secs(2),
+            ok: 1000,
+            server: Some(Usage {
+                user: Duration::from_millis(20),
+                system: Duration::from_millis(10),
+                voluntary: 200,
+                involuntary: 50,
+            }),
+            own: Some(Usage {
+                user: Duration::from_millis(30),
+                system: Duration::from_millis(10),
+                ..Usage::default()
+            }),
+            ..LoadReport::default()
+        };
+        let text = describe("webhook", &r);
+        assert!(
+            text.starts_with("webhook: 500 req/s (1000 ok in 2.0s"),
+            "{text}"
+        );
+        assert!(
+            text.contains("cpu 30.0µs/req [user 20.0 + sys 10.0; 0.25 switches/req] (0.01 cores)"),
+            "{text}"
+        );
+        assert!(text.contains("loadgen 0.02 cores, 40.0µs/req"), "{text}");
+        // Without a server process, only what is known is printed.
+        let bare = describe("x", &LoadReport::default());
+        assert!(
+            !bare.contains("switches") && !bare.contains("loadgen"),
+            "{bare}"
+        );
+    }
 }

@@ -8,7 +8,7 @@ use tokio::sync::watch;
 
 use crate::client::{Conn, Target};
 use crate::fixtures::{Fixture, uid};
-use crate::procfs::{self, Memory};
+use crate::procfs::{self, Memory, Usage};
 use crate::schedule::{Schedule, latency_origin};
 use crate::stats::{Expect, Failure, Failures, Latencies};
 
@@ -44,8 +44,10 @@ pub struct LoadReport {
     pub service: Latencies,
     pub connects: u64,
     pub bytes_sent: u64,
-    pub server_cpu: Option<Duration>,
-    pub own_cpu: Option<Duration>,
+    /// What the server used during the run.
+    pub server: Option<Usage>,
+    /// What the load generator itself used.
+    pub own: Option<Usage>,
     /// Server memory over the run (time since start, memory).
     pub memory: Vec<(Duration, Memory)>,
 }
@@ -62,16 +64,29 @@ impl LoadReport {
 
     /// Server CPU per successful request.
     pub fn cpu_per_request(&self) -> Option<Duration> {
-        let cpu = self.server_cpu?;
-        (self.ok > 0).then(|| cpu / u32::try_from(self.ok).unwrap_or(u32::MAX))
+        self.per_request(self.server?.cpu())
+    }
+
+    /// `total` spread over the successful requests.
+    pub fn per_request(&self, total: Duration) -> Option<Duration> {
+        (self.ok > 0).then(|| total / u32::try_from(self.ok).unwrap_or(u32::MAX))
+    }
+
+    /// Server context switches per successful request.
+    pub fn switches_per_request(&self) -> Option<f64> {
+        let server = self.server?;
+        (self.ok > 0).then(|| server.switches() as f64 / self.ok as f64)
     }
 
     /// Server CPU use as a share of one core.
     pub fn server_cores(&self) -> Option<f64> {
+        self.cores(self.server?.cpu())
+    }
+
+    /// `cpu` as a share of one core over the run.
+    pub fn cores(&self, cpu: Duration) -> Option<f64> {
         let secs = self.elapsed.as_secs_f64();
-        self.server_cpu
-            .filter(|_| secs > 0.0)
-            .map(|c| c.as_secs_f64() / secs)
+        (secs > 0.0).then(|| cpu.as_secs_f64() / secs)
     }
 
     pub fn peak_rss(&self) -> Option<u64> {
@@ -94,8 +109,8 @@ struct WorkerResult {
 pub async fn run(target: &Target, cfg: &LoadConfig) -> LoadReport {
     let start = Instant::now();
     let schedule = Arc::new(Schedule::new(start, cfg.rate, cfg.duration, cfg.requests));
-    let cpu_before = cfg.server_pid.and_then(|p| procfs::cpu_time(p).ok());
-    let own_before = procfs::cpu_time(std::process::id()).ok();
+    let server_before = cfg.server_pid.and_then(|p| procfs::usage(p).ok());
+    let own_before = procfs::usage(std::process::id()).ok();
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let sampler = cfg
@@ -126,13 +141,13 @@ pub async fn run(target: &Target, cfg: &LoadConfig) -> LoadReport {
         last_done = last_done.max(r.last_done.unwrap_or(start));
     }
     report.elapsed = last_done - start;
-    report.server_cpu = cpu_before.and_then(|before| {
-        let after = procfs::cpu_time(cfg.server_pid?).ok()?;
-        Some(after.saturating_sub(before))
+    report.server = server_before.and_then(|before| {
+        let after = procfs::usage(cfg.server_pid?).ok()?;
+        Some(after.since(&before))
     });
-    report.own_cpu = own_before.and_then(|before| {
-        let after = procfs::cpu_time(std::process::id()).ok()?;
-        Some(after.saturating_sub(before))
+    report.own = own_before.and_then(|before| {
+        let after = procfs::usage(std::process::id()).ok()?;
+        Some(after.since(&before))
     });
     let _ = stop_tx.send(true);
     if let Some(s) = sampler {
@@ -275,15 +290,26 @@ mod tests {
         let r = LoadReport {
             elapsed: Duration::from_secs(2),
             ok: 1000,
-            server_cpu: Some(Duration::from_secs(1)),
+            server: Some(Usage {
+                user: Duration::from_millis(700),
+                system: Duration::from_millis(300),
+                voluntary: 150,
+                involuntary: 50,
+            }),
             memory: samples(&[3, 9, 4]),
             ..LoadReport::default()
         };
         assert!((r.requests_per_sec() - 500.0).abs() < 1e-9);
         assert_eq!(r.cpu_per_request(), Some(Duration::from_millis(1)));
+        assert_eq!(
+            r.per_request(Duration::from_millis(300)),
+            Some(Duration::from_micros(300))
+        );
+        assert!((r.switches_per_request().unwrap() - 0.2).abs() < 1e-9);
         assert!((r.server_cores().unwrap() - 0.5).abs() < 1e-9);
         assert_eq!(r.peak_rss(), Some(9));
         assert_eq!(LoadReport::default().requests_per_sec(), 0.0);
         assert_eq!(LoadReport::default().cpu_per_request(), None);
+        assert_eq!(LoadReport::default().switches_per_request(), None);
     }
 }

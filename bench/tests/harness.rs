@@ -50,7 +50,7 @@ async fn webhook_answers_every_review_with_a_patch() {
         assert_eq!(r.latency.count(), 200);
         // Keep-alive: at most one connection per worker.
         assert!((1..=4).contains(&r.connects), "{}", r.connects);
-        assert!(r.server_cpu.is_some() && !r.memory.is_empty());
+        assert!(r.server.is_some() && !r.memory.is_empty());
     }
     // Open loop with a request count: all sent, all checked.
     let target = Target::new(running.https_addr, certs.ca_pem(), Proto::H1).unwrap();

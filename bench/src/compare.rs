@@ -111,21 +111,21 @@ pub fn describe(label: &str, r: &LoadReport) -> String {
     if let Some(c) = r.cpu_per_request() {
         let _ = write!(s, " cpu {:.1}µs/req", us(c));
     }
-    if let Some(u) = r.server {
-        // User vs system time and switches show the scheduling cost that
-        // grows when the server, not the generator, is the bottleneck.
-        if let (Some(user), Some(sys), Some(sw)) = (
+    // User vs system time and switches show the scheduling cost that
+    // grows when the server, not the generator, is the bottleneck.
+    if let Some(u) = r.server
+        && let (Some(user), Some(sys), Some(sw)) = (
             r.per_request(u.user),
             r.per_request(u.system),
             r.switches_per_request(),
-        ) {
-            let _ = write!(
-                s,
-                " [user {:.1} + sys {:.1}; {sw:.2} switches/req]",
-                us(user),
-                us(sys)
-            );
-        }
+        )
+    {
+        let _ = write!(
+            s,
+            " [user {:.1} + sys {:.1}; {sw:.2} switches/req]",
+            us(user),
+            us(sys)
+        );
     }
     if let Some(c) = r.server_cores() {
         let _ = write!(s, " ({c:.2} cores)");

@@ -111,16 +111,19 @@ pub fn parse_cpu_ticks(stat: &str) -> Option<(u64, u64)> {
 /// Voluntary and involuntary context switches from the text of a
 /// /proc/.../status file.
 pub fn parse_switches(status: &str) -> Option<(u64, u64)> {
-    let count = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.trim().parse::<u64>().ok())
-    };
+    let count = |name| status_field(status, name)?.parse::<u64>().ok();
     Some((
         count("voluntary_ctxt_switches:")?,
         count("nonvoluntary_ctxt_switches:")?,
     ))
+}
+
+/// The value of the `name` line (name with its colon) of a status file.
+fn status_field<'a>(status: &'a str, name: &str) -> Option<&'a str> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(name))
+        .map(str::trim)
 }
 
 /// Resident memory of a process, in bytes.
@@ -142,13 +145,9 @@ pub fn memory(pid: u32) -> Result<Memory, ProcError> {
 
 /// VmRSS and VmHWM from the text of /proc/PID/status.
 pub fn parse_memory(status: &str) -> Option<Memory> {
-    let kb = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.trim().strip_suffix("kB"))
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .map(|v| v * 1024)
+    let kb = |name| {
+        let v = status_field(status, name)?.strip_suffix("kB")?;
+        v.trim().parse::<u64>().ok().map(|v| v * 1024)
     };
     Some(Memory {
         rss: kb("VmRSS:")?,

@@ -26,6 +26,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use serde_json::{Value, json};
+use tokio::signal::unix::{SignalKind, signal};
 
 use crate::admission::NOT_READY_TAINT_KEY;
 use crate::kubelet::SimKubelet;
@@ -1041,6 +1042,11 @@ pub fn broken_guarantees(reports: &[ScenarioReport]) -> Vec<String> {
 
 /// `nodegate-sim serve`: emulator + real webhook until Ctrl-C.
 pub async fn serve(kubeconfig_out: PathBuf, user: &str) -> anyhow::Result<()> {
+    // Handlers first: a Ctrl-C or SIGTERM that arrives while starting (or
+    // right after "Ctrl-C stops." is printed) must still stop the webhook
+    // child rather than kill this process with the child left running.
+    let mut interrupt = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let emu = Emulator::start(EmulatorOptions {
         rbac: Some(crate::process::shipped_rbac()?),
         ..Default::default()
@@ -1066,12 +1072,9 @@ pub async fn serve(kubeconfig_out: PathBuf, user: &str) -> anyhow::Result<()> {
         kubeconfig_out.display()
     );
     println!("Ctrl-C stops.");
-    // SIGTERM too (`kill`, process supervisors): stop the webhook child
-    // rather than leaving it orphaned.
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .context("installing the SIGTERM handler")?;
+    // SIGTERM too (`kill`, process supervisors).
     tokio::select! {
-        r = tokio::signal::ctrl_c() => r.context("waiting for Ctrl-C")?,
+        _ = interrupt.recv() => {}
         _ = term.recv() => {}
     }
     let _ = webhook.stop().await;

@@ -1,9 +1,11 @@
 //! Types and rules shared by the nodegate webhook and agent: taint specs,
-//! the keys nodegate writes on Nodes, the reboot rule and JSON patch builders.
+//! the keys nodegate writes on Nodes, the reboot rule, JSON patch builders,
+//! and how a binary waits for its stop signal.
 
 pub mod keys;
 pub mod node;
 pub mod patch;
+pub mod signal;
 pub mod taint;
 
 pub use node::NodeView;

@@ -26,7 +26,6 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use serde_json::{Value, json};
-use tokio::signal::unix::{SignalKind, signal};
 
 use crate::admission::NOT_READY_TAINT_KEY;
 use crate::kubelet::SimKubelet;
@@ -1045,8 +1044,7 @@ pub async fn serve(kubeconfig_out: PathBuf, user: &str) -> anyhow::Result<()> {
     // Handlers first: a Ctrl-C or SIGTERM that arrives while starting (or
     // right after "Ctrl-C stops." is printed) must still stop the webhook
     // child rather than kill this process with the child left running.
-    let mut interrupt = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
-    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let shutdown = nodegate_shared::signal::shutdown();
     let emu = Emulator::start(EmulatorOptions {
         rbac: Some(crate::process::shipped_rbac()?),
         ..Default::default()
@@ -1073,10 +1071,7 @@ pub async fn serve(kubeconfig_out: PathBuf, user: &str) -> anyhow::Result<()> {
     );
     println!("Ctrl-C stops.");
     // SIGTERM too (`kill`, process supervisors).
-    tokio::select! {
-        _ = interrupt.recv() => {}
-        _ = term.recv() => {}
-    }
+    shutdown.await;
     let _ = webhook.stop().await;
     emu.shutdown().await;
     Ok(())

@@ -184,40 +184,6 @@ pub async fn run(
     start(config, shutdown).await?.wait().await
 }
 
-/// Resolves on SIGTERM or Ctrl-C (SIGINT).
-///
-/// The handlers are installed when this is called, not when the future is
-/// first polled: a SIGTERM that arrives right after startup must start a
-/// drain, not kill the process. Call it inside a Tokio runtime.
-#[cfg(unix)]
-pub fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
-    use tokio::signal::unix::{SignalKind, signal};
-    let term = signal(SignalKind::terminate());
-    let int = signal(SignalKind::interrupt());
-    async move {
-        match (term, int) {
-            (Ok(mut term), Ok(mut int)) => {
-                tokio::select! {
-                    _ = term.recv() => {}
-                    _ = int.recv() => {}
-                }
-            }
-            (term, int) => {
-                tracing::warn!(
-                    term = term.is_ok(),
-                    int = int.is_ok(),
-                    "cannot install signal handlers; falling back to Ctrl-C only"
-                );
-                let _ = tokio::signal::ctrl_c().await;
-            }
-        }
-    }
-}
-
-/// Resolves on Ctrl-C.
-#[cfg(not(unix))]
-pub fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
-    async {
-        let _ = tokio::signal::ctrl_c().await;
-    }
-}
+/// Resolves on SIGTERM or Ctrl-C; the handlers are installed when this is
+/// called (see [`nodegate_shared::signal::shutdown`]).
+pub use nodegate_shared::signal::shutdown as shutdown_signal;

@@ -54,6 +54,8 @@ async fn mutate(body: Bytes) -> impl IntoResponse {
 
 /// Serves until SIGTERM or Ctrl-C; prints `listening https=ADDR` once bound.
 pub async fn run(args: Args) -> anyhow::Result<()> {
+    // Handlers first, as in the webhook: a stop while starting is kept.
+    let shutdown = nodegate_shared::signal::shutdown();
     let resolver = CertReloader::load(&args.tls_cert, &args.tls_key, serve::crypto_provider())
         .context("loading the serving certificate")?;
     let tls = serve::tls_server_config(Arc::new(resolver)).context("TLS config")?;
@@ -61,6 +63,6 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding {}", args.listen))?;
     tracing::info!("listening https={}", listener.local_addr()?);
-    serve::serve_https(listener, tls, router(), nodegate_webhook::shutdown_signal()).await?;
+    serve::serve_https(listener, tls, router(), shutdown).await?;
     Ok(())
 }

@@ -183,7 +183,3 @@ pub async fn run(
     let config = Config::try_from(args)?;
     start(config, shutdown).await?.wait().await
 }
-
-/// Resolves on SIGTERM or Ctrl-C; the handlers are installed when this is
-/// called (see [`nodegate_shared::signal::shutdown`]).
-pub use nodegate_shared::signal::shutdown as shutdown_signal;

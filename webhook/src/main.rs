@@ -14,6 +14,6 @@ async fn main() -> anyhow::Result<()> {
         .with_ansi(false)
         .init();
     // Handlers first, so a SIGTERM during startup already means "drain".
-    let shutdown = nodegate_webhook::shutdown_signal();
+    let shutdown = nodegate_shared::signal::shutdown();
     nodegate_webhook::run(args, shutdown).await
 }

@@ -137,6 +137,13 @@ pub async fn handle(
     let r: Result<Response> = match segs.as_slice() {
         ["version"] if get => Ok(Reply::ok(discovery::version()).into_response()),
         ["healthz" | "livez" | "readyz"] if get => Ok((StatusCode::OK, "ok").into_response()),
+        // The admission counters kube-apiserver serves on /metrics (a subset).
+        ["metrics"] if get => Ok((
+            StatusCode::OK,
+            [(http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+            st.admission.metrics().render(),
+        )
+            .into_response()),
         ["api"] if get => Ok(Reply::ok(discovery::api_versions(&host)).into_response()),
         ["apis"] if get => Ok(Reply::ok(discovery::api_group_list()).into_response()),
         ["api", "v1"] if get => discovery::resource_list("", "v1")

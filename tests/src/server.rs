@@ -280,6 +280,12 @@ impl Emulator {
         self.admission.ignored_failures()
     }
 
+    /// kube-apiserver's admission counters (also served on `/metrics`):
+    /// match-condition errors and exclusions, fail-open webhook calls.
+    pub fn admission_metrics(&self) -> &crate::admission::AdmissionMetrics {
+        self.admission.metrics()
+    }
+
     /// Stops serving and ends every open connection and watch.
     pub async fn shutdown(mut self) {
         self.stop().await;

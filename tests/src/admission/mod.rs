@@ -62,7 +62,75 @@ pub struct Admission {
     calls: Mutex<Vec<CallRecord>>,
     /// Failures that failurePolicy Ignore swallowed (for tests to assert on).
     ignored: Mutex<Vec<String>>,
+    metrics: AdmissionMetrics,
     pool: webhook::Pool,
+}
+
+/// kube-apiserver's admission counters that tell a skipped webhook apart
+/// (`k8s.io/apiserver/pkg/admission/metrics/metrics.go`), served on the
+/// emulator's `/metrics` like the real server's.
+#[derive(Debug, Default)]
+pub struct AdmissionMetrics {
+    /// (metric, webhook name, operation) → count.
+    counts: Mutex<std::collections::BTreeMap<(&'static str, String, &'static str), u64>>,
+}
+
+/// `matchConditions` that errored (`ObserveMatchConditionEvalError`).
+pub const MATCH_CONDITION_ERRORS: &str =
+    "apiserver_admission_match_condition_evaluation_errors_total";
+/// Webhooks skipped by a false `matchCondition` (`ObserveMatchConditionExclusion`).
+pub const MATCH_CONDITION_EXCLUSIONS: &str = "apiserver_admission_match_condition_exclusions_total";
+/// Webhook call failures let through by `failurePolicy: Ignore` (`ObserveWebhookFailOpen`).
+pub const WEBHOOK_FAIL_OPEN: &str = "apiserver_admission_webhook_fail_open_count";
+
+impl AdmissionMetrics {
+    fn add(&self, metric: &'static str, webhook: &str, operation: &'static str, n: u64) {
+        if n == 0 {
+            return;
+        }
+        *self
+            .counts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry((metric, webhook.to_string(), operation))
+            .or_default() += n;
+    }
+
+    /// The count of `metric` for a webhook, summed over operations when `operation` is `None`.
+    pub fn get(&self, metric: &str, webhook: &str, operation: Option<&str>) -> u64 {
+        self.counts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|((m, w, op), _)| {
+                *m == metric && w == webhook && operation.is_none_or(|o| o == *op)
+            })
+            .map(|(_, n)| n)
+            .sum()
+    }
+
+    /// Prometheus text, with the real server's label sets: `kind="webhook"`,
+    /// `type="admit"` (mutating, `webhook/accessors.go`).
+    pub fn render(&self) -> String {
+        let counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        let mut out = String::new();
+        for metric in [
+            MATCH_CONDITION_ERRORS,
+            MATCH_CONDITION_EXCLUSIONS,
+            WEBHOOK_FAIL_OPEN,
+        ] {
+            out.push_str(&format!("# TYPE {metric} counter\n"));
+            for ((m, name, op), n) in counts.iter().filter(|((m, ..), _)| *m == metric) {
+                let labels = if *m == WEBHOOK_FAIL_OPEN {
+                    format!("name=\"{name}\",type=\"admit\"")
+                } else {
+                    format!("kind=\"webhook\",name=\"{name}\",operation=\"{op}\",type=\"admit\"")
+                };
+                out.push_str(&format!("{m}{{{labels}}} {n}\n"));
+            }
+        }
+        out
+    }
 }
 
 pub const NOT_READY_TAINT_KEY: &str = "node.kubernetes.io/not-ready";
@@ -160,6 +228,7 @@ impl Admission {
             endpoints: RwLock::new(endpoints),
             calls: Mutex::new(Vec::new()),
             ignored: Mutex::new(Vec::new()),
+            metrics: AdmissionMetrics::default(),
             pool: webhook::Pool::default(),
         }
     }
@@ -194,6 +263,11 @@ impl Admission {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
+    }
+
+    /// The admission counters (match-condition errors, exclusions, fail-open).
+    pub fn metrics(&self) -> &AdmissionMetrics {
+        &self.metrics
     }
 
     fn builtin_mutation(&self, a: &Attributes<'_>, obj: &mut Value) {
@@ -370,9 +444,11 @@ impl Admission {
         warnings: &mut Vec<String>,
     ) -> Result<Option<bool>, ApiError> {
         let ignore = webhook::failure_policy_ignore(hook);
+        let op = a.operation.as_str();
         let fail = |msg: String| -> Result<Option<bool>, ApiError> {
             if ignore {
                 tracing::warn!(webhook = %hook.name, error = %msg, "webhook failed, failurePolicy Ignore");
+                self.metrics.add(WEBHOOK_FAIL_OPEN, &hook.name, op, 1);
                 self.ignored
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
@@ -390,20 +466,56 @@ impl Admission {
             Ok(false) => return Ok(None),
             Err(e) => return fail(e),
         }
-        let uid = uuid_like();
-        let review = self.review(a, &uid, obj, old);
-        for mc in hook.match_conditions.as_deref().unwrap_or_default() {
-            match cel::eval_condition(&mc.expression, obj, old, &review["request"]) {
-                Ok(true) => {}
-                Ok(false) => return Ok(None),
-                Err(e) => {
-                    return fail(format!(
-                        "failed to evaluate match condition \"{}\": {e}",
-                        mc.name
+        // generic/webhook.go ShouldCallHook: match conditions after the
+        // selectors, with the request bound as CreateAdmissionRequest builds it.
+        let conditions = hook.match_conditions.as_deref().unwrap_or_default();
+        if !conditions.is_empty() {
+            let request = cel::request_variable(a);
+            let (verdict, errors) = cel::match_all(
+                conditions
+                    .iter()
+                    .map(|c| (c.name.as_str(), c.expression.as_str())),
+                obj,
+                old,
+                &request,
+            );
+            self.metrics
+                .add(MATCH_CONDITION_ERRORS, &hook.name, op, errors as u64);
+            match verdict {
+                cel::Verdict::Call => {}
+                cel::Verdict::Excluded(_) => {
+                    self.metrics
+                        .add(MATCH_CONDITION_EXCLUSIONS, &hook.name, op, 1);
+                    return Ok(None);
+                }
+                cel::Verdict::Errors(errs) if ignore => {
+                    // matcher.go: Ignore turns errors into "does not match",
+                    // silently (counted, logged, no fail-open count).
+                    tracing::warn!(webhook = %hook.name, errors = ?errs, "match conditions failed to evaluate, failurePolicy Ignore: webhook skipped");
+                    self.metrics
+                        .add(MATCH_CONDITION_EXCLUSIONS, &hook.name, op, 1);
+                    self.ignored
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push(format!(
+                            "{}: match conditions: {}",
+                            hook.name,
+                            errs.join("; ")
+                        ));
+                    return Ok(None);
+                }
+                cel::Verdict::Errors(errs) => {
+                    return Err(ApiError::forbidden(
+                        a.res.plural,
+                        a.res.group,
+                        a.name,
+                        &errs.join(", "),
                     ));
                 }
             }
         }
+        let uid = uuid_like();
+        let review = self.review(a, &uid, obj, old);
         if a.dry_run && !matches!(hook.side_effects.as_str(), "None" | "NoneOnDryRun") {
             return Err(ApiError::bad_request(format!(
                 "admission webhook \"{}\" does not support dry run",

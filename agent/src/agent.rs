@@ -181,7 +181,7 @@ pub async fn run_with_handlers(
                 .add_missing(AddReason::Shutdown, deadline, |_| true)
                 .await
             {
-                Ok(n) => tracing::info!(added = n, "shutdown re-taint done"),
+                Ok(a) => tracing::info!(added = a.taints.len(), "shutdown re-taint done"),
                 Err(e) => tracing::error!(error = %e, "shutdown re-taint failed"),
             }
         }

@@ -12,9 +12,14 @@ use nodegate_shared::NodeView;
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
-use crate::metrics::{Metrics, ProbeLabels, ProbeName};
+use crate::metrics::{Metrics, OriginLabel, ProbeLabels, ProbeName};
 use crate::probe::{Probe, Readiness, Thresholds, Transition};
-use crate::taint::{AddReason, MarkReady, NodeTaints, needs_ready_patch, safety_net_applies};
+use crate::taint::{
+    AddReason, EventType, MarkReady, NodeTaints, Origin, needs_ready_patch, safety_net_applies,
+};
+
+/// Reason of the Warning Event the safety net leaves on the Node.
+pub const WEBHOOK_MISSED_REASON: &str = "NodegateWebhookMissed";
 
 #[derive(Debug, Clone)]
 pub struct GateConfig {
@@ -46,9 +51,15 @@ impl Gate {
             Instant::now() + Duration::from_secs(30),
             |v| safety_net_applies(v, &self.taints.specs),
         );
+        let mut origin = Origin::Webhook;
         tokio::select! {
-            r = net => if let Err(e) = r {
-                tracing::error!(node = %name, error = %e, "safety-net taint check failed");
+            r = net => match r {
+                Ok(added) if !added.taints.is_empty() => {
+                    origin = Origin::SafetyNet;
+                    self.webhook_missed(&added.taints, &added.latest).await;
+                }
+                Ok(_) => {}
+                Err(e) => tracing::error!(node = %name, error = %e, "safety-net taint check failed"),
             },
             _ = crate::stopped(&mut shutdown) => return,
         }
@@ -80,6 +91,7 @@ impl Gate {
                         if self.rebooted(&mut boot, view.as_ref()) {
                             readiness.reset();
                             since = Instant::now();
+                            origin = Origin::Webhook;
                             round = true;
                         }
                     }
@@ -113,12 +125,19 @@ impl Gate {
                     .as_ref()
                     .is_none_or(|v| needs_ready_patch(v, &self.taints.specs))
                 {
-                    self.mark_ready(&mut view, boot.as_deref(), since, &mut announced_boot)
-                        .await;
+                    self.mark_ready(
+                        &mut view,
+                        boot.as_deref(),
+                        since,
+                        origin,
+                        &mut announced_boot,
+                    )
+                    .await;
                     // The read may show a reboot the watch has not delivered yet.
                     if self.rebooted(&mut boot, view.as_ref()) {
                         readiness.reset();
                         since = Instant::now();
+                        origin = Origin::Webhook;
                     }
                 }
             } else if self.cfg.continuous && transition == Some(Transition::NotReady) {
@@ -130,6 +149,7 @@ impl Gate {
                 {
                     tracing::error!(node = %name, error = %e, "cannot re-taint not-ready node");
                 }
+                origin = Origin::Continuous;
                 // A later recovery must write again.
                 announced_boot = None;
                 view = None;
@@ -183,11 +203,33 @@ impl Gate {
         all
     }
 
+    /// The loud signal for a silent failure: the webhook (failurePolicy
+    /// Ignore) let this node through untainted, so pods may have landed
+    /// before the safety net closed the window.
+    async fn webhook_missed(&self, taints: &[String], node: &NodeView) {
+        let boot = node.boot_id().unwrap_or("unknown");
+        tracing::warn!(node = %self.taints.name, boot_id = boot, ?taints, "the webhook did not taint this node; the safety net did");
+        let msg = format!(
+            "nodegate's webhook did not taint this node for boot {boot} (webhook down, skipped, or \
+             misconfigured); the agent's safety net added {taints:?}. Pods may have been scheduled \
+             before that. Run nodegate-check."
+        );
+        self.taints
+            .event(
+                node.metadata.uid.clone(),
+                EventType::Warning,
+                WEBHOOK_MISSED_REASON,
+                msg,
+            )
+            .await;
+    }
+
     async fn mark_ready(
         &self,
         view: &mut Option<NodeView>,
         boot: Option<&str>,
         since: Instant,
+        origin: Origin,
         announced_boot: &mut Option<Option<String>>,
     ) {
         let name = &self.taints.name;
@@ -208,7 +250,17 @@ impl Gate {
                     .created
                     .as_ref()
                     .map(|t| Timestamp::now().as_millisecond() - t.0.as_millisecond());
-                self.metrics.time_to_ready.observe(from_start.as_secs_f64());
+                let origin = if out.removed.is_empty() {
+                    Origin::None
+                } else {
+                    origin
+                };
+                self.metrics
+                    .time_to_ready
+                    .get_or_create(&OriginLabel {
+                        origin: origin.as_str().into(),
+                    })
+                    .observe(from_start.as_secs_f64());
                 let taints: Vec<String> = out
                     .removed
                     .iter()
@@ -220,6 +272,7 @@ impl Gate {
                     removed = ?taints,
                     since_agent_start_ms = from_start.as_millis() as u64,
                     since_node_creation_ms = from_creation.unwrap_or(-1),
+                    origin = origin.as_str(),
                     "node ready: taint removed"
                 );
                 let msg = format!(
@@ -228,7 +281,9 @@ impl Gate {
                     taints,
                     from_start.as_secs_f64()
                 );
-                self.taints.event(out.uid, "NodegateReady", msg).await;
+                self.taints
+                    .event(out.uid, EventType::Normal, "NodegateReady", msg)
+                    .await;
             }
             Ok(MarkReady {
                 outcome: None,

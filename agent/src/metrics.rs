@@ -23,6 +23,12 @@ pub struct Reason {
     pub reason: String,
 }
 
+/// Who put the taint on that a ready patch removed (`time_to_ready_seconds`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OriginLabel {
+    pub origin: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct Source {
     pub source: String,
@@ -39,7 +45,7 @@ pub struct Metrics {
     pub probe_results: Family<ProbeLabels, Counter>,
     pub probe_up: Family<ProbeName, Gauge>,
     pub ready: Gauge,
-    pub time_to_ready: Histogram,
+    pub time_to_ready: Family<OriginLabel, Histogram, fn() -> Histogram>,
     pub taint_adds: Family<Reason, Counter>,
     pub taint_removals: Counter,
     pub pruned_nodes: Family<Source, Counter>,
@@ -58,8 +64,7 @@ impl Default for Metrics {
             probe_results: Family::default(),
             probe_up: Family::default(),
             ready: Gauge::default(),
-            // 0.25 s .. ~34 min
-            time_to_ready: Histogram::new(exponential_buckets(0.25, 2.0, 14)),
+            time_to_ready: Family::new_with_constructor(time_to_ready_histogram),
             taint_adds: Family::default(),
             taint_removals: Counter::default(),
             pruned_nodes: Family::default(),
@@ -73,6 +78,11 @@ impl Default for Metrics {
             handler_failures: Family::default(),
         }
     }
+}
+
+/// 0.25 s .. ~34 min.
+fn time_to_ready_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.25, 2.0, 14))
 }
 
 impl Metrics {
@@ -96,7 +106,7 @@ impl Metrics {
         );
         r.register(
             "time_to_ready_seconds",
-            "Seconds from agent start (or reboot seen) to the taint removal",
+            "Seconds from agent start (or reboot seen) to the taint removal, by who put the taint on (webhook|safety_net|continuous|none)",
             self.time_to_ready.clone(),
         );
         r.register(

@@ -102,6 +102,51 @@ pub fn safety_net_applies(node: &NodeView, specs: &[TaintSpec]) -> bool {
     !node.missing(specs).is_empty() && node.ready_boot_id() != node.boot_id()
 }
 
+/// Who put on the taint a ready patch removes: the label of
+/// `nodegate_agent_time_to_ready_seconds`, so a dashboard shows a webhook
+/// that silently stopped acting (the safety net's share grows).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// Already on when the agent looked: the webhook (at create, or its
+    /// reboot patch), or this agent's own shutdown re-taint before a restart
+    /// on the same boot.
+    Webhook,
+    /// The agent's start-up safety net: the webhook missed the node.
+    SafetyNet,
+    /// The agent's `--continuous` re-taint after its probes failed.
+    Continuous,
+    /// Nothing gated this boot: the ready patch removed no taint and only
+    /// recorded the bootID (e.g. a reboot the webhook missed while the agent
+    /// kept running).
+    None,
+}
+
+impl Origin {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Origin::Webhook => "webhook",
+            Origin::SafetyNet => "safety_net",
+            Origin::Continuous => "continuous",
+            Origin::None => "none",
+        }
+    }
+}
+
+/// What [`NodeTaints::add_missing`] did, and the node as it left it.
+#[derive(Debug, Clone)]
+pub struct Added {
+    /// The taints added, as `key=value:Effect` (empty: nothing to do).
+    pub taints: Vec<String>,
+    pub latest: NodeView,
+}
+
+/// Event type, as core/v1 Events spell it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventType {
+    Normal,
+    Warning,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum TaintError {
     #[error("kubernetes API: {0}")]
@@ -247,15 +292,15 @@ impl NodeTaints {
     }
 
     /// Adds the missing configured taints (guarded by a `test` of the list
-    /// read) when `rule` holds on a fresh read. Returns how many were added.
+    /// read) when `rule` holds on a fresh read.
     pub async fn add_missing(
         &self,
         reason: AddReason,
         deadline: Instant,
         rule: impl Fn(&NodeView) -> bool,
-    ) -> Result<usize, TaintError> {
+    ) -> Result<Added, TaintError> {
         let specs = self.specs.clone();
-        let added = self
+        let (taints, latest) = self
             .patch_loop(deadline, |_, view| {
                 if !rule(view) {
                     return None;
@@ -264,26 +309,26 @@ impl NodeTaints {
                 if missing.is_empty() {
                     return None;
                 }
-                Some((add_taints(view, &missing, Guard::Current), missing.len()))
+                let keys = missing.iter().map(ToString::to_string).collect::<Vec<_>>();
+                Some((add_taints(view, &missing, Guard::Current), keys))
             })
-            .await?
-            .0
-            .unwrap_or(0);
-        if added > 0 {
+            .await?;
+        let taints = taints.unwrap_or_default();
+        if !taints.is_empty() {
             self.metrics
                 .taint_adds
                 .get_or_create(&Reason {
                     reason: reason.as_str().into(),
                 })
                 .inc();
-            tracing::info!(node = %self.name, reason = reason.as_str(), taints = added, "taint added");
+            tracing::info!(node = %self.name, reason = reason.as_str(), ?taints, "taint added");
         }
-        Ok(added)
+        Ok(Added { taints, latest })
     }
 
     /// Records a core/v1 Event on the Node (namespace `default`, as the
     /// kubelet does). Best effort: a failure is only logged.
-    pub async fn event(&self, uid: Option<String>, reason: &str, message: String) {
+    pub async fn event(&self, uid: Option<String>, kind: EventType, reason: &str, message: String) {
         let now = Timestamp::now();
         let ev = Event {
             metadata: ObjectMeta {
@@ -304,7 +349,13 @@ impl NodeTaints {
             },
             reason: Some(reason.into()),
             message: Some(message),
-            type_: Some("Normal".into()),
+            type_: Some(
+                match kind {
+                    EventType::Normal => "Normal",
+                    EventType::Warning => "Warning",
+                }
+                .into(),
+            ),
             source: Some(EventSource {
                 component: Some("nodegate-agent".into()),
                 host: Some(self.name.clone()),

@@ -267,6 +267,19 @@ async fn webhook_taints_agent_untaints_after_probe_file_and_after_reboot() {
         agent.metric("nodegate_agent_taint_removals_total").await,
         Some(1.0)
     );
+    // The webhook put the taint on: no alarm, and time-to-ready says so.
+    assert_eq!(
+        agent
+            .metric("nodegate_agent_time_to_ready_seconds_count{origin=\"webhook\"}")
+            .await,
+        Some(1.0)
+    );
+    assert!(
+        !evs.items
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("NodegateWebhookMissed")),
+        "no webhook-missed alarm when the webhook tainted the node"
+    );
 
     // Reboot: the network agent is not up yet on the new boot.
     std::fs::remove_file(&probe).unwrap();
@@ -332,6 +345,28 @@ async fn safety_net_and_sigterm_retaint() {
             == Some(1.0)
     })
     .await;
+    // The loud signal: a Warning Event on the Node that names the miss.
+    let events: Api<Event> = Api::namespaced(emu.client(users::ADMIN).await.unwrap(), "default");
+    let uid = node(&nodes, "node-b").await.metadata.uid;
+    eventually("NodegateWebhookMissed warning event", || async {
+        events
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .any(|e| {
+                e.reason.as_deref() == Some("NodegateWebhookMissed")
+                    && e.type_.as_deref() == Some("Warning")
+                    && e.involved_object.kind.as_deref() == Some("Node")
+                    && e.involved_object.name.as_deref() == Some("node-b")
+                    && e.involved_object.uid == uid
+                    && e.message
+                        .as_deref()
+                        .is_some_and(|m| m.contains(kubelet.boot_id()) && m.contains(TAINT_KEY))
+            })
+    })
+    .await;
 
     std::fs::write(&probe, b"ok").unwrap();
     eventually("untainted when ready", || async {
@@ -339,6 +374,20 @@ async fn safety_net_and_sigterm_retaint() {
         !our_taint(&n) && ready_boot_id(&n).as_deref() == Some(kubelet.boot_id())
     })
     .await;
+    // Time-to-ready is labelled by who put the taint on.
+    eventually("time to ready, origin safety_net", || async {
+        agent
+            .metric("nodegate_agent_time_to_ready_seconds_count{origin=\"safety_net\"}")
+            .await
+            == Some(1.0)
+    })
+    .await;
+    assert_eq!(
+        agent
+            .metric("nodegate_agent_time_to_ready_seconds_count{origin=\"webhook\"}")
+            .await,
+        None
+    );
 
     let status = agent.term().await;
     assert!(status.success(), "clean exit: {status:?}");

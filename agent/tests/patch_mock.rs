@@ -221,7 +221,11 @@ async fn shutdown_retaint_appends_with_guard_and_retries() {
         .await
         .unwrap();
     let (first, second, other) = server.await.unwrap();
-    assert_eq!(added, 1);
+    assert_eq!(
+        added.taints,
+        vec!["node.cilium.io/agent-not-ready=true:NoSchedule".to_string()]
+    );
+    assert_eq!(added.latest.metadata.resource_version.as_deref(), Some("3"));
     assert_eq!(
         first,
         json!([

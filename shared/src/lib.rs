@@ -3,6 +3,8 @@
 //! and how a binary waits for its stop signal.
 
 pub mod keys;
+#[cfg(feature = "cel")]
+pub mod match_conditions;
 pub mod node;
 pub mod patch;
 pub mod signal;

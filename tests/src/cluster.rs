@@ -60,6 +60,7 @@ impl Cluster {
         })
         .await?;
         webhook.attach(&emu, None)?;
+        webhook.install_objects(&emu)?;
         Ok(Cluster::Emulated {
             emu,
             webhook: Box::new(webhook),

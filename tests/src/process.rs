@@ -68,6 +68,21 @@ pub fn shipped_rbac() -> anyhow::Result<Vec<String>> {
 /// The service the shipped configuration points at.
 pub const WEBHOOK_SERVICE: &str = "nodegate-webhook";
 pub const WEBHOOK_NAMESPACE: &str = "nodegate";
+/// The Secret the shipped Deployment mounts its serving certificate from.
+pub const WEBHOOK_TLS_SECRET: &str = "nodegate-webhook-tls";
+
+/// A Deployment `status` as the deployment controller writes it for
+/// `available` of `replicas` pods (`Available` while at least one is).
+pub fn deployment_status(replicas: i64, available: i64) -> serde_json::Value {
+    let ok = if available > 0 { "True" } else { "False" };
+    serde_json::json!({
+        "observedGeneration": 1, "replicas": replicas, "updatedReplicas": replicas,
+        "readyReplicas": available, "availableReplicas": available,
+        "unavailableReplicas": replicas - available,
+        "conditions": [{"type": "Available", "status": ok,
+                        "reason": if available > 0 { "MinimumReplicasAvailable" } else { "MinimumReplicasUnavailable" }}],
+    })
+}
 
 /// Options for [`WebhookProcess::start`].
 #[derive(Debug, Clone, Default)]
@@ -320,6 +335,50 @@ impl WebhookProcess {
         };
         emu.set_service_endpoint(&self.service(), self.https);
         emu.apply_webhook_config(&self.webhook_config(yaml)?)
+    }
+
+    /// Stores what `kubectl apply -k manifests/` and the install steps leave
+    /// in a cluster around this webhook, so `kubectl` and `nodegate-check`
+    /// see an installed system: the shipped Namespace, Service, Deployment and
+    /// agent DaemonSet, and the serving Secret holding this process's
+    /// certificate. Statuses describe what runs here: one webhook replica
+    /// available ([`deployment_status`]), and the agent DaemonSet scheduled on
+    /// no node (no kubelet in the emulator runs pods).
+    pub fn install_objects(&self, emu: &Emulator) -> anyhow::Result<()> {
+        use base64::Engine;
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let dir = manifests_dir();
+        let read = |p: &str| {
+            std::fs::read_to_string(dir.join(p)).with_context(|| format!("reading manifests/{p}"))
+        };
+        emu.apply(&read("namespace.yaml")?)?;
+        emu.apply(&read("webhook/service.yaml")?)?;
+        let secret = serde_json::json!({
+            "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
+            "metadata": {"name": WEBHOOK_TLS_SECRET, "namespace": WEBHOOK_NAMESPACE},
+            "data": {
+                "tls.crt": b64.encode(std::fs::read(self._dir.path().join("tls.crt"))?),
+                "tls.key": b64.encode(std::fs::read(self._dir.path().join("tls.key"))?),
+            },
+        });
+        emu.apply(&secret.to_string())?;
+        let mut deploy = crate::server::parse_documents(&read("webhook/deployment.yaml")?)?
+            .into_iter()
+            .next()
+            .context("empty deployment.yaml")?;
+        deploy["spec"]["replicas"] = serde_json::json!(1);
+        deploy["status"] = deployment_status(1, 1);
+        emu.apply(&deploy.to_string())?;
+        let mut ds = crate::server::parse_documents(&read("agent/daemonset.yaml")?)?
+            .into_iter()
+            .next()
+            .context("empty daemonset.yaml")?;
+        ds["status"] = serde_json::json!({
+            "desiredNumberScheduled": 0, "currentNumberScheduled": 0, "numberReady": 0,
+            "numberAvailable": 0, "numberMisscheduled": 0, "updatedNumberScheduled": 0,
+        });
+        emu.apply(&ds.to_string())?;
+        Ok(())
     }
 
     /// The last lines the process printed.

@@ -159,6 +159,51 @@ pub const MUTATING_WEBHOOKS: ResourceDef = res!(
     &[]
 );
 
+pub const SERVICES: ResourceDef = res!(
+    "",
+    "v1",
+    "services",
+    "service",
+    "Service",
+    true,
+    &["status"],
+    &["svc"],
+    &[]
+);
+pub const SECRETS: ResourceDef = res!(
+    "",
+    "v1",
+    "secrets",
+    "secret",
+    "Secret",
+    true,
+    &[],
+    &[],
+    &["type"]
+);
+pub const DEPLOYMENTS: ResourceDef = res!(
+    "apps",
+    "v1",
+    "deployments",
+    "deployment",
+    "Deployment",
+    true,
+    &["status"],
+    &["deploy"],
+    &[]
+);
+pub const DAEMONSETS: ResourceDef = res!(
+    "apps",
+    "v1",
+    "daemonsets",
+    "daemonset",
+    "DaemonSet",
+    true,
+    &["status"],
+    &["ds"],
+    &[]
+);
+
 /// Every served type, in discovery order.
 /// The resources served under one group-version, or `None` when it is unknown.
 pub fn in_group_version(group: &str, version: &str) -> Option<Vec<&'static ResourceDef>> {
@@ -175,8 +220,12 @@ pub const ALL: &[ResourceDef] = &[
     EVENTS,
     NAMESPACES,
     EVENTS_V1,
+    SERVICES,
+    SECRETS,
     LEASES,
     MUTATING_WEBHOOKS,
+    DEPLOYMENTS,
+    DAEMONSETS,
 ];
 
 /// API groups other than the core group, each with its one version.
@@ -188,6 +237,12 @@ pub fn groups() -> Vec<(&'static str, &'static str)> {
         .collect();
     g.dedup();
     g
+}
+
+/// The type an object's `apiVersion` and `kind` name.
+pub fn by_kind(api_version: &str, kind: &str) -> Option<&'static ResourceDef> {
+    ALL.iter()
+        .find(|r| r.api_version() == api_version && r.kind == kind)
 }
 
 pub fn lookup(group: &str, version: &str, plural: &str) -> Option<&'static ResourceDef> {

@@ -232,27 +232,55 @@ impl Emulator {
                 k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration,
             >(doc.clone())
             .context("invalid MutatingWebhookConfiguration")?;
+        }
+        self.apply(text)
+    }
+
+    /// Stores objects of any served type from YAML/JSON straight into
+    /// storage (no admission, no authorization: what a cluster already holds),
+    /// replacing same-named ones, `status` included.
+    pub fn apply(&self, text: &str) -> anyhow::Result<()> {
+        for doc in parse_documents(text)? {
+            let field = |k: &str| {
+                doc.get(k)
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_string()
+            };
+            let (av, kind) = (field("apiVersion"), field("kind"));
+            let res = resources::by_kind(&av, &kind)
+                .with_context(|| format!("the emulator does not serve {av} {kind}"))?;
             let name = doc
                 .pointer("/metadata/name")
                 .and_then(Value::as_str)
-                .context("MutatingWebhookConfiguration without a name")?
+                .with_context(|| format!("{kind} without a name"))?
                 .to_string();
-            let res = &resources::MUTATING_WEBHOOKS;
-            match self.store.get(res, "", &name) {
+            let mut doc = doc;
+            let ns = if res.namespaced {
+                let ns = doc
+                    .pointer("/metadata/namespace")
+                    .and_then(Value::as_str)
+                    .unwrap_or("default")
+                    .to_string();
+                doc["metadata"]["namespace"] = Value::String(ns.clone());
+                ns
+            } else {
+                String::new()
+            };
+            match self.store.get(res, &ns, &name) {
                 Some(cur) => {
                     let rv = crate::store::rv_of(&cur).unwrap_or(0);
-                    let mut doc = doc;
                     doc["metadata"]["uid"] = cur["metadata"]["uid"].clone();
                     doc["metadata"]["creationTimestamp"] =
                         cur["metadata"]["creationTimestamp"].clone();
                     self.store
-                        .update(res, "", &name, doc, rv, false)
-                        .map_err(|e| anyhow::anyhow!("storing {name}: {e:?}"))?;
+                        .update(res, &ns, &name, doc, rv, false)
+                        .map_err(|e| anyhow::anyhow!("storing {kind} {name}: {e:?}"))?;
                 }
                 None => {
                     self.store
-                        .create(res, "", doc, false)
-                        .map_err(|e| anyhow::anyhow!("storing {name}: {e:?}"))?;
+                        .create(res, &ns, doc, false)
+                        .map_err(|e| anyhow::anyhow!("storing {kind} {name}: {e:?}"))?;
                 }
             }
         }

@@ -1056,6 +1056,7 @@ pub async fn serve(kubeconfig_out: PathBuf, user: &str) -> anyhow::Result<()> {
     })
     .await?;
     webhook.attach(&emu, None)?;
+    webhook.install_objects(&emu)?;
     std::fs::write(&kubeconfig_out, emu.kubeconfig_yaml(user))
         .with_context(|| format!("writing {}", kubeconfig_out.display()))?;
     println!("emulated API server: {}", emu.url());

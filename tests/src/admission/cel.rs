@@ -1,128 +1,36 @@
-//! `matchConditions` as CEL, with the variables bound as kube-apiserver binds
-//! them, and the all-conditions verdict of its matcher.
-//!
-//! Upstream (k8s.io/apiserver):
-//! - `pkg/admission/plugin/cel/filter.go` `CreateAdmissionRequest` builds the
-//!   `request` variable: no uid, no object/oldObject, `dryRun` always set (a
-//!   `*bool`), `options` from the operation options.
-//! - `convertObjectToUnstructured` → apimachinery
-//!   `runtime.DefaultUnstructuredConverter.ToUnstructured`: an `omitempty`
-//!   field that is empty (`isZero`: "" / nil pointer / empty map or slice) is
-//!   **absent**, so reading it is a CEL "no such key" error, never `''`.
-//! - `pkg/admission/plugin/webhook/matchconditions/matcher.go` `Match`: any
-//!   condition false → not called (errors or not); else any error → the
-//!   failurePolicy decides; every error is counted.
+//! `matchConditions` in the emulator: the binding and verdict live in
+//! `nodegate_shared::match_conditions` (one implementation, also used by
+//! `nodegate-check`); this adapts the emulator's request attributes.
 
-use serde_json::{Map, Value, json};
+use serde_json::Value;
+
+use nodegate_shared::match_conditions::{RequestAttributes, request_variable as bind};
+pub use nodegate_shared::match_conditions::{Verdict, eval_condition, match_all};
 
 use super::Attributes;
 
-/// The `request` variable: the AdmissionRequest as `CreateAdmissionRequest`
-/// builds it, turned into unstructured JSON with `omitempty` honoured.
+/// The `request` variable for an emulated request.
 pub fn request_variable(a: &Attributes<'_>) -> Value {
-    let gvk = json!({"group": a.res.group, "version": a.res.version, "kind": a.res.kind});
-    let gvr = json!({"group": a.res.group, "version": a.res.version, "resource": a.res.plural});
-    let mut user = Map::new();
-    let info = crate::users::user_info(a.user);
-    // authentication/v1 UserInfo: username, uid, groups, extra are all omitempty.
-    if !a.user.is_empty() {
-        user.insert("username".into(), json!(a.user));
-    }
-    if let Some(g) = info
-        .get("groups")
-        .filter(|g| g.as_array().is_some_and(|g| !g.is_empty()))
-    {
-        user.insert("groups".into(), g.clone());
-    }
-    let mut r = Map::new();
-    // `uid` has no omitempty and is left unset: present as "".
-    r.insert("uid".into(), json!(""));
-    r.insert("kind".into(), gvk.clone());
-    r.insert("resource".into(), gvr.clone());
-    r.insert("requestKind".into(), gvk);
-    r.insert("requestResource".into(), gvr);
-    for (key, v) in [
-        ("subResource", a.subresource),
-        ("requestSubResource", a.subresource),
-        ("name", a.name),
-        ("namespace", a.namespace),
-    ] {
-        if !v.is_empty() {
-            r.insert(key.into(), json!(v));
-        }
-    }
-    r.insert("operation".into(), json!(a.operation.as_str()));
-    r.insert("userInfo".into(), Value::Object(user));
-    // RawExtension fields are structs (never "empty"), left unset → null.
-    r.insert("object".into(), Value::Null);
-    r.insert("oldObject".into(), Value::Null);
-    r.insert("dryRun".into(), json!(a.dry_run));
-    r.insert("options".into(), a.options.clone());
-    Value::Object(r)
-}
-
-/// Evaluates one match condition. `Err` is an evaluation (or compilation)
-/// error, which the matcher resolves with the failurePolicy.
-pub fn eval_condition(
-    expression: &str,
-    object: &Value,
-    old_object: &Value,
-    request: &Value,
-) -> Result<bool, String> {
-    let program =
-        cel::Program::compile(expression).map_err(|e| format!("compilation failed: {e}"))?;
-    let mut ctx = cel::Context::default();
-    for (name, v) in [
-        ("object", object),
-        ("oldObject", old_object),
-        ("request", request),
-    ] {
-        let v = cel::to_value(v).map_err(|e| format!("binding {name}: {e}"))?;
-        ctx.add_variable_from_value(name, v);
-    }
-    match program.execute(&ctx) {
-        Ok(cel::Value::Bool(b)) => Ok(b),
-        Ok(other) => Err(format!("expression did not evaluate to bool: {other:?}")),
-        Err(e) => Err(format!("evaluation failed: {e}")),
-    }
-}
-
-/// What the matcher decided for one webhook.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Verdict {
-    /// Every condition is true: call the webhook.
-    Call,
-    /// A condition is false (named): skip, whatever the other conditions did.
-    Excluded(String),
-    /// No condition is false, at least one errored: the failurePolicy decides.
-    Errors(Vec<String>),
-}
-
-/// `matcher.go` `Match` over all conditions. Returns the verdict and how many
-/// conditions errored (each is counted, even when another is false).
-pub fn match_all<'a>(
-    conditions: impl IntoIterator<Item = (&'a str, &'a str)>,
-    object: &Value,
-    old_object: &Value,
-    request: &Value,
-) -> (Verdict, usize) {
-    let mut errors = Vec::new();
-    let mut counted = 0;
-    for (name, expression) in conditions {
-        match eval_condition(expression, object, old_object, request) {
-            Ok(true) => {}
-            Ok(false) => return (Verdict::Excluded(name.to_string()), counted),
-            Err(e) => {
-                counted += 1;
-                errors.push(format!("{name}: {e}"));
-            }
-        }
-    }
-    if errors.is_empty() {
-        (Verdict::Call, 0)
-    } else {
-        (Verdict::Errors(errors), counted)
-    }
+    let groups: Vec<String> = crate::users::user_info(a.user)["groups"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|g| g.as_str().map(str::to_string))
+        .collect();
+    bind(&RequestAttributes {
+        group: a.res.group,
+        version: a.res.version,
+        kind: a.res.kind,
+        resource: a.res.plural,
+        subresource: a.subresource,
+        name: a.name,
+        namespace: a.namespace,
+        operation: a.operation.as_str(),
+        username: a.user,
+        groups: &groups,
+        dry_run: a.dry_run,
+        options: a.options.clone(),
+    })
 }
 
 #[cfg(test)]
@@ -130,6 +38,7 @@ mod tests {
     use super::*;
     use crate::admission::Operation;
     use crate::resources;
+    use serde_json::json;
 
     fn attrs(sub: &'static str, op: Operation, dry: bool) -> Attributes<'static> {
         Attributes {

@@ -1,0 +1,102 @@
+//! The report: one line per check, and the exit code that follows from it.
+
+use std::fmt::Write;
+
+/// How one check ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    Pass,
+    /// Works, but a risk the operator should know about; exit stays 0.
+    Warn,
+    Fail,
+    /// Could not be checked (e.g. no permission); exit stays 0.
+    Skip,
+}
+
+impl Status {
+    fn as_str(self) -> &'static str {
+        match self {
+            Status::Pass => "PASS",
+            Status::Warn => "WARN",
+            Status::Fail => "FAIL",
+            Status::Skip => "SKIP",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Line {
+    pub check: &'static str,
+    pub status: Status,
+    pub detail: String,
+}
+
+#[derive(Debug, Default)]
+pub struct Report {
+    pub lines: Vec<Line>,
+}
+
+impl Report {
+    pub fn add(&mut self, check: &'static str, status: Status, detail: impl Into<String>) {
+        self.lines.push(Line {
+            check,
+            status,
+            detail: detail.into(),
+        });
+    }
+
+    pub fn count(&self, status: Status) -> usize {
+        self.lines.iter().filter(|l| l.status == status).count()
+    }
+
+    /// The line of `check`, if it ran.
+    pub fn get(&self, check: &str) -> Option<&Line> {
+        self.lines.iter().find(|l| l.check == check)
+    }
+
+    pub fn failed(&self) -> bool {
+        self.count(Status::Fail) > 0
+    }
+
+    pub fn exit_code(&self) -> i32 {
+        i32::from(self.failed())
+    }
+
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        for l in &self.lines {
+            let _ = writeln!(out, "{}  {:<22} {}", l.status.as_str(), l.check, l.detail);
+        }
+        let _ = writeln!(
+            out,
+            "result: {} ({} passed, {} failed, {} warnings, {} skipped)",
+            if self.failed() { "FAIL" } else { "PASS" },
+            self.count(Status::Pass),
+            self.count(Status::Fail),
+            self.count(Status::Warn),
+            self.count(Status::Skip),
+        );
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_code_follows_failures_only() {
+        let mut r = Report::default();
+        r.add("a", Status::Pass, "ok");
+        r.add("b", Status::Warn, "hm");
+        r.add("c", Status::Skip, "no rights");
+        assert_eq!(r.exit_code(), 0);
+        assert!(
+            r.render()
+                .ends_with("result: PASS (1 passed, 0 failed, 1 warnings, 1 skipped)\n")
+        );
+        r.add("d", Status::Fail, "broken");
+        assert_eq!(r.exit_code(), 1);
+        assert!(r.render().contains("FAIL  d                      broken\n"));
+    }
+}

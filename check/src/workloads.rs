@@ -1,0 +1,263 @@
+//! What runs the webhook and the agent: the webhook's Service (and port),
+//! its Deployment (available replicas, and the `--taint` flags it runs
+//! with), and the agent DaemonSet.
+
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::core::v1::{Container, Service};
+use kube::{Api, Client};
+use nodegate_shared::TaintSpec;
+use nodegate_shared::keys::DEFAULT_TAINT;
+
+use crate::webhook_config::Hook;
+use crate::{Args, Report, Status};
+
+/// What the canary and the diagnosis need from the Deployment.
+#[derive(Debug, Clone, Default)]
+pub struct DeploymentInfo {
+    /// Available replicas, when the Deployment was read.
+    pub available: Option<i32>,
+    /// The taints the webhook runs with (its `--taint` args or `NODEGATE_TAINTS`).
+    pub taints: Vec<TaintSpec>,
+}
+
+/// The `--taint` values of a container (`--taint=X`, `--taint X`, or the
+/// `NODEGATE_TAINTS` env var, as the webhook's clap reads them).
+pub fn container_taints(c: &Container) -> Vec<String> {
+    let args: Vec<&str> = c
+        .args
+        .iter()
+        .flatten()
+        .chain(c.command.iter().flatten())
+        .map(String::as_str)
+        .collect();
+    let mut out = Vec::new();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        if let Some(v) = a.strip_prefix("--taint=") {
+            out.push(v.to_string());
+        } else if *a == "--taint"
+            && let Some(v) = it.next()
+        {
+            out.push(v.to_string());
+        }
+    }
+    if out.is_empty()
+        && let Some(v) = c
+            .env
+            .iter()
+            .flatten()
+            .find(|e| e.name == "NODEGATE_TAINTS")
+            .and_then(|e| e.value.clone())
+    {
+        out.extend(
+            v.split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(str::to_string),
+        );
+    }
+    out
+}
+
+pub async fn check_service(client: &Client, hook: &Hook, report: &mut Report) -> bool {
+    const CHECK: &str = "webhook service";
+    let Some((ns, name, port)) = &hook.service else {
+        return true;
+    };
+    let api: Api<Service> = Api::namespaced(client.clone(), ns);
+    match api.get_opt(name).await {
+        Ok(Some(svc)) => {
+            let ports: Vec<i32> = svc
+                .spec
+                .iter()
+                .flat_map(|s| s.ports.iter().flatten())
+                .map(|p| p.port)
+                .collect();
+            if ports.contains(port) {
+                report.add(
+                    CHECK,
+                    Status::Pass,
+                    format!("{ns}/{name} serves port {port}"),
+                );
+                true
+            } else {
+                report.add(
+                    CHECK,
+                    Status::Fail,
+                    format!("{ns}/{name} has ports {ports:?}, the configuration calls {port}"),
+                );
+                false
+            }
+        }
+        Ok(None) => {
+            report.add(
+                CHECK,
+                Status::Fail,
+                format!("Service {ns}/{name} not found: the API server cannot reach the webhook"),
+            );
+            false
+        }
+        Err(e) => {
+            report.add(
+                CHECK,
+                Status::Skip,
+                format!("cannot read Service {ns}/{name}: {e}"),
+            );
+            true
+        }
+    }
+}
+
+pub async fn check_deployment(client: &Client, args: &Args, report: &mut Report) -> DeploymentInfo {
+    const CHECK: &str = "webhook deployment";
+    let default = || {
+        vec![DEFAULT_TAINT.parse::<TaintSpec>().ok()]
+            .into_iter()
+            .flatten()
+            .collect()
+    };
+    let api: Api<Deployment> = Api::namespaced(client.clone(), &args.namespace);
+    let d = match api.get_opt(&args.deployment).await {
+        Ok(Some(d)) => d,
+        Ok(None) => {
+            report.add(
+                CHECK,
+                Status::Fail,
+                format!(
+                    "Deployment {}/{} not found",
+                    args.namespace, args.deployment
+                ),
+            );
+            return DeploymentInfo {
+                available: Some(0),
+                taints: default(),
+            };
+        }
+        Err(e) => {
+            report.add(
+                CHECK,
+                Status::Skip,
+                format!(
+                    "cannot read Deployment {}/{}: {e}",
+                    args.namespace, args.deployment
+                ),
+            );
+            return DeploymentInfo {
+                available: None,
+                taints: default(),
+            };
+        }
+    };
+    let want = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+    let status = d.status.unwrap_or_default();
+    let available = status.available_replicas.unwrap_or(0);
+    let cond_ok = status
+        .conditions
+        .iter()
+        .flatten()
+        .any(|c| c.type_ == "Available" && c.status == "True");
+    let what = format!(
+        "{}/{}: {available}/{want} available",
+        args.namespace, args.deployment
+    );
+    if available == 0 || !cond_ok {
+        report.add(CHECK, Status::Fail, format!("{what}: the webhook is down"));
+    } else if available < want {
+        report.add(
+            CHECK,
+            Status::Warn,
+            format!("{what}: one more failure and the webhook is down"),
+        );
+    } else {
+        report.add(CHECK, Status::Pass, what);
+    }
+    let containers = d
+        .spec
+        .and_then(|s| s.template.spec)
+        .map(|p| p.containers)
+        .unwrap_or_default();
+    let raw: Vec<String> = containers.iter().flat_map(container_taints).collect();
+    let mut taints = Vec::new();
+    for t in &raw {
+        match t.parse::<TaintSpec>() {
+            Ok(t) => taints.push(t),
+            Err(e) => report.add(
+                "configured taints",
+                Status::Fail,
+                format!("the Deployment's --taint {t:?} is invalid: {e}"),
+            ),
+        }
+    }
+    if raw.is_empty() {
+        taints = default();
+    }
+    DeploymentInfo {
+        available: Some(available),
+        taints,
+    }
+}
+
+pub async fn check_daemonset(client: &Client, args: &Args, report: &mut Report) {
+    const CHECK: &str = "agent daemonset";
+    let api: Api<DaemonSet> = Api::namespaced(client.clone(), &args.namespace);
+    let ds = match api.get_opt(&args.daemonset).await {
+        Ok(Some(d)) => d,
+        Ok(None) => {
+            report.add(CHECK, Status::Fail, format!("DaemonSet {}/{} not found: nothing removes the taint, nodes stay unschedulable", args.namespace, args.daemonset));
+            return;
+        }
+        Err(e) => {
+            report.add(
+                CHECK,
+                Status::Skip,
+                format!(
+                    "cannot read DaemonSet {}/{}: {e}",
+                    args.namespace, args.daemonset
+                ),
+            );
+            return;
+        }
+    };
+    let s = ds.status.unwrap_or_default();
+    let (desired, available) = (s.desired_number_scheduled, s.number_available.unwrap_or(0));
+    let what = format!(
+        "{}/{}: {available}/{desired} available",
+        args.namespace, args.daemonset
+    );
+    if desired == 0 {
+        report.add(CHECK, Status::Warn, format!("{what}: scheduled on no node"));
+    } else if available < desired {
+        report.add(
+            CHECK,
+            Status::Warn,
+            format!("{what}: nodes without a ready agent keep the taint (check tolerations and the agent's logs)"),
+        );
+    } else {
+        report.add(CHECK, Status::Pass, what);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn taints_from_args_or_env() {
+        let c: Container = serde_json::from_value(serde_json::json!({
+            "name": "w", "args": ["--listen=0.0.0.0:9443", "--taint=a.io/x=true:NoSchedule", "--taint", "b.io/y:NoExecute"]
+        }))
+        .unwrap();
+        assert_eq!(
+            container_taints(&c),
+            vec!["a.io/x=true:NoSchedule", "b.io/y:NoExecute"]
+        );
+        let c: Container = serde_json::from_value(serde_json::json!({
+            "name": "w", "env": [{"name": "NODEGATE_TAINTS", "value": "a.io/x:NoSchedule, b.io/y:NoSchedule"}]
+        }))
+        .unwrap();
+        assert_eq!(
+            container_taints(&c),
+            vec!["a.io/x:NoSchedule", "b.io/y:NoSchedule"]
+        );
+    }
+}

@@ -1,0 +1,229 @@
+//! `nodegate-check` as an operator runs it: the real binary with a
+//! kubeconfig, against `nodegate-sim serve` (must pass) and against emulated
+//! installs broken the ways real ones break (each must fail, exit 1, and
+//! say why).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nodegate_tests::process::deployment_status;
+use nodegate_tests::{Emulator, EmulatorOptions, WebhookOptions, WebhookProcess, users};
+
+/// The shipped expression minus the guard: what broke on real clusters.
+fn unguarded(yaml: &str) -> String {
+    let fixed = yaml.replace(
+        "!has(request.subResource) || request.subResource",
+        "request.subResource",
+    );
+    assert_ne!(fixed, yaml, "the shipped condition has the guard");
+    fixed
+}
+
+/// Runs the real binary; returns its exit code and stdout.
+fn check(kubeconfig: &Path, extra: &[&str]) -> (i32, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_nodegate-check"))
+        .args(extra)
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("KUBECONFIG", kubeconfig)
+        .env("HOME", kubeconfig.parent().unwrap())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    eprintln!(
+        "--- nodegate-check {extra:?}\n{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code().unwrap_or(-1), stdout)
+}
+
+fn line<'a>(out: &'a str, status: &str, check: &str) -> &'a str {
+    out.lines()
+        .find(|l| l.starts_with(&format!("{status}  {check}")))
+        .unwrap_or_else(|| panic!("no `{status}  {check}` line in:\n{out}"))
+}
+
+/// An emulated cluster with nodegate installed as the README says.
+async fn installed(config: Option<String>) -> (Emulator, WebhookProcess, tempfile::TempDir) {
+    let emu = Emulator::start(EmulatorOptions {
+        rbac: Some(nodegate_tests::process::shipped_rbac().unwrap()),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let webhook = WebhookProcess::start(WebhookOptions {
+        kubeconfig: Some(emu.kubeconfig(users::WEBHOOK).unwrap()),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    webhook.attach(&emu, config.as_deref()).unwrap();
+    webhook.install_objects(&emu).unwrap();
+    let home = tempfile::tempdir().unwrap();
+    std::fs::write(
+        home.path().join("kubeconfig"),
+        emu.kubeconfig_yaml(users::ADMIN),
+    )
+    .unwrap();
+    (emu, webhook, home)
+}
+
+#[test]
+fn passes_against_nodegate_sim_serve() {
+    let sim_bin = nodegate_tests::bin_path("nodegate-sim");
+    assert!(
+        sim_bin.exists(),
+        "build nodegate-sim first (cargo test --workspace does)"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    let mut sim = Command::new(sim_bin)
+        .args(["serve", "--kubeconfig-out"])
+        .arg(&kubeconfig)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(sim.stdout.take().unwrap())
+        .lines()
+        .map(Result::unwrap);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut https = None;
+    for l in lines.by_ref() {
+        if let Some(rest) = l.split("https=").nth(1) {
+            https = rest.split_whitespace().next().map(str::to_string);
+        }
+        if l.contains("Ctrl-C stops.") || Instant::now() > deadline {
+            break;
+        }
+    }
+    let https = https.expect("serve printed the webhook's address");
+    let (code, out) = check(&kubeconfig, &["--webhook-address", &https]);
+    let _ = sim.kill();
+    let _ = sim.wait();
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("\nresult: PASS ("), "{out}");
+    for c in [
+        "webhook configuration",
+        "match conditions",
+        "webhook service",
+        "serving certificate",
+        "served certificate",
+        "webhook deployment",
+        "canary dry-run create",
+        "api server counters",
+    ] {
+        line(&out, "PASS", c);
+    }
+    assert!(
+        line(&out, "PASS", "canary dry-run create")
+            .contains("node.cilium.io/agent-not-ready=true:NoSchedule")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fails_on_the_unguarded_match_condition() {
+    let shipped = nodegate_tests::process::shipped_webhook_config().unwrap();
+    let (emu, _webhook, home) = installed(Some(unguarded(&shipped))).await;
+    let (code, out) = check(&home.path().join("kubeconfig"), &[]);
+    assert_eq!(code, 1, "{out}");
+    let mc = line(&out, "FAIL", "match conditions");
+    assert!(
+        mc.contains("not-a-heartbeat") && mc.contains("on a Node CREATE") && mc.contains("has()"),
+        "{mc}"
+    );
+    assert!(line(&out, "FAIL", "canary dry-run create").contains("WITHOUT"));
+    assert!(line(&out, "FAIL", "diagnosis").contains("skips the webhook silently"));
+    // The canary's own evaluation error, counted by the API server.
+    assert!(
+        line(&out, "WARN", "api server counters").contains("1 match-condition evaluation errors")
+    );
+    assert!(out.contains("\nresult: FAIL ("));
+    assert_eq!(
+        emu.webhook_calls(false).len(),
+        0,
+        "the webhook was never called"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fails_on_a_wrong_ca_bundle() {
+    let other = nodegate_certs::Ca::generate(1).unwrap();
+    let shipped = nodegate_tests::process::shipped_webhook_config().unwrap();
+    let wrong = nodegate_certs::inject_ca_bundle(&shipped, other.cert_pem()).unwrap();
+    let (emu, webhook, home) = installed(None).await;
+    emu.apply_webhook_config(&wrong).unwrap();
+    let addr = webhook.https_addr().to_string();
+    let (code, out) = check(
+        &home.path().join("kubeconfig"),
+        &["--webhook-address", &addr],
+    );
+    assert_eq!(code, 1, "{out}");
+    assert!(line(&out, "FAIL", "serving certificate").contains("caBundle does not verify"));
+    assert!(line(&out, "FAIL", "served certificate").contains("TLS handshake"));
+    line(&out, "FAIL", "canary dry-run create");
+    assert!(line(&out, "FAIL", "diagnosis").contains("cannot verify the webhook's certificate"));
+    line(&out, "PASS", "match conditions");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fails_when_the_webhook_is_down() {
+    let (emu, mut webhook, home) = installed(None).await;
+    webhook.kill().await.unwrap();
+    // What the deployment controller writes once the pod is gone.
+    let mut deploy = serde_json::to_value(
+        emu.store()
+            .get(
+                &nodegate_tests::resources::DEPLOYMENTS,
+                "nodegate",
+                "nodegate-webhook",
+            )
+            .unwrap()
+            .as_ref(),
+    )
+    .unwrap();
+    deploy["status"] = deployment_status(1, 0);
+    emu.apply(&deploy.to_string()).unwrap();
+    let (code, out) = check(&home.path().join("kubeconfig"), &[]);
+    assert_eq!(code, 1, "{out}");
+    assert!(line(&out, "FAIL", "webhook deployment").contains("0/1 available"));
+    assert!(line(&out, "FAIL", "canary dry-run create").contains("WITHOUT"));
+    assert!(line(&out, "FAIL", "diagnosis").contains("no available replica"));
+    assert!(line(&out, "WARN", "api server counters").contains("1 fail-open calls"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fails_when_a_taint_is_missing_from_the_answer() {
+    let (_emu, _webhook, home) = installed(None).await;
+    let (code, out) = check(
+        &home.path().join("kubeconfig"),
+        &[
+            "--taint",
+            "node.cilium.io/agent-not-ready=true:NoSchedule",
+            "--taint",
+            "example.com/extra=x:NoSchedule",
+        ],
+    );
+    assert_eq!(code, 1, "{out}");
+    let canary = line(&out, "FAIL", "canary dry-run create");
+    assert!(
+        canary.contains("WITHOUT [\"example.com/extra=x:NoSchedule\"]"),
+        "{canary}"
+    );
+    assert!(line(&out, "FAIL", "diagnosis").contains("did not add it"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fails_clearly_without_an_install() {
+    let emu = Emulator::start(EmulatorOptions::default()).await.unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let kc = home.path().join("kubeconfig");
+    std::fs::write(&kc, emu.kubeconfig_yaml(users::ADMIN)).unwrap();
+    let (code, out) = check(&kc, &[]);
+    assert_eq!(code, 1, "{out}");
+    assert!(line(&out, "FAIL", "webhook configuration").contains("not found"));
+    assert!(line(&out, "FAIL", "diagnosis").contains("missing"));
+}

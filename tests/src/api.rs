@@ -206,18 +206,62 @@ async fn resource(
     body: Bytes,
 ) -> Result<Response> {
     let watch = matches!(q.get("watch").map(String::as_str), Some("true" | "1"));
-    if let Some(policy) = &st.policy {
-        let verb = match (method.clone(), &t.name) {
-            (Method::GET, None) if watch => "watch",
-            (Method::GET, None) => "list",
-            (Method::GET, Some(_)) => "get",
-            (Method::POST, _) => "create",
-            (Method::PUT, _) => "update",
-            (Method::PATCH, _) => "patch",
-            (Method::DELETE, None) => "deletecollection",
-            (Method::DELETE, Some(_)) => "delete",
-            _ => "unknown",
+    let verb = match (method.clone(), &t.name) {
+        (Method::GET, None) if watch => "watch",
+        (Method::GET, None) => "list",
+        (Method::GET, Some(_)) => "get",
+        (Method::POST, _) => "create",
+        (Method::PUT, _) => "update",
+        (Method::PATCH, _) => "patch",
+        (Method::DELETE, None) => "deletecollection",
+        (Method::DELETE, Some(_)) => "delete",
+        _ => "unknown",
+    };
+    if let Some(node) = crate::node_authz::kubelet(user) {
+        // The Node authorizer decides for kubelets, always (RBAC binds
+        // nothing to system:nodes, so its "no opinion" is a denial).
+        let selector = |field: &str| {
+            q.get("fieldSelector").and_then(|fs| {
+                fs.split(',')
+                    .find_map(|p| p.strip_prefix(field)?.strip_prefix('='))
+                    .map(str::to_string)
+            })
         };
+        let listed_name = selector("metadata.name");
+        let pod_node = selector("spec.nodeName");
+        let bound = match (&t.name, t.res.key() == resources::PODS.key()) {
+            (Some(n), true) => st.store.get(t.res, &t.ns, n).and_then(|p| {
+                p.pointer("/spec/nodeName")
+                    .and_then(Value::as_str)
+                    .map(str::to_string)
+            }),
+            _ => None,
+        };
+        let r = crate::node_authz::NodeRequest {
+            verb,
+            group: t.res.group,
+            resource: t.res.plural,
+            subresource: &t.sub,
+            name: t
+                .name
+                .as_deref()
+                .or(listed_name.as_deref())
+                .unwrap_or_default(),
+            pod_node_selector: pod_node.as_deref(),
+            pod_bound_to: bound.as_deref(),
+        };
+        if let Err(why) = crate::node_authz::authorize(node, &r) {
+            let msg = crate::node_authz::denial(user, &r, &t.ns, &why);
+            return Err(match &t.name {
+                Some(n) => ApiError::forbidden(t.res.plural, t.res.group, n, &msg),
+                None => ApiError::new(
+                    403,
+                    "Forbidden",
+                    format!("{} is forbidden: {msg}", t.res.plural),
+                ),
+            });
+        }
+    } else if let Some(policy) = &st.policy {
         let resource = if t.sub.is_empty() {
             t.res.plural.to_string()
         } else {

@@ -19,6 +19,7 @@ pub mod util;
 pub use server::{Emulator, EmulatorOptions};
 pub mod fake_webhook;
 pub mod kubelet;
+pub mod node_authz;
 pub mod process;
 
 pub use process::{LoggedChild, WebhookOptions, WebhookProcess, bin_path};

@@ -2,9 +2,9 @@
 //! bindings, so end-to-end tests catch a manifest that grants too little.
 //!
 //! Built-in identities keep the access the real cluster's built-in policy
-//! gives them: `system:masters` (admin), kubelets (the Node authorizer is
-//! approximated as allow; NodeRestriction still applies), the scheduler and
-//! the node controller.
+//! gives them: `system:masters` (admin), the scheduler and the node
+//! controller. Kubelets never reach RBAC here: the Node authorizer
+//! (`node_authz`) decides for them.
 
 use serde_json::Value;
 
@@ -146,10 +146,7 @@ impl Policy {
     }
 
     fn builtin(user: &str) -> bool {
-        user == users::ADMIN
-            || users::node_name_of(user).is_some()
-            || user == users::SCHEDULER
-            || user == users::NODE_CONTROLLER
+        user == users::ADMIN || user == users::SCHEDULER || user == users::NODE_CONTROLLER
     }
 
     /// `Ok` or the Forbidden reason, as kube-apiserver words it.

@@ -1433,3 +1433,58 @@ async fn shipped_rbac_is_enforced() {
     let nobody = nodes(&emu, "system:serviceaccount:default:nobody").await;
     assert_eq!(api_reason(&nobody.get("a").await.unwrap_err()).0, 403);
 }
+
+/// `node_authorizer.go` authorizeNode: a kubelet reads only its own Node
+/// (get, or list/watch with a `metadata.name` field selector), never
+/// `nodes/status`, and may write (NodeRestriction limits what).
+#[tokio::test]
+async fn node_authorizer_limits_kubelet_reads() {
+    let (emu, admin) = with_node_a().await;
+    admin
+        .create(&PostParams::default(), &node("b"))
+        .await
+        .unwrap();
+    let kubelet = nodes(&emu, &users::node("a")).await;
+    assert_eq!(
+        kubelet.get("a").await.unwrap().metadata.name.as_deref(),
+        Some("a")
+    );
+    let e = kubelet.get("b").await.unwrap_err();
+    let (code, _, msg) = api_reason(&e);
+    assert_eq!(code, 403, "{msg}");
+    assert!(
+        msg.contains("node 'a' cannot read 'b', only its own Node object"),
+        "{msg}"
+    );
+    let e = kubelet.list(&ListParams::default()).await.unwrap_err();
+    assert!(api_reason(&e).2.contains("cannot read all nodes"));
+    let own = kubelet
+        .list(&ListParams::default().fields("metadata.name=a"))
+        .await
+        .unwrap();
+    assert_eq!(own.items.len(), 1);
+    let r = emu
+        .raw(
+            Some(&users::node("a")),
+            "GET",
+            "/api/v1/nodes/a/status",
+            "",
+            Vec::new(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status, 403, "a kubelet may not read nodes/status");
+    kubelet
+        .patch_status(
+            "a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"nodeInfo": {"bootID": "boot-2"}}})),
+        )
+        .await
+        .unwrap();
+    let e = kubelet
+        .delete("a", &DeleteParams::default())
+        .await
+        .unwrap_err();
+    assert_eq!(api_reason(&e).0, 403);
+}

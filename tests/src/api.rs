@@ -217,7 +217,7 @@ async fn resource(
         (Method::DELETE, Some(_)) => "delete",
         _ => "unknown",
     };
-    if let Some(node) = crate::node_authz::kubelet(user) {
+    if let Some(node) = users::node_name_of(user) {
         // The Node authorizer decides for kubelets, always (RBAC binds
         // nothing to system:nodes, so its "no opinion" is a denial).
         let selector = |field: &str| {

@@ -7,8 +7,6 @@
 //! Its "no opinion" falls through to RBAC, where the `system:nodes` group is
 //! bound to nothing, so it is a denial.
 
-use crate::users;
-
 /// What the authorizer sees of a kubelet's request.
 #[derive(Debug, Clone)]
 pub struct NodeRequest<'a> {
@@ -88,11 +86,6 @@ pub fn denial(user: &str, r: &NodeRequest<'_>, namespace: &str, why: &str) -> St
         msg.push_str(why);
     }
     msg
-}
-
-/// The node a user speaks for, if it is a kubelet.
-pub fn kubelet(user: &str) -> Option<&str> {
-    users::node_name_of(user)
 }
 
 #[cfg(test)]

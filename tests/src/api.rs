@@ -107,8 +107,12 @@ pub async fn handle(
     req: http::Request<Body>,
 ) -> Response {
     let (parts, body) = req.into_parts();
-    let Some(user) = bearer_user(&parts.headers) else {
+    let Some(requester) = bearer_user(&parts.headers) else {
         return ApiError::unauthorized().into_response();
+    };
+    let user = match crate::impersonation::resolve(&parts.headers, &requester, st.policy.as_ref()) {
+        Ok(u) => u,
+        Err(e) => return e.into_response(),
     };
     let body = match axum::body::to_bytes(body, MAX_BODY).await {
         Ok(b) => b,

@@ -18,6 +18,7 @@ pub mod util;
 
 pub use server::{Emulator, EmulatorOptions};
 pub mod fake_webhook;
+pub mod impersonation;
 pub mod kubelet;
 pub mod node_authz;
 pub mod process;

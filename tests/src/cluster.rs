@@ -2,9 +2,18 @@
 //! and the shipped MutatingWebhookConfiguration, or — when
 //! `NODEGATE_E2E_KUBECONFIG` names a kubeconfig — a real cluster (e.g. kind)
 //! with nodegate installed. Users other than the kubeconfig's own are then
-//! impersonated (`--as`), so the kubeconfig's user needs `impersonate` rights.
+//! impersonated (`--as`, or `as:` in a kubeconfig written for a child
+//! process), so the kubeconfig's user needs `impersonate` rights.
+//!
+//! On a real cluster every name a test makes comes from [`Cluster::name`]
+//! (`nodegate-e2e-<run>-<base>`, one random run id per test), and what it
+//! creates through [`Cluster::node_name`] or [`Cluster::delete_on_drop`] is
+//! deleted when the `Cluster` drops — also when the test panics.
 
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use std::os::unix::fs::OpenOptionsExt;
 
 use anyhow::Context;
 use tokio::process::Command;
@@ -25,6 +34,9 @@ pub enum Cluster {
     Real {
         kubeconfig: PathBuf,
         scratch: tempfile::TempDir,
+        run: String,
+        /// `(resource, namespace, name)` to delete on drop.
+        created: Mutex<Vec<(String, String, String)>>,
     },
 }
 
@@ -46,6 +58,8 @@ impl Cluster {
             return Ok(Cluster::Real {
                 kubeconfig: PathBuf::from(kc),
                 scratch,
+                run: format!("{:06x}", rand::random::<u32>() & 0xff_ffff),
+                created: Mutex::new(Vec::new()),
             });
         }
         // The shipped RBAC is enforced, so a manifest that grants too little fails here.
@@ -99,12 +113,84 @@ impl Cluster {
         }
     }
 
-    /// A node name unique to this test run (real clusters are shared).
+    /// A name unique to this test on a real cluster (shared with other
+    /// tests and users); `base` itself on a fresh emulator.
+    pub fn name(&self, base: &str) -> String {
+        match self {
+            Cluster::Real { run, .. } => format!("nodegate-e2e-{run}-{base}"),
+            Cluster::Emulated { .. } => base.to_string(),
+        }
+    }
+
+    /// [`Cluster::name`] for a Node the test creates; on a real cluster it
+    /// is deleted when the `Cluster` drops.
     pub fn node_name(&self, base: &str) -> String {
-        if self.is_real() {
-            format!("nodegate-e2e-{base}-{:04x}", rand::random::<u16>())
-        } else {
-            base.to_string()
+        let name = self.name(base);
+        self.delete_on_drop("nodes", "", &name);
+        name
+    }
+
+    /// On a real cluster, delete this object when the `Cluster` drops.
+    pub fn delete_on_drop(&self, resource: &str, namespace: &str, name: &str) {
+        if let Cluster::Real { created, .. } = self
+            && let Ok(mut c) = created.lock()
+        {
+            c.push((resource.into(), namespace.into(), name.into()));
+        }
+    }
+
+    /// A simulated kubelet for `name`, authenticated as `system:node:<name>`.
+    pub async fn kubelet(&self, name: &str) -> anyhow::Result<crate::kubelet::SimKubelet> {
+        Ok(crate::kubelet::SimKubelet::with_client(
+            self.client(&users::node(name)).await?,
+            name,
+        ))
+    }
+
+    /// A kubeconfig file that acts as `user`, for a child process (e.g. the
+    /// real agent binary). On a real cluster: the given kubeconfig with the
+    /// current context's user impersonating `user` (`as`, `as-groups`).
+    pub fn kubeconfig(&self, user: &str) -> anyhow::Result<PathBuf> {
+        match self {
+            Cluster::Emulated { emu, .. } => emu.kubeconfig(user),
+            Cluster::Real {
+                kubeconfig,
+                scratch,
+                ..
+            } => {
+                // read_from makes file references absolute, so the copy works anywhere.
+                let mut kc = kube::config::Kubeconfig::read_from(kubeconfig)?;
+                if user != users::ADMIN {
+                    let context = kc.current_context.clone().context("no current-context")?;
+                    let auth = kc
+                        .contexts
+                        .iter()
+                        .find(|c| c.name == context)
+                        .and_then(|c| c.context.as_ref())
+                        .and_then(|c| c.user.clone())
+                        .context("current context has no user")?;
+                    let info = kc
+                        .auth_infos
+                        .iter_mut()
+                        .find(|a| a.name == auth)
+                        .and_then(|a| a.auth_info.as_mut())
+                        .context("the context's user is not in the kubeconfig")?;
+                    info.impersonate = Some(user.to_string());
+                    info.impersonate_groups = Some(groups(user));
+                }
+                let file = scratch
+                    .path()
+                    .join(format!("kubeconfig-{}", user.replace(':', "_")));
+                // Credentials inside: owner-only, like ~/.kube/config.
+                let mut f = std::fs::OpenOptions::new()
+                    .write(true)
+                    .create(true)
+                    .truncate(true)
+                    .mode(0o600)
+                    .open(&file)?;
+                std::io::Write::write_all(&mut f, &serde_json::to_vec(&kc)?)?;
+                Ok(file)
+            }
         }
     }
 
@@ -148,4 +234,80 @@ impl Cluster {
         }
         Ok(cmd)
     }
+}
+
+impl Drop for Cluster {
+    /// Deletes what the test created on a real cluster. Synchronous (on its
+    /// own thread and runtime), so it also runs while a failed test unwinds;
+    /// concurrent, because kubectl's client-side rate limit (5/s) would take
+    /// two minutes for the 600 nodes of the biggest test.
+    fn drop(&mut self) {
+        let Cluster::Real {
+            kubeconfig,
+            created,
+            ..
+        } = self
+        else {
+            return;
+        };
+        let created = std::mem::take(created.get_mut().unwrap_or_else(|e| e.into_inner()));
+        if created.is_empty() {
+            return;
+        }
+        let kubeconfig = kubeconfig.clone();
+        let cleanup = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            rt.block_on(delete_all(&kubeconfig, created))
+        });
+        match cleanup.join() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => eprintln!("cleanup on the real cluster: {e:#}"),
+            Err(_) => eprintln!("cleanup on the real cluster panicked"),
+        }
+    }
+}
+
+/// Deletes `(resource, namespace, name)` objects, 32 at a time; pods
+/// without grace (bound to fake nodes, no kubelet would ever confirm).
+async fn delete_all(
+    kubeconfig: &Path,
+    objects: Vec<(String, String, String)>,
+) -> anyhow::Result<()> {
+    use futures::StreamExt;
+    use k8s_openapi::api::core::v1::{Node, Pod};
+    use kube::api::{Api, DeleteParams};
+
+    let kc = kube::config::Kubeconfig::read_from(kubeconfig)?;
+    let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
+    let client = kube::Client::try_from(cfg)?;
+    let failures: Vec<String> = futures::stream::iter(objects)
+        .map(|(resource, ns, name)| {
+            let client = client.clone();
+            async move {
+                let result = match resource.as_str() {
+                    "nodes" => Api::<Node>::all(client)
+                        .delete(&name, &DeleteParams::default())
+                        .await
+                        .map(|_| ()),
+                    "pods" => Api::<Pod>::namespaced(client, &ns)
+                        .delete(&name, &DeleteParams::default().grace_period(0))
+                        .await
+                        .map(|_| ()),
+                    other => return Some(format!("{other}/{name}: no cleanup for this kind")),
+                };
+                match result {
+                    Ok(()) => None,
+                    Err(kube::Error::Api(e)) if e.code == 404 => None,
+                    Err(e) => Some(format!("{resource}/{name}: {e}")),
+                }
+            }
+        })
+        .buffer_unordered(32)
+        .filter_map(|f| async move { f })
+        .collect()
+        .await;
+    anyhow::ensure!(failures.is_empty(), "not deleted: {failures:?}");
+    Ok(())
 }

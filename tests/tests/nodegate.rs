@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Node;
-use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::watcher;
 use nodegate_shared::keys::{DEFAULT_TAINT, READY_BOOT_ID_ANNOTATION};
 use nodegate_tests::cluster::Cluster;
@@ -79,7 +79,7 @@ async fn throughout(what: &str, window: Duration, mut f: impl AsyncFnMut() -> bo
 /// (taint removed, current bootID recorded); returns the agent's client too.
 async fn registered_and_ready(c: &Cluster, prefix: &str) -> (String, SimKubelet, kube::Client) {
     let name = c.node_name(prefix);
-    let kubelet = SimKubelet::with_client(c.client(&users::node(&name)).await.unwrap(), &name);
+    let kubelet = c.kubelet(&name).await.unwrap();
     kubelet.register().await.unwrap();
     let agent = c.client(users::AGENT).await.unwrap();
     StandInAgent::default()
@@ -89,16 +89,11 @@ async fn registered_and_ready(c: &Cluster, prefix: &str) -> (String, SimKubelet,
     (name, kubelet, agent)
 }
 
-async fn cleanup(c: &Cluster, nodes: &[&str]) {
+/// failurePolicy Ignore would hide a broken call or CEL condition. (On a real
+/// cluster the `Cluster` deletes the test's nodes when it drops.)
+fn no_ignored_failures(c: &Cluster) {
     if let Some(emu) = c.emulator() {
-        // failurePolicy Ignore would hide a broken call or CEL condition.
         assert_eq!(emu.ignored_webhook_failures(), Vec::<String>::new());
-    }
-    if c.is_real() {
-        let api: Api<Node> = Api::all(c.client(users::ADMIN).await.unwrap());
-        for n in nodes {
-            let _ = api.delete(n, &DeleteParams::default()).await;
-        }
     }
 }
 
@@ -137,7 +132,7 @@ async fn kubectl_dry_run_shows_taint_and_warning_and_stores_nothing() {
     let out = kubectl(&c, &["get", "node", &name]).await;
     assert!(!out.status.success());
     assert!(text(&out.stderr).contains("not found"));
-    cleanup(&c, &[]).await;
+    no_ignored_failures(&c);
 }
 
 #[tokio::test]
@@ -198,7 +193,7 @@ async fn kubectl_create_taint_and_get_behave_as_on_a_cluster() {
     let table = text(&out.stdout);
     assert!(table.starts_with("NAME"), "{table}");
     assert!(table.contains("STATUS") && table.contains(&name), "{table}");
-    cleanup(&c, &[&name]).await;
+    no_ignored_failures(&c);
 }
 
 #[tokio::test]
@@ -224,7 +219,7 @@ async fn new_node_is_tainted_from_its_first_write() {
             None => panic!("watch ended"),
         }
     }
-    let kubelet = SimKubelet::with_client(c.client(&users::node(&name)).await.unwrap(), &name);
+    let kubelet = c.kubelet(&name).await.unwrap();
     let created = kubelet.register().await.unwrap();
     assert!(
         has_taint(&created),
@@ -248,7 +243,7 @@ async fn new_node_is_tainted_from_its_first_write() {
             "{metrics}"
         );
     }
-    cleanup(&c, &[&name]).await;
+    no_ignored_failures(&c);
 }
 
 #[tokio::test]
@@ -295,7 +290,7 @@ async fn reboot_retaints_within_a_second_and_kubelet_writes_are_never_rejected()
         .unwrap();
     kubelet.heartbeat().await.unwrap();
     assert!(!has_taint(&api.get(&name).await.unwrap()));
-    cleanup(&c, &[&name]).await;
+    no_ignored_failures(&c);
 }
 
 #[tokio::test]
@@ -326,19 +321,22 @@ async fn dry_run_reboot_status_write_retaints_nothing() {
         },
     )
     .await;
-    cleanup(&c, &[&name]).await;
+    no_ignored_failures(&c);
 }
 
 #[tokio::test]
 async fn excluded_node_is_left_alone() {
     let c = Cluster::start().await.unwrap();
     let name = c.node_name("excluded");
-    let kubelet = SimKubelet::with_client(c.client(&users::node(&name)).await.unwrap(), &name)
+    let kubelet = c
+        .kubelet(&name)
+        .await
+        .unwrap()
         .with_label("nodegate.dev/exclude", "true");
     let n = kubelet.register().await.unwrap();
     assert!(!has_taint(&n));
     assert!(taint_keys(&n).contains(&"node.kubernetes.io/not-ready".to_string()));
-    cleanup(&c, &[&name]).await;
+    no_ignored_failures(&c);
 }
 
 #[tokio::test]
@@ -433,7 +431,7 @@ async fn heartbeats_never_reach_the_webhook() {
     kubelet.reboot().await.unwrap();
     // Create again, then the status write with the new bootID.
     assert_eq!(emu.webhook_calls(false).len(), after_register + 3);
-    cleanup(&c, &["hb"]).await;
+    no_ignored_failures(&c);
 }
 
 #[tokio::test]
@@ -452,7 +450,7 @@ async fn kubectl_get_watch_prints_rows() {
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     // Whether the node is in kubectl's initial list or arrives on its watch,
     // it is printed as an ADDED row of the server-side Table.
-    let kubelet = SimKubelet::with_client(c.client(&users::node(&name)).await.unwrap(), &name);
+    let kubelet = c.kubelet(&name).await.unwrap();
     kubelet.register().await.unwrap();
     let row = tokio::time::timeout(Duration::from_secs(20), async {
         loop {
@@ -466,7 +464,7 @@ async fn kubectl_get_watch_prints_rows() {
     .expect("kubectl printed the node");
     assert!(row.starts_with("ADDED") && row.contains("Ready"), "{row}");
     child.kill().await.unwrap();
-    cleanup(&c, &[&name]).await;
+    no_ignored_failures(&c);
 }
 
 #[tokio::test]
@@ -502,7 +500,7 @@ async fn node_controller_patch_after_a_reboot_carries_the_taint() {
     };
     assert!(has_taint(&patched), "{:?}", taint_keys(&patched));
     assert!(!taint_keys(&patched).contains(&"node.kubernetes.io/not-ready".to_string()));
-    cleanup(&c, &[&name]).await;
+    no_ignored_failures(&c);
 }
 
 /// A reboot patch read before the agent became ready on the new boot must not
@@ -541,5 +539,5 @@ async fn stale_reboot_patch_must_not_retaint_a_node_ready_on_its_boot() {
         r.is_err(),
         "a stale guarded patch re-tainted a node whose agent is ready on its boot"
     );
-    cleanup(&c, &[&name]).await;
+    no_ignored_failures(&c);
 }

@@ -158,6 +158,29 @@ pub const MUTATING_WEBHOOKS: ResourceDef = res!(
     &[],
     &[]
 );
+/// `admissionregistration.k8s.io/v1` MutatingAdmissionPolicy (GA in 1.36).
+pub const MUTATING_POLICIES: ResourceDef = res!(
+    "admissionregistration.k8s.io",
+    "v1",
+    "mutatingadmissionpolicies",
+    "mutatingadmissionpolicy",
+    "MutatingAdmissionPolicy",
+    false,
+    &[],
+    &[],
+    &[]
+);
+pub const MUTATING_POLICY_BINDINGS: ResourceDef = res!(
+    "admissionregistration.k8s.io",
+    "v1",
+    "mutatingadmissionpolicybindings",
+    "mutatingadmissionpolicybinding",
+    "MutatingAdmissionPolicyBinding",
+    false,
+    &[],
+    &[],
+    &[]
+);
 
 pub const SERVICES: ResourceDef = res!(
     "",
@@ -224,6 +247,8 @@ pub const ALL: &[ResourceDef] = &[
     SECRETS,
     LEASES,
     MUTATING_WEBHOOKS,
+    MUTATING_POLICIES,
+    MUTATING_POLICY_BINDINGS,
     DEPLOYMENTS,
     DAEMONSETS,
 ];

@@ -3,6 +3,7 @@
 //! then NodeRestriction. Storage happens after, in the API handlers.
 
 pub mod cel;
+pub mod policy;
 pub mod webhook;
 
 use std::collections::HashMap;
@@ -574,7 +575,41 @@ impl Admission {
         Ok(Some(*obj != before))
     }
 
-    /// Runs the chain; the returned object is what storage sees.
+    /// One policy invocation with its failurePolicy applied: `Ok(true)` when
+    /// it changed the object (`policy_dispatcher.go` `Dispatch`).
+    fn run_policy(
+        &self,
+        inv: &policy::Invocation,
+        a: &Attributes<'_>,
+        obj: &mut Value,
+        old: &Value,
+    ) -> Result<bool, ApiError> {
+        let (outcome, errors) = policy::run(inv, a, obj, old);
+        if let Some(first) = errors.first() {
+            if !inv.ignore_failures() {
+                // Forbidden, with the reason of the (configuration) error.
+                let mut e = ApiError::new(403, "Invalid", inv.denial(first));
+                e.reason = "Invalid";
+                return Err(e);
+            }
+            // Ignore drops policy errors without a metric upstream; the
+            // emulator keeps them for tests to assert on.
+            tracing::warn!(policy = %inv.policy, binding = %inv.binding, errors = ?errors, "policy failed, failurePolicy Ignore");
+            self.ignored
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .extend(errors.iter().map(|e| format!("policy {}: {e}", inv.policy)));
+        }
+        Ok(outcome == policy::Outcome::Mutated)
+    }
+
+    /// Runs the chain; the returned object is what storage sees. Mutating
+    /// admission policies run before mutating webhooks
+    /// (`AllOrderedPlugins`); if either changed the object, the chain runs
+    /// once more (`pkg/admission/reinvocation.go`) and each plugin reinvokes
+    /// its `IfNeeded` policies/webhooks that were invoked and either saw a
+    /// later one of their kind change the object, or find the object changed
+    /// since their plugin last ran (`reinvocationcontext.go` of both).
     pub async fn admit(
         &self,
         a: &Attributes<'_>,
@@ -584,28 +619,50 @@ impl Admission {
         let old_v = old.cloned().unwrap_or(Value::Null);
         let mut warnings = Vec::new();
         self.builtin_mutation(a, &mut obj);
+        let policies = policy::invocations(&self.store);
         let hooks = self.webhooks();
-        // version counts webhook mutations; seen[i] is the version webhook i last saw.
-        let mut version = 0u32;
-        let mut seen: Vec<Option<u32>> = vec![None; hooks.len()];
+        let mut reinvoke = false;
+
+        let mut policy_marks = Reinvocation::new(policies.len());
+        for (i, inv) in policies.iter().enumerate() {
+            if self.run_policy(inv, a, &mut obj, &old_v)? {
+                policy_marks.require_previous();
+                reinvoke = true;
+            }
+            policy_marks.invoked(i, inv.reinvoke_if_needed());
+        }
+        let after_policies = obj.clone();
+
+        let mut hook_marks = Reinvocation::new(hooks.len());
         for (i, hook) in hooks.iter().enumerate() {
             if let Some(changed) = self
                 .run_webhook(hook, a, &mut obj, &old_v, &mut warnings)
                 .await?
             {
-                version += u32::from(changed);
-                seen[i] = Some(version);
+                if changed {
+                    hook_marks.require_previous();
+                    reinvoke = true;
+                }
+                hook_marks.invoked(i, hook.reinvocation_policy.as_deref() == Some("IfNeeded"));
             }
         }
-        if version > 0 {
-            // Mutating webhooks changed the object: the built-in mutating
-            // plugins and every IfNeeded webhook that has not seen the latest
-            // object run once more.
+        let after_hooks = obj.clone();
+
+        if reinvoke {
             self.builtin_mutation(a, &mut obj);
+            if obj != after_policies {
+                policy_marks.require_previous();
+            }
+            for (i, inv) in policies.iter().enumerate() {
+                if policy_marks.required(i) {
+                    self.run_policy(inv, a, &mut obj, &old_v)?;
+                }
+            }
+            if obj != after_hooks {
+                hook_marks.require_previous();
+            }
             for (i, hook) in hooks.iter().enumerate() {
-                let reinvoke = hook.reinvocation_policy.as_deref() == Some("IfNeeded")
-                    && seen[i].is_some_and(|s| s < version);
-                if reinvoke {
+                if hook_marks.required(i) {
                     self.run_webhook(hook, a, &mut obj, &old_v, &mut warnings)
                         .await?;
                 }
@@ -616,6 +673,39 @@ impl Admission {
             object: obj,
             warnings,
         })
+    }
+}
+
+/// Which `IfNeeded` policies (or webhooks) were invoked, and which must run
+/// again in the reinvocation pass.
+#[derive(Debug)]
+struct Reinvocation {
+    invoked: Vec<bool>,
+    required: Vec<bool>,
+}
+
+impl Reinvocation {
+    fn new(n: usize) -> Self {
+        Self {
+            invoked: vec![false; n],
+            required: vec![false; n],
+        }
+    }
+
+    /// An `IfNeeded` one was invoked (recorded after its own mutation check).
+    fn invoked(&mut self, i: usize, if_needed: bool) {
+        self.invoked[i] |= if_needed;
+    }
+
+    /// `RequireReinvokingPreviouslyInvoked…`: every one invoked so far.
+    fn require_previous(&mut self) {
+        for (r, i) in self.required.iter_mut().zip(&self.invoked) {
+            *r |= *i;
+        }
+    }
+
+    fn required(&self, i: usize) -> bool {
+        self.required[i]
     }
 }
 

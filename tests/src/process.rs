@@ -37,12 +37,12 @@ fn existing_bin(name: &str, package: &str) -> anyhow::Result<PathBuf> {
     Ok(p)
 }
 
-/// The repository's `manifests/` directory (compiled in; override with
-/// `NODEGATE_MANIFESTS`).
+/// The repository's `manifests/base/` directory, the install every rendering
+/// shares (compiled in; override with `NODEGATE_MANIFESTS`).
 pub fn manifests_dir() -> PathBuf {
     std::env::var_os("NODEGATE_MANIFESTS")
         .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../manifests"))
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../manifests/base"))
 }
 
 /// The project's MutatingWebhookConfiguration, as shipped (no caBundle).
@@ -349,7 +349,8 @@ impl WebhookProcess {
         let b64 = base64::engine::general_purpose::STANDARD;
         let dir = manifests_dir();
         let read = |p: &str| {
-            std::fs::read_to_string(dir.join(p)).with_context(|| format!("reading manifests/{p}"))
+            std::fs::read_to_string(dir.join(p))
+                .with_context(|| format!("reading manifests/base/{p}"))
         };
         emu.apply(&read("namespace.yaml")?)?;
         emu.apply(&read("webhook/service.yaml")?)?;

@@ -65,6 +65,33 @@ pub struct Args {
     /// (rule 3) are skipped and counted.
     #[arg(long, env = "NODEGATE_DISABLE_REBOOT_PATCHES")]
     pub disable_reboot_patches: bool,
+    /// Without a command: serve.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+/// Commands besides serving.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum Command {
+    /// Print the MutatingAdmissionPolicy and binding that do rules 1, 2, 4
+    /// and 5 in the API server (Kubernetes ≥ 1.36), for the same taints.
+    Policy(PolicyArgs),
+}
+
+/// `nodegate-webhook policy` flags.
+#[derive(Debug, Clone, clap::Args)]
+pub struct PolicyArgs {
+    /// Taint to add, `key[=value]:Effect` (repeatable): the webhook's `--taint`.
+    #[arg(
+        long = "taint",
+        env = "NODEGATE_TAINTS",
+        value_delimiter = ',',
+        default_value = DEFAULT_TAINT
+    )]
+    pub taints: Vec<TaintSpec>,
+    /// `v1` (Kubernetes ≥ 1.36) or `v1beta1` (1.34–1.35, feature gate on).
+    #[arg(long, default_value = "v1")]
+    pub api_version: crate::policy::ApiVersion,
 }
 
 /// Where the background patcher gets its client.

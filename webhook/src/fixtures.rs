@@ -198,3 +198,170 @@ pub fn node_controller_update_after_reboot(uid: &str, name: &str) -> Value {
         false,
     )
 }
+
+/// One main-resource admission the rules decide (rules 1, 2, 4, 5): the rule
+/// table the webhook's unit tests iterate and the emulator runs through the
+/// MutatingAdmissionPolicy, so both admissions are held to the same cases.
+#[derive(Debug, Clone)]
+pub struct RuleCase {
+    pub name: &'static str,
+    /// CREATE or UPDATE.
+    pub operation: &'static str,
+    pub user: &'static str,
+    pub object: Value,
+    pub old_object: Option<Value>,
+    pub dry_run: bool,
+    /// Taint keys after admission, in order; `None`: left untouched.
+    pub taints_after: Option<Vec<&'static str>>,
+}
+
+pub const CILIUM: &str = "node.cilium.io/agent-not-ready";
+pub const NOT_READY: &str = "node.kubernetes.io/not-ready";
+pub const KUBELET: &str = "system:node:n1";
+pub const CONTROLLER: &str = "system:serviceaccount:kube-system:node-controller";
+const EXCLUDE: &str = "nodegate.dev/exclude";
+const READY_ANNOTATION: &str = "nodegate.dev/ready-boot-id";
+
+/// A kubelet's node after TaintNodesByCondition (not-ready) — the usual CREATE.
+pub fn node_with_not_ready() -> Value {
+    with_taints(
+        kubelet_node("n1", "boot-1", 3),
+        json!([{"key": NOT_READY, "effect": "NoSchedule"}]),
+    )
+}
+
+/// Rules 1, 4, 5 on CREATE, for the default taint.
+pub fn create_cases() -> Vec<RuleCase> {
+    let no_spec = {
+        let mut n = kubelet_node("n1", "boot-1", 0);
+        if let Some(o) = n.as_object_mut() {
+            o.remove("spec");
+        }
+        n
+    };
+    let present = with_taints(
+        kubelet_node("n1", "boot-1", 0),
+        json!([{"key": CILIUM, "value": "other", "effect": "NoSchedule"}]),
+    );
+    let mut excluded = node_with_not_ready();
+    excluded["metadata"]["labels"][EXCLUDE] = json!("true");
+    let large = with_taints(
+        kubelet_node("n1", "boot-1", 50),
+        json!([{"key": NOT_READY, "effect": "NoSchedule"}]),
+    );
+    let case = |name, object, dry_run, taints_after| RuleCase {
+        name,
+        operation: "CREATE",
+        user: KUBELET,
+        object,
+        old_object: None,
+        dry_run,
+        taints_after,
+    };
+    vec![
+        case(
+            "kubelet create with not-ready",
+            node_with_not_ready(),
+            false,
+            Some(vec![NOT_READY, CILIUM]),
+        ),
+        case("no spec", no_spec, false, Some(vec![CILIUM])),
+        case(
+            "spec without taints",
+            kubelet_node("n1", "boot-1", 0),
+            false,
+            Some(vec![CILIUM]),
+        ),
+        case("taint already present (other value)", present, false, None),
+        case(
+            "dry-run create is patched too",
+            node_with_not_ready(),
+            true,
+            Some(vec![NOT_READY, CILIUM]),
+        ),
+        case("excluded node", excluded, false, None),
+        case(
+            "large node with 50 images",
+            large,
+            false,
+            Some(vec![NOT_READY, CILIUM]),
+        ),
+    ]
+}
+
+/// Rules 2, 4, 5 on an UPDATE of the main resource, for the default taint.
+/// The stored node rebooted (bootID boot-2); its agent was last ready on boot-1.
+pub fn update_cases() -> Vec<RuleCase> {
+    let stored = with_annotation(kubelet_node("n1", "boot-2", 50), READY_ANNOTATION, "boot-1");
+    let controller_write = with_taints(
+        stored.clone(),
+        json!([{"key": "node.kubernetes.io/unreachable", "effect": "NoSchedule",
+                "timeAdded": "2025-01-01T00:01:00Z"}]),
+    );
+    let agent_write = with_annotation(kubelet_node("n1", "boot-2", 50), READY_ANNOTATION, "boot-2");
+    let not_rebooted = with_annotation(kubelet_node("n1", "boot-1", 0), READY_ANNOTATION, "boot-1");
+    let no_annotation = kubelet_node("n1", "boot-2", 0);
+    let mut excluded = controller_write.clone();
+    excluded["metadata"]["labels"][EXCLUDE] = json!("true");
+    let case = |name, user, object, old: &Value, taints_after| RuleCase {
+        name,
+        operation: "UPDATE",
+        user,
+        object,
+        old_object: Some(old.clone()),
+        dry_run: false,
+        taints_after,
+    };
+    vec![
+        case(
+            "node-controller PATCH after reboot",
+            CONTROLLER,
+            controller_write.clone(),
+            &stored,
+            Some(vec!["node.kubernetes.io/unreachable", CILIUM]),
+        ),
+        case(
+            "kubelet's own update",
+            KUBELET,
+            controller_write.clone(),
+            &stored,
+            None,
+        ),
+        case(
+            "another node's kubelet is not the node itself",
+            "system:node:n2",
+            controller_write.clone(),
+            &stored,
+            Some(vec!["node.kubernetes.io/unreachable", CILIUM]),
+        ),
+        case(
+            "agent records the current boot",
+            "system:serviceaccount:kube-system:nodegate-agent",
+            agent_write,
+            &stored,
+            None,
+        ),
+        case(
+            "no reboot since ready",
+            CONTROLLER,
+            not_rebooted.clone(),
+            &not_rebooted,
+            None,
+        ),
+        case(
+            "never ready (no annotation)",
+            CONTROLLER,
+            no_annotation.clone(),
+            &no_annotation,
+            None,
+        ),
+        case("excluded node", CONTROLLER, excluded, &stored, None),
+    ]
+}
+
+/// Every main-resource case of the rule table.
+pub fn rule_table() -> Vec<RuleCase> {
+    let mut all = create_cases();
+    all.extend(update_cases());
+    all
+}

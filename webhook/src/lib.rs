@@ -13,6 +13,7 @@ pub mod fixtures;
 pub mod metrics;
 pub mod patcher;
 pub mod patches;
+pub mod policy;
 pub mod rules;
 mod scan;
 pub mod serve;

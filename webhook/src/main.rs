@@ -6,6 +6,14 @@ use tracing_subscriber::EnvFilter;
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = nodegate_webhook::Args::parse();
+    if let Some(nodegate_webhook::config::Command::Policy(p)) = &args.command {
+        nodegate_shared::taint::check_unique(&p.taints)?;
+        print!(
+            "{}",
+            nodegate_webhook::policy::render(&p.taints, p.api_version)
+        );
+        return Ok(());
+    }
     tracing_subscriber::fmt()
         .with_env_filter(
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),

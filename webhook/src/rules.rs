@@ -190,15 +190,13 @@ mod tests {
     use nodegate_shared::patch::{Guard, add_taints};
 
     use super::*;
-    use crate::fixtures::{kubelet_node, review, with_annotation, with_taints};
+    use crate::fixtures::{
+        self, CILIUM, KUBELET, NOT_READY, kubelet_node, node_with_not_ready, review,
+        with_annotation, with_taints,
+    };
     use crate::slim::SlimNode;
     use crate::wire;
     use nodegate_shared::keys::{DEFAULT_TAINT, EXCLUDE_LABEL, READY_BOOT_ID_ANNOTATION as ANN};
-
-    const CILIUM: &str = "node.cilium.io/agent-not-ready";
-    const NOT_READY: &str = "node.kubernetes.io/not-ready";
-    const KUBELET: &str = "system:node:n1";
-    const CONTROLLER: &str = "system:serviceaccount:kube-system:node-controller";
 
     /// (name, user, new object, old object, expected taint keys or None).
     type UpdateCase<'a> = (&'a str, &'a str, Value, Value, Option<Vec<&'a str>>);
@@ -356,28 +354,9 @@ mod tests {
         assert!(a.patched.is_none(), "second call patched again: {}", a.wire);
     }
 
-    fn node_with_not_ready() -> Value {
-        with_taints(
-            kubelet_node("n1", "boot-1", 3),
-            json!([{"key": NOT_READY, "effect": "NoSchedule"}]),
-        )
-    }
-
     #[test]
     fn create_table() {
         let r = rules();
-        let no_spec = {
-            let mut n = kubelet_node("n1", "boot-1", 0);
-            n.as_object_mut().unwrap().remove("spec");
-            n
-        };
-        let no_taints = kubelet_node("n1", "boot-1", 0);
-        let present = with_taints(
-            kubelet_node("n1", "boot-1", 0),
-            json!([{"key": CILIUM, "value": "other", "effect": "NoSchedule"}]),
-        );
-        let mut excluded = node_with_not_ready();
-        excluded["metadata"]["labels"][EXCLUDE_LABEL] = json!("true");
         let large = with_taints(
             kubelet_node("n1", "boot-1", 50),
             json!([{"key": NOT_READY, "effect": "NoSchedule"}]),
@@ -397,31 +376,10 @@ mod tests {
             (20_000..32_000).contains(&size),
             "review is {size} bytes, want about 25 KB"
         );
-        // (name, object, dry_run, expected taint keys after, or None for no patch)
-        let cases: Vec<(&str, Value, bool, Option<Vec<&str>>)> = vec![
-            (
-                "kubelet create with not-ready",
-                node_with_not_ready(),
-                false,
-                Some(vec![NOT_READY, CILIUM]),
-            ),
-            ("no spec", no_spec, false, Some(vec![CILIUM])),
-            ("spec without taints", no_taints, false, Some(vec![CILIUM])),
-            ("taint already present (other value)", present, false, None),
-            (
-                "dry-run create is patched too",
-                node_with_not_ready(),
-                true,
-                Some(vec![NOT_READY, CILIUM]),
-            ),
-            ("excluded node", excluded, false, None),
-            (
-                "large node with 50 images",
-                large,
-                false,
-                Some(vec![NOT_READY, CILIUM]),
-            ),
-        ];
+        let cases: Vec<(&str, Value, bool, Option<Vec<&str>>)> = fixtures::create_cases()
+            .into_iter()
+            .map(|c| (c.name, c.object, c.dry_run, c.taints_after))
+            .collect();
         for (name, obj, dry_run, want) in cases {
             let rv = review("u-1", "CREATE", None, KUBELET, obj.clone(), None, dry_run);
             let a = answer(&r, &rv);
@@ -495,63 +453,18 @@ mod tests {
     #[test]
     fn update_table() {
         let r = rules();
-        // Stored node: rebooted (bootID boot-2), agent was last ready on boot-1.
-        let stored = with_annotation(kubelet_node("n1", "boot-2", 50), ANN, "boot-1");
-        let controller_write = with_taints(
-            stored.clone(),
-            json!([{"key": "node.kubernetes.io/unreachable", "effect": "NoSchedule",
-                    "timeAdded": "2025-01-01T00:01:00Z"}]),
-        );
-        let agent_write = with_annotation(kubelet_node("n1", "boot-2", 50), ANN, "boot-2");
-        let not_rebooted = with_annotation(kubelet_node("n1", "boot-1", 0), ANN, "boot-1");
-        let no_annotation = kubelet_node("n1", "boot-2", 0);
-        let mut excluded = controller_write.clone();
-        excluded["metadata"]["labels"][EXCLUDE_LABEL] = json!("true");
-        let cases: Vec<UpdateCase> = vec![
-            (
-                "node-controller PATCH after reboot",
-                CONTROLLER,
-                controller_write.clone(),
-                stored.clone(),
-                Some(vec!["node.kubernetes.io/unreachable", CILIUM]),
-            ),
-            (
-                "kubelet's own update",
-                KUBELET,
-                controller_write.clone(),
-                stored.clone(),
-                None,
-            ),
-            (
-                "another node's kubelet is not the node itself",
-                "system:node:n2",
-                controller_write.clone(),
-                stored.clone(),
-                Some(vec!["node.kubernetes.io/unreachable", CILIUM]),
-            ),
-            (
-                "agent records the current boot",
-                "system:serviceaccount:kube-system:nodegate-agent",
-                agent_write,
-                stored.clone(),
-                None,
-            ),
-            (
-                "no reboot since ready",
-                CONTROLLER,
-                not_rebooted.clone(),
-                not_rebooted,
-                None,
-            ),
-            (
-                "never ready (no annotation)",
-                CONTROLLER,
-                no_annotation.clone(),
-                no_annotation,
-                None,
-            ),
-            ("excluded node", CONTROLLER, excluded, stored.clone(), None),
-        ];
+        let cases: Vec<UpdateCase> = fixtures::update_cases()
+            .into_iter()
+            .map(|c| {
+                (
+                    c.name,
+                    c.user,
+                    c.object,
+                    c.old_object.unwrap(),
+                    c.taints_after,
+                )
+            })
+            .collect();
         for (name, user, new, old, want) in cases {
             let rv = review("u-2", "UPDATE", None, user, new, Some(old), false);
             let a = answer(&r, &rv);

@@ -575,15 +575,16 @@ impl Admission {
         Ok(Some(*obj != before))
     }
 
-    /// One policy invocation with its failurePolicy applied: `Ok(true)` when
-    /// it changed the object (`policy_dispatcher.go` `Dispatch`).
+    /// One policy invocation with its failurePolicy applied: `None` when it
+    /// did not apply, `Some(changed)` when it was invoked
+    /// (`policy_dispatcher.go` `Dispatch`).
     fn run_policy(
         &self,
         inv: &policy::Invocation,
         a: &Attributes<'_>,
         obj: &mut Value,
         old: &Value,
-    ) -> Result<bool, ApiError> {
+    ) -> Result<Option<bool>, ApiError> {
         let (outcome, errors) = policy::run(inv, a, obj, old);
         if let Some(first) = errors.first() {
             if !inv.ignore_failures() {
@@ -600,7 +601,11 @@ impl Admission {
                 .unwrap_or_else(|p| p.into_inner())
                 .extend(errors.iter().map(|e| format!("policy {}: {e}", inv.policy)));
         }
-        Ok(outcome == policy::Outcome::Mutated)
+        Ok(match outcome {
+            policy::Outcome::Skipped => None,
+            policy::Outcome::Unchanged => Some(false),
+            policy::Outcome::Mutated => Some(true),
+        })
     }
 
     /// Runs the chain; the returned object is what storage sees. Mutating
@@ -625,11 +630,13 @@ impl Admission {
 
         let mut policy_marks = Reinvocation::new(policies.len());
         for (i, inv) in policies.iter().enumerate() {
-            if self.run_policy(inv, a, &mut obj, &old_v)? {
-                policy_marks.require_previous();
-                reinvoke = true;
+            if let Some(changed) = self.run_policy(inv, a, &mut obj, &old_v)? {
+                if changed {
+                    policy_marks.require_previous();
+                    reinvoke = true;
+                }
+                policy_marks.invoked(i, inv.reinvoke_if_needed());
             }
-            policy_marks.invoked(i, inv.reinvoke_if_needed());
         }
         let after_policies = obj.clone();
 

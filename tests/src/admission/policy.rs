@@ -70,14 +70,27 @@ impl Invocation {
     }
 }
 
-/// Every (policy, binding) pair, policies by name, then bindings by name.
+/// Every stored (policy, binding) pair.
 pub fn invocations(store: &Store) -> Vec<Invocation> {
     let (policies, _) = store.list(&resources::MUTATING_POLICIES, None);
     let (bindings, _) = store.list(&resources::MUTATING_POLICY_BINDINGS, None);
-    let name = |o: &Value| o["metadata"]["name"].as_str().unwrap_or_default().to_string();
-    let mut policies: Vec<&Value> = policies.iter().map(|p| &**p).collect();
+    let policies: Vec<&Value> = policies.iter().map(|p| &**p).collect();
+    let bindings: Vec<&Value> = bindings.iter().map(|b| &**b).collect();
+    from_objects(&policies, &bindings)
+}
+
+/// (policy, binding) pairs from objects: policies by name, then bindings by
+/// name (*assumed* order; nodegate installs one of each).
+pub fn from_objects(policies: &[&Value], bindings: &[&Value]) -> Vec<Invocation> {
+    let name = |o: &Value| {
+        o["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    };
+    let mut policies = policies.to_vec();
     policies.sort_by_key(|p| name(p));
-    let mut bindings: Vec<&Value> = bindings.iter().map(|b| &**b).collect();
+    let mut bindings = bindings.to_vec();
     bindings.sort_by_key(|b| name(b));
     let mut out = Vec::new();
     for p in policies {
@@ -98,7 +111,10 @@ pub fn invocations(store: &Store) -> Vec<Invocation> {
 /// What one invocation did.
 #[derive(Debug, PartialEq)]
 pub enum Outcome {
-    /// Not applicable (constraints or conditions), or applied without change.
+    /// Constraints or conditions did not match (or failed): not invoked, so
+    /// not a candidate for reinvocation either.
+    Skipped,
+    /// Invoked, the object unchanged.
     Unchanged,
     Mutated,
 }
@@ -135,19 +151,22 @@ pub fn run(
     obj: &mut Value,
     old: &Value,
 ) -> (Outcome, Vec<String>) {
-    let unchanged = |errors: Vec<String>| (Outcome::Unchanged, errors);
+    let skipped = |errors: Vec<String>| (Outcome::Skipped, errors);
     if inv.spec.get("paramKind").is_some()
         || inv.binding_spec.get("matchResources").is_some()
-        || inv.spec["matchConstraints"].get("excludeResourceRules").is_some()
+        || inv.spec["matchConstraints"]
+            .get("excludeResourceRules")
+            .is_some()
     {
-        return unchanged(vec![
-            "the emulator does not model paramKind, binding matchResources or excludeResourceRules".into(),
+        return skipped(vec![
+            "the emulator does not model paramKind, binding matchResources or excludeResourceRules"
+                .into(),
         ]);
     }
     match matches(inv, a, obj, old) {
         Ok(true) => {}
-        Ok(false) => return unchanged(Vec::new()),
-        Err(e) => return unchanged(vec![e]),
+        Ok(false) => return skipped(Vec::new()),
+        Err(e) => return skipped(vec![e]),
     }
     let request = admission_cel::request_variable(a);
     let conditions: Vec<(String, String)> = inv.spec["matchConditions"]
@@ -169,12 +188,17 @@ pub fn run(
     );
     match verdict {
         admission_cel::Verdict::Call => {}
-        admission_cel::Verdict::Excluded(_) => return unchanged(Vec::new()),
-        admission_cel::Verdict::Errors(errs) => return unchanged(errs),
+        admission_cel::Verdict::Excluded(_) => return skipped(Vec::new()),
+        admission_cel::Verdict::Errors(errs) => return skipped(errs),
     }
     let before = obj.clone();
     let mut errors = Vec::new();
-    for (i, m) in inv.spec["mutations"].as_array().into_iter().flatten().enumerate() {
+    for (i, m) in inv.spec["mutations"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
         match mutate(m, &inv.spec, obj, old, &request) {
             Ok(Some(next)) => *obj = next,
             Ok(None) => {}
@@ -191,7 +215,13 @@ pub fn run(
 
 /// One mutation: the patched object, or `None` when a `test` op failed
 /// (`jsonPatcher.Patch` returns the object unchanged then, without error).
-fn mutate(m: &Value, spec: &Value, obj: &Value, old: &Value, request: &Value) -> Result<Option<Value>, String> {
+fn mutate(
+    m: &Value,
+    spec: &Value,
+    obj: &Value,
+    old: &Value,
+    request: &Value,
+) -> Result<Option<Value>, String> {
     if m["patchType"] != "JSONPatch" {
         return Err(format!(
             "patchType {} is not modelled by the emulator",
@@ -212,7 +242,12 @@ fn mutate(m: &Value, spec: &Value, obj: &Value, old: &Value, request: &Value) ->
 }
 
 /// `spec.variables`, in order; each sees the ones before it.
-fn eval_variables(spec: &Value, obj: &Value, old: &Value, request: &Value) -> Result<Value, String> {
+fn eval_variables(
+    spec: &Value,
+    obj: &Value,
+    old: &Value,
+    request: &Value,
+) -> Result<Value, String> {
     let mut vars = serde_json::Map::new();
     for v in spec["variables"].as_array().into_iter().flatten() {
         let name = v["name"].as_str().unwrap_or_default();
@@ -239,7 +274,9 @@ fn to_json_patch(result: &Value) -> Result<json_patch::Patch, String> {
         let map = op
             .as_object()
             .filter(|m| m.get(JSONPATCH_MARK) == Some(&Value::Bool(true)))
-            .ok_or("type mismatch: JSONPatchType.expression should evaluate to array of JSONPatch")?;
+            .ok_or(
+                "type mismatch: JSONPatchType.expression should evaluate to array of JSONPatch",
+            )?;
         let mut o = serde_json::Map::new();
         for key in ["op", "path", "from", "value"] {
             if let Some(v) = map.get(key) {
@@ -317,7 +354,13 @@ fn object_type_names(expression: &str) -> Vec<String> {
 }
 
 /// Evaluates a policy expression to JSON.
-fn eval(expression: &str, obj: &Value, old: &Value, request: &Value, variables: &Value) -> Result<Value, String> {
+fn eval(
+    expression: &str,
+    obj: &Value,
+    old: &Value,
+    request: &Value,
+    variables: &Value,
+) -> Result<Value, String> {
     let mut env = cel::Env::stdlib();
     let jsonpatch = MapStruct {
         ty: Type::new_struct("JSONPatch".into()),
@@ -349,7 +392,9 @@ fn eval(expression: &str, obj: &Value, old: &Value, request: &Value, variables: 
     let value = program
         .execute(&ctx)
         .map_err(|e| format!("evaluation failed: {e}"))?;
-    value.json().map_err(|e| format!("result is not JSON: {e:?}"))
+    value
+        .json()
+        .map_err(|e| format!("result is not JSON: {e:?}"))
 }
 
 #[cfg(test)]
@@ -371,7 +416,10 @@ mod tests {
         let patch = to_json_patch(&got).unwrap();
         let mut obj = json!({"spec": {"taints": []}});
         json_patch::patch(&mut obj, &patch).unwrap();
-        assert_eq!(obj, json!({"spec": {"taints": [{"key": "k", "effect": "NoSchedule"}]}}));
+        assert_eq!(
+            obj,
+            json!({"spec": {"taints": [{"key": "k", "effect": "NoSchedule"}]}})
+        );
     }
 
     #[test]
@@ -379,13 +427,19 @@ mod tests {
         let e = run_expr("[JSONPatch{op: 'add', path: '/a', valu: 1}]", json!({})).unwrap_err();
         assert!(e.contains("no such field valu"), "{e}");
         let not_patches = run_expr("[{'op': 'add', 'path': '/a', 'value': 1}]", json!({})).unwrap();
-        assert!(to_json_patch(&not_patches).unwrap_err().contains("array of JSONPatch"));
+        assert!(
+            to_json_patch(&not_patches)
+                .unwrap_err()
+                .contains("array of JSONPatch")
+        );
     }
 
     #[test]
     fn object_type_names_are_found_only_before_a_brace() {
         assert_eq!(
-            object_type_names("Object.spec{taints: [Object.spec.taints{key: 'a'}]} + object.spec + MyObject{}"),
+            object_type_names(
+                "Object.spec{taints: [Object.spec.taints{key: 'a'}]} + object.spec + MyObject{}"
+            ),
             vec!["Object.spec".to_string(), "Object.spec.taints".to_string()]
         );
     }

@@ -51,6 +51,27 @@ pub fn shipped_webhook_config() -> anyhow::Result<String> {
     std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))
 }
 
+/// The admission-policy overlay's MutatingAdmissionPolicy and binding.
+pub fn shipped_policy() -> anyhow::Result<String> {
+    let p = manifests_dir().join("../overlays/admission-policy/policy.yaml");
+    std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))
+}
+
+/// The webhook configuration as the admission-policy overlay renders it: only
+/// the `nodes/status` rule (its kustomize patch removes the first rule).
+pub fn policy_mode_webhook_config() -> anyhow::Result<String> {
+    let mut cfg: serde_json::Value = serde_yaml::from_str(&shipped_webhook_config()?)?;
+    let rules = cfg["webhooks"][0]["rules"]
+        .as_array_mut()
+        .context("webhook rules")?;
+    anyhow::ensure!(
+        rules.first().map(|r| &r["resources"]) == Some(&serde_json::json!(["nodes"])),
+        "the shipped webhook's first rule is no longer the main-resource one"
+    );
+    rules.remove(0);
+    Ok(serde_yaml::to_string(&cfg)?)
+}
+
 /// The shipped RBAC documents of the webhook and the agent (those present).
 pub fn shipped_rbac() -> anyhow::Result<Vec<String>> {
     let mut out = Vec::new();

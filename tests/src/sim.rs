@@ -62,6 +62,19 @@ pub struct RunOptions {
     pub taint_key: String,
     /// The configuration given to the emulator in the webhook scenario.
     pub webhook_config: Option<String>,
+    /// Who admits Node CREATE and main-resource UPDATE in the nodegate scenario.
+    pub admission: AdmissionMode,
+}
+
+/// How nodegate is installed in the "with nodegate" scenario.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum AdmissionMode {
+    /// `manifests/`: the webhook for every rule.
+    #[default]
+    Webhook,
+    /// `manifests/overlays/admission-policy/`: the MutatingAdmissionPolicy for
+    /// rules 1, 2, 4, 5, the webhook for `nodes/status` (rule 3).
+    Policy,
 }
 
 impl Default for RunOptions {
@@ -80,6 +93,7 @@ impl Default for RunOptions {
             concurrency: 16,
             taint_key: "node.cilium.io/agent-not-ready".into(),
             webhook_config: None,
+            admission: AdmissionMode::Webhook,
         }
     }
 }
@@ -661,7 +675,13 @@ pub async fn run_scenario(o: &RunOptions, with_webhook: bool) -> anyhow::Result<
             ..Default::default()
         })
         .await?;
-        w.attach(&emu, o.webhook_config.as_deref())?;
+        match o.admission {
+            AdmissionMode::Webhook => w.attach(&emu, o.webhook_config.as_deref())?,
+            AdmissionMode::Policy => {
+                emu.apply(&crate::process::shipped_policy()?)?;
+                w.attach(&emu, Some(&crate::process::policy_mode_webhook_config()?))?;
+            }
+        }
         webhook = Some(w);
     }
     let names: Vec<String> = (0..o.nodes).map(|i| format!("node-{i:03}")).collect();
@@ -678,7 +698,10 @@ pub async fn run_scenario(o: &RunOptions, with_webhook: bool) -> anyhow::Result<
     let mut report = result?;
     stopped?;
     report.name = if with_webhook {
-        "with nodegate".into()
+        match o.admission {
+            AdmissionMode::Webhook => "with nodegate".into(),
+            AdmissionMode::Policy => "with nodegate (policy)".into(),
+        }
     } else {
         "without webhook".into()
     };

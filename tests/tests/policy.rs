@@ -305,3 +305,27 @@ async fn dry_run_create_gets_nodegates_taint_from_the_policy_and_stores_nothing(
     );
     assert_eq!(emu.ignored_webhook_failures(), Vec::<String>::new());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sim_run_with_the_policy_keeps_every_guarantee() {
+    use nodegate_tests::sim::{self, AdmissionMode, RunOptions};
+    let opts = RunOptions {
+        nodes: 12,
+        agent_start_delay: std::time::Duration::from_millis(250),
+        admission: AdmissionMode::Policy,
+        ..Default::default()
+    };
+    let r = sim::run_scenario(&opts, true).await.unwrap();
+    eprintln!("{}", sim::render_table(std::slice::from_ref(&r)));
+    assert_eq!(r.name, "with nodegate (policy)");
+    // Every node tainted in its create response, by the policy: the webhook
+    // (nodes/status only) added none at create.
+    assert_eq!(r.tainted_at_create, 12);
+    assert_eq!(r.webhook_reported.map(|(create, _)| create), Some(0));
+    assert_eq!(r.safety_net_taints, 0);
+    // Every reboot re-tainted; no pod on a not-ready node outside the window.
+    assert_eq!(r.tainted_at_reboot, r.reboots);
+    assert!(r.reboots > 0);
+    assert_eq!(r.violations, 0);
+    assert_eq!(sim::broken_guarantees(&[r]), Vec::<String>::new());
+}

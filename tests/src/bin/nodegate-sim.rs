@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use nodegate_tests::sim::{self, RunOptions};
+use nodegate_tests::sim::{self, AdmissionMode, RunOptions};
 
 #[derive(Parser)]
 #[command(name = "nodegate-sim", version, about)]
@@ -49,6 +49,11 @@ enum Cmd {
         /// Nodes deleted while the pruning agents are down (one of them re-created).
         #[arg(long, env = "NODEGATE_SIM_DELETED_NODES", default_value_t = 3)]
         deleted_nodes: usize,
+        /// Who admits Node creates and updates with nodegate on: the webhook
+        /// (`manifests/`) or the MutatingAdmissionPolicy
+        /// (`manifests/overlays/admission-policy/`, webhook for nodes/status only).
+        #[arg(long, env = "NODEGATE_SIM_ADMISSION", value_enum, default_value_t = AdmissionMode::Webhook)]
+        admission: AdmissionMode,
     },
 }
 
@@ -74,6 +79,7 @@ async fn main() -> anyhow::Result<()> {
             agent_start_delay_ms,
             pruning_agents,
             deleted_nodes,
+            admission,
         } => {
             anyhow::ensure!(nodes > 0, "--nodes must be at least 1");
             anyhow::ensure!(
@@ -92,6 +98,7 @@ async fn main() -> anyhow::Result<()> {
                 agent_start_delay: Duration::from_millis(agent_start_delay_ms),
                 pruning_agents,
                 deleted_nodes,
+                admission,
                 ..Default::default()
             };
             let reports = sim::run(&opts).await?;

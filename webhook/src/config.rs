@@ -35,15 +35,8 @@ pub struct Args {
         default_value = "/etc/nodegate/tls/tls.key"
     )]
     pub tls_key: PathBuf,
-    /// Taint to add, `key[=value]:Effect` (repeatable; comma-separated in the
-    /// environment variable).
-    #[arg(
-        long = "taint",
-        env = "NODEGATE_TAINTS",
-        value_delimiter = ',',
-        default_value = DEFAULT_TAINT
-    )]
-    pub taints: Vec<TaintSpec>,
+    #[command(flatten)]
+    pub taints: TaintArgs,
     /// Fallback re-check of the certificate files, besides change events.
     #[arg(long, env = "NODEGATE_TLS_RELOAD_INTERVAL", default_value = "10s", value_parser = parse_duration)]
     pub tls_reload_interval: Duration,
@@ -78,10 +71,11 @@ pub enum Command {
     Policy(PolicyArgs),
 }
 
-/// `nodegate-webhook policy` flags.
+/// The taints, shared by serving and `policy` so both read the same flags.
 #[derive(Debug, Clone, clap::Args)]
-pub struct PolicyArgs {
-    /// Taint to add, `key[=value]:Effect` (repeatable): the webhook's `--taint`.
+pub struct TaintArgs {
+    /// Taint to add, `key[=value]:Effect` (repeatable; comma-separated in the
+    /// environment variable).
     #[arg(
         long = "taint",
         env = "NODEGATE_TAINTS",
@@ -89,6 +83,13 @@ pub struct PolicyArgs {
         default_value = DEFAULT_TAINT
     )]
     pub taints: Vec<TaintSpec>,
+}
+
+/// `nodegate-webhook policy` flags.
+#[derive(Debug, Clone, clap::Args)]
+pub struct PolicyArgs {
+    #[command(flatten)]
+    pub taints: TaintArgs,
     /// `v1` (Kubernetes ≥ 1.36) or `v1beta1` (1.34–1.35, feature gate on).
     #[arg(long, default_value = "v1")]
     pub api_version: crate::policy::ApiVersion,
@@ -156,10 +157,10 @@ impl TryFrom<Args> for Config {
     type Error = anyhow::Error;
 
     fn try_from(a: Args) -> Result<Self, Self::Error> {
-        if a.taints.is_empty() {
+        if a.taints.taints.is_empty() {
             anyhow::bail!("at least one --taint is required");
         }
-        check_unique(&a.taints)?;
+        check_unique(&a.taints.taints)?;
         if a.tls_reload_interval.is_zero() {
             anyhow::bail!("--tls-reload-interval must be positive");
         }
@@ -168,7 +169,7 @@ impl TryFrom<Args> for Config {
             admin_listen: a.admin_listen,
             tls_cert: a.tls_cert,
             tls_key: a.tls_key,
-            taints: a.taints,
+            taints: a.taints.taints,
             tls_reload_interval: a.tls_reload_interval,
             header_read_timeout: a.header_read_timeout,
             shutdown_delay: a.shutdown_delay,
@@ -210,8 +211,8 @@ mod tests {
         let a = Args::try_parse_from(["nodegate-webhook"]).unwrap();
         assert_eq!(a.listen.to_string(), "0.0.0.0:9443");
         assert_eq!(a.admin_listen.to_string(), "0.0.0.0:9090");
-        assert_eq!(a.taints.len(), 1);
-        assert_eq!(a.taints[0].to_string(), DEFAULT_TAINT);
+        assert_eq!(a.taints.taints.len(), 1);
+        assert_eq!(a.taints.taints[0].to_string(), DEFAULT_TAINT);
         let c = Config::try_from(a).unwrap();
         assert!(matches!(c.kube, KubeMode::Infer));
     }

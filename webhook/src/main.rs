@@ -7,10 +7,10 @@ use tracing_subscriber::EnvFilter;
 async fn main() -> anyhow::Result<()> {
     let args = nodegate_webhook::Args::parse();
     if let Some(nodegate_webhook::config::Command::Policy(p)) = &args.command {
-        nodegate_shared::taint::check_unique(&p.taints)?;
+        nodegate_shared::taint::check_unique(&p.taints.taints)?;
         print!(
             "{}",
-            nodegate_webhook::policy::render(&p.taints, p.api_version)
+            nodegate_webhook::policy::render(&p.taints.taints, p.api_version)
         );
         return Ok(());
     }

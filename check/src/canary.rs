@@ -30,7 +30,14 @@ pub fn canary_node(name: &str) -> Value {
            "status": {"nodeInfo": {"bootID": "nodegate-check"}}})
 }
 
-pub async fn check(client: &Client, taints: &[TaintSpec], report: &mut Report) -> Outcome {
+/// `want_warning`: the webhook admits creates (it warns); with the admission
+/// policy no warning can come back.
+pub async fn check(
+    client: &Client,
+    taints: &[TaintSpec],
+    want_warning: bool,
+    report: &mut Report,
+) -> Outcome {
     const CHECK: &str = "canary dry-run create";
     let name = format!("nodegate-check-{:08x}", rand::random::<u32>());
     let pp = PostParams {
@@ -133,7 +140,7 @@ pub async fn check(client: &Client, taints: &[TaintSpec], report: &mut Report) -
         );
         return Outcome::Missing;
     }
-    if !unwarned.is_empty() {
+    if want_warning && !unwarned.is_empty() {
         report.add(
             CHECK,
             Status::Fail,
@@ -142,10 +149,15 @@ pub async fn check(client: &Client, taints: &[TaintSpec], report: &mut Report) -
         return Outcome::Missing;
     }
     let keys: Vec<String> = taints.iter().map(ToString::to_string).collect();
+    let by = if want_warning {
+        "and the webhook's warning"
+    } else {
+        "from the admission policy"
+    };
     report.add(
         CHECK,
         Status::Pass,
-        format!("Node {name} came back with {keys:?} and the webhook's warning; nothing stored"),
+        format!("Node {name} came back with {keys:?} {by}; nothing stored"),
     );
     Outcome::Tainted
 }

@@ -8,11 +8,15 @@
 //! matchCondition that errors on a CREATE, a caBundle that does not verify
 //! the serving certificate, a Service or Deployment that is not there.
 //!
+//! - [`admission_policy`]: the MutatingAdmissionPolicy, when installed (then
+//!   the webhook needs only its `nodes/status` rule and the canary comes back
+//!   without a warning: policies cannot return one);
 //! - [`webhook_config`]: the MutatingWebhookConfiguration and its conditions;
 //! - [`serving`]: the caBundle against the serving certificate;
 //! - [`canary`]: the dry-run create;
 //! - [`workloads`]: Service, webhook Deployment, agent DaemonSet, taints.
 
+pub mod admission_policy;
 pub mod canary;
 pub mod report;
 pub mod serving;
@@ -44,6 +48,10 @@ pub struct Args {
         default_value = "nodegate"
     )]
     pub webhook_config: String,
+    /// Name of the MutatingAdmissionPolicy of the admission-policy install;
+    /// when it exists, it must admit Node creates and updates.
+    #[arg(long, env = "NODEGATE_CHECK_POLICY", default_value = "nodegate")]
+    pub policy: String,
     /// Name of the webhook entry in it.
     #[arg(
         long,
@@ -99,7 +107,8 @@ pub async fn run(args: &Args) -> Report {
 
 /// [`run`] with a given client (tests, embedding).
 pub async fn run_with_client(args: &Args, client: Client, report: &mut Report) {
-    let hook = webhook_config::check(&client, args, report).await;
+    let policy = admission_policy::check(&client, args, report).await;
+    let hook = webhook_config::check(&client, args, policy.is_some(), report).await;
     let svc_ok = match &hook {
         Some(h) => workloads::check_service(&client, h, report).await,
         None => false,
@@ -115,11 +124,17 @@ pub async fn run_with_client(args: &Args, client: Client, report: &mut Report) {
     } else {
         args.taints.clone()
     };
-    let canary = canary::check(&client, &taints, report).await;
+    let canary = canary::check(&client, &taints, policy.is_none(), report).await;
     if canary == canary::Outcome::Missing {
         // Say why, from what the other checks found.
         let mut why = Vec::new();
-        if let Some(h) = &hook {
+        if policy == Some(false) {
+            why.push(
+                "the admission policy is unbound or its conditions do not apply (see above)".into(),
+            );
+        } else if policy.is_some() {
+            why.push("the admission policy applied but did not add it: was it generated with the --taint flags checked here?".into());
+        } else if let Some(h) = &hook {
             why.extend(h.create_condition_errors.iter().map(|e| {
                 format!(
                     "matchCondition {e} on a Node CREATE: with failurePolicy {} the API server {}",
@@ -145,7 +160,7 @@ pub async fn run_with_client(args: &Args, client: Client, report: &mut Report) {
         if deploy.available == Some(0) {
             why.push("the webhook Deployment has no available replica (webhook down)".into());
         }
-        if why.is_empty() {
+        if why.is_empty() && policy.is_none() {
             why.push("the webhook was called but did not add it: are the webhook's --taint flags the ones checked here?".into());
         }
         report.add("diagnosis", Status::Fail, why.join("; "));

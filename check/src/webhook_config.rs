@@ -54,23 +54,48 @@ pub fn covers(rules: &[RuleWithOperations], operation: &str, sub: &str) -> bool 
     })
 }
 
-fn node(name: &str, boot: &str) -> Value {
+pub fn node(name: &str, boot: &str) -> Value {
     json!({"apiVersion": "v1", "kind": "Node",
            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
            "status": {"nodeInfo": {"bootID": boot}}})
 }
 
-/// The conditions' verdict for one request shape.
+/// The conditions' verdict for one request shape, sent by the node's kubelet.
 fn evaluate(hook: &MutatingWebhook, op: &str, sub: &str, obj: &Value, old: &Value) -> Verdict {
     let name = obj
         .pointer("/metadata/name")
         .and_then(Value::as_str)
         .unwrap_or_default();
     let user = format!("{}{name}", nodegate_shared::keys::NODE_USER_PREFIX);
-    let groups = [
-        "system:nodes".to_string(),
-        "system:authenticated".to_string(),
-    ];
+    let conditions: Vec<(&str, &str)> = hook
+        .match_conditions
+        .as_deref()
+        .unwrap_or_default()
+        .iter()
+        .map(|c| (c.name.as_str(), c.expression.as_str()))
+        .collect();
+    evaluate_as(&conditions, op, sub, &user, obj, old)
+}
+
+/// `matchConditions` (name, expression) for one request shape sent by `user`,
+/// with `request` bound as the API server binds it.
+pub fn evaluate_as(
+    conditions: &[(&str, &str)],
+    op: &str,
+    sub: &str,
+    user: &str,
+    obj: &Value,
+    old: &Value,
+) -> Verdict {
+    let name = obj
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let groups: Vec<String> = if user.starts_with(nodegate_shared::keys::NODE_USER_PREFIX) {
+        vec!["system:nodes".into(), "system:authenticated".into()]
+    } else {
+        vec!["system:authenticated".into()]
+    };
     let options = if op == "CREATE" {
         "CreateOptions"
     } else {
@@ -85,24 +110,22 @@ fn evaluate(hook: &MutatingWebhook, op: &str, sub: &str, obj: &Value, old: &Valu
         name,
         namespace: "",
         operation: op,
-        username: &user,
+        username: user,
         groups: &groups,
         dry_run: false,
         options: json!({"kind": options, "apiVersion": "meta.k8s.io/v1"}),
     });
-    let conditions = hook.match_conditions.as_deref().unwrap_or_default();
-    match_all(
-        conditions
-            .iter()
-            .map(|c| (c.name.as_str(), c.expression.as_str())),
-        obj,
-        old,
-        &request,
-    )
-    .0
+    match_all(conditions.iter().copied(), obj, old, &request).0
 }
 
-pub async fn check(client: &Client, args: &Args, report: &mut Report) -> Option<Hook> {
+/// `policy_mode`: a MutatingAdmissionPolicy admits Node CREATE and UPDATE
+/// (the admission-policy overlay), so the webhook needs only `nodes/status`.
+pub async fn check(
+    client: &Client,
+    args: &Args,
+    policy_mode: bool,
+    report: &mut Report,
+) -> Option<Hook> {
     const CHECK: &str = "webhook configuration";
     let api: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
     let cfg = match api.get_opt(&args.webhook_config).await {
@@ -150,6 +173,9 @@ pub async fn check(client: &Client, args: &Args, report: &mut Report) -> Option<
         ("UPDATE", "", "Node UPDATE (rule 2)"),
         ("UPDATE", "status", "nodes/status UPDATE (rule 3)"),
     ] {
+        if policy_mode && sub.is_empty() {
+            continue;
+        }
         if !covers(rules, op, sub) {
             problems.push(format!("no rule sends {what}"));
         }
@@ -187,8 +213,15 @@ pub async fn check(client: &Client, args: &Args, report: &mut Report) -> Option<
             CHECK,
             Status::Pass,
             format!(
-                "{}/{}: rules reach Node CREATE/UPDATE and nodes/status UPDATE; caBundle set; sideEffects {}; {target}",
-                args.webhook_config, hook.name, hook.side_effects
+                "{}/{}: rules reach {}; caBundle set; sideEffects {}; {target}",
+                args.webhook_config,
+                hook.name,
+                if policy_mode {
+                    "nodes/status UPDATE (the admission policy admits Node CREATE/UPDATE)"
+                } else {
+                    "Node CREATE/UPDATE and nodes/status UPDATE"
+                },
+                hook.side_effects
             ),
         );
     } else {
@@ -233,6 +266,10 @@ pub async fn check(client: &Client, args: &Args, report: &mut Report) -> Option<
         ),
         ("a heartbeat", "UPDATE", "status", &ready, &ready, false),
     ] {
+        // Only the request shapes the rules send to this webhook.
+        if !covers(rules, op, sub) {
+            continue;
+        }
         match evaluate(hook, op, sub, obj, old) {
             Verdict::Call if want_call => {}
             Verdict::Call => bad.push(format!(
@@ -258,7 +295,14 @@ pub async fn check(client: &Client, args: &Args, report: &mut Report) -> Option<
         report.add(
             "match conditions",
             Status::Pass,
-            format!("{n} condition(s): call on a Node CREATE, a Node UPDATE and a reboot's status write; skip a heartbeat"),
+            format!(
+                "{n} condition(s): call on {}a reboot's status write; skip a heartbeat",
+                if policy_mode {
+                    ""
+                } else {
+                    "a Node CREATE, a Node UPDATE and "
+                }
+            ),
         );
     } else {
         report.add("match conditions", Status::Fail, bad.join("; "));

@@ -48,6 +48,14 @@ fn line<'a>(out: &'a str, status: &str, check: &str) -> &'a str {
 
 /// An emulated cluster with nodegate installed as the README says.
 async fn installed(config: Option<String>) -> (Emulator, WebhookProcess, tempfile::TempDir) {
+    installed_with(config, None).await
+}
+
+/// The same, plus `objects` applied (e.g. the admission policy and binding).
+async fn installed_with(
+    config: Option<String>,
+    objects: Option<&str>,
+) -> (Emulator, WebhookProcess, tempfile::TempDir) {
     let emu = Emulator::start(EmulatorOptions {
         rbac: Some(nodegate_tests::process::shipped_rbac().unwrap()),
         ..Default::default()
@@ -62,6 +70,9 @@ async fn installed(config: Option<String>) -> (Emulator, WebhookProcess, tempfil
     .unwrap();
     webhook.attach(&emu, config.as_deref()).unwrap();
     webhook.install_objects(&emu).unwrap();
+    if let Some(objects) = objects {
+        emu.apply(objects).unwrap();
+    }
     let home = tempfile::tempdir().unwrap();
     std::fs::write(
         home.path().join("kubeconfig"),
@@ -226,4 +237,34 @@ async fn fails_clearly_without_an_install() {
     assert_eq!(code, 1, "{out}");
     assert!(line(&out, "FAIL", "webhook configuration").contains("not found"));
     assert!(line(&out, "FAIL", "diagnosis").contains("missing"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passes_on_the_admission_policy_install() {
+    use nodegate_tests::process::{policy_mode_webhook_config, shipped_policy};
+    let policy = shipped_policy().unwrap();
+    let (_emu, _webhook, home) =
+        installed_with(Some(policy_mode_webhook_config().unwrap()), Some(&policy)).await;
+    let (code, out) = check(&home.path().join("kubeconfig"), &[]);
+    assert_eq!(code, 0, "{out}");
+    assert!(line(&out, "PASS", "admission policy").contains("is bound"));
+    assert!(line(&out, "PASS", "webhook configuration").contains("the admission policy admits"));
+    assert!(line(&out, "PASS", "canary dry-run create").contains("from the admission policy"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fails_when_the_admission_policy_is_not_bound() {
+    use nodegate_tests::process::{policy_mode_webhook_config, shipped_policy};
+    let policy = shipped_policy().unwrap();
+    let without_binding = policy.split("\n---\n").next().unwrap().to_string();
+    let (_emu, _webhook, home) = installed_with(
+        Some(policy_mode_webhook_config().unwrap()),
+        Some(&without_binding),
+    )
+    .await;
+    let (code, out) = check(&home.path().join("kubeconfig"), &[]);
+    assert_eq!(code, 1, "{out}");
+    assert!(line(&out, "FAIL", "admission policy").contains("no MutatingAdmissionPolicyBinding"));
+    assert!(line(&out, "FAIL", "canary dry-run create").contains("WITHOUT"));
+    assert!(line(&out, "FAIL", "diagnosis").contains("unbound"));
 }

@@ -65,21 +65,7 @@ pub async fn check(client: &Client, args: &Args, report: &mut Report) -> Option<
         ));
     }
 
-    let conditions: Vec<(String, String)> = spec["matchConditions"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|c| {
-            (
-                c["name"].as_str().unwrap_or_default().to_string(),
-                c["expression"].as_str().unwrap_or_default().to_string(),
-            )
-        })
-        .collect();
-    let conditions: Vec<(&str, &str)> = conditions
-        .iter()
-        .map(|(n, e)| (n.as_str(), e.as_str()))
-        .collect();
+    let conditions = nodegate_shared::match_conditions::named_conditions(&spec["matchConditions"]);
     let fresh = node("nodegate-check-node", "boot-1");
     let mut stored = fresh.clone();
     stored["metadata"]["annotations"] = json!({READY_BOOT_ID_ANNOTATION: "boot-1"});

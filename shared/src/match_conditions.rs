@@ -102,6 +102,21 @@ pub fn eval_condition(
     }
 }
 
+/// `(name, expression)` of each entry of a `matchConditions` list in JSON
+/// form (a policy read without typed structs); missing fields are empty.
+pub fn named_conditions(list: &Value) -> Vec<(&str, &str)> {
+    list.as_array()
+        .into_iter()
+        .flatten()
+        .map(|c| {
+            (
+                c["name"].as_str().unwrap_or_default(),
+                c["expression"].as_str().unwrap_or_default(),
+            )
+        })
+        .collect()
+}
+
 /// What the matcher decided for one webhook.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {

@@ -169,23 +169,9 @@ pub fn run(
         Err(e) => return skipped(vec![e]),
     }
     let request = admission_cel::request_variable(a);
-    let conditions: Vec<(String, String)> = inv.spec["matchConditions"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|c| {
-            (
-                c["name"].as_str().unwrap_or_default().to_string(),
-                c["expression"].as_str().unwrap_or_default().to_string(),
-            )
-        })
-        .collect();
-    let (verdict, _) = admission_cel::match_all(
-        conditions.iter().map(|(n, e)| (n.as_str(), e.as_str())),
-        obj,
-        old,
-        &request,
-    );
+    let conditions =
+        nodegate_shared::match_conditions::named_conditions(&inv.spec["matchConditions"]);
+    let (verdict, _) = admission_cel::match_all(conditions, obj, old, &request);
     match verdict {
         admission_cel::Verdict::Call => {}
         admission_cel::Verdict::Excluded(_) => return skipped(Vec::new()),

@@ -41,13 +41,10 @@ pub enum Cluster {
 }
 
 fn groups(user: &str) -> Vec<String> {
-    crate::users::user_info(user)["groups"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|g| g.as_str().map(str::to_string))
-        .filter(|g| g != "system:authenticated")
-        .collect()
+    // Impersonation adds system:authenticated itself.
+    let mut g = users::groups(user);
+    g.retain(|g| g != "system:authenticated");
+    g
 }
 
 impl Cluster {

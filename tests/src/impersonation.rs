@@ -105,12 +105,7 @@ pub fn resolve(
         effective.push(UNAUTHENTICATED.to_string());
     }
 
-    let derived: Vec<String> = users::user_info(&user)["groups"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|g| g.as_str().map(str::to_string))
-        .collect();
+    let derived: Vec<String> = users::groups(&user);
     let (mut a, mut b) = (effective.clone(), derived.clone());
     a.sort();
     b.sort();

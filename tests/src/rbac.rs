@@ -154,12 +154,7 @@ impl Policy {
         if Self::builtin(r.user) {
             return Ok(());
         }
-        let groups: Vec<String> = users::user_info(r.user)["groups"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|g| g.as_str().map(str::to_string))
-            .collect();
+        let groups: Vec<String> = users::groups(r.user);
         let (res, sub) = r
             .resource
             .split_once('/')

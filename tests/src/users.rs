@@ -38,8 +38,8 @@ pub fn node_name_of(user: &str) -> Option<&str> {
         .filter(|n| !n.is_empty())
 }
 
-/// `authentication.k8s.io/v1` UserInfo with the groups the real authenticators add.
-pub fn user_info(user: &str) -> Value {
+/// The groups the real authenticators give `user` (`system:authenticated` last).
+pub fn groups(user: &str) -> Vec<String> {
     let mut groups: Vec<String> = Vec::new();
     if node_name_of(user).is_some() {
         groups.push("system:nodes".into());
@@ -52,7 +52,12 @@ pub fn user_info(user: &str) -> Value {
         groups.push("system:masters".into());
     }
     groups.push("system:authenticated".into());
-    json!({"username": user, "groups": groups})
+    groups
+}
+
+/// `authentication.k8s.io/v1` UserInfo with the groups the real authenticators add.
+pub fn user_info(user: &str) -> Value {
+    json!({"username": user, "groups": groups(user)})
 }
 
 #[cfg(test)]

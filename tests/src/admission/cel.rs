@@ -11,12 +11,7 @@ use super::Attributes;
 
 /// The `request` variable for an emulated request.
 pub fn request_variable(a: &Attributes<'_>) -> Value {
-    let groups: Vec<String> = crate::users::user_info(a.user)["groups"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|g| g.as_str().map(str::to_string))
-        .collect();
+    let groups: Vec<String> = crate::users::groups(a.user);
     bind(&RequestAttributes {
         group: a.res.group,
         version: a.res.version,

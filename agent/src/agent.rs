@@ -10,7 +10,7 @@ use kube::{Api, Client};
 use tokio::sync::{Notify, mpsc, watch};
 use tokio::time::Instant;
 
-use crate::config::{Args, ConfigError};
+use crate::config::{Args, ConfigError, PruneSource};
 use crate::gate::{Gate, GateConfig};
 use crate::handler::{CommandHandler, Dispatcher, NodeDeleteHandler};
 use crate::metrics::Metrics;
@@ -19,7 +19,7 @@ use crate::prune::{self, PruneContext, Pruner};
 use crate::record::SlimNode;
 use crate::snapshot::{self, Loaded};
 use crate::taint::{AddReason, NodeTaints};
-use crate::{admin, handler};
+use crate::handler;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -66,9 +66,15 @@ pub async fn run_with_handlers(
     let started = Instant::now();
     args.validate()?;
     let metrics = Metrics::default();
+    // Opt-in: without a handler nobody acts on a deletion, so the agent
+    // pays for no watch and keeps no snapshot.
+    let prune = args.on_node_delete.is_some() || !extra_handlers.is_empty();
+    if !prune {
+        tracing::info!("no deletion handler configured: readiness gate only, no pruning");
+    }
 
     // Read the snapshot before anything could overwrite it.
-    let snapshot_nodes = if args.prune {
+    let snapshot_nodes = if prune {
         let loaded = snapshot::load(&args.state_dir).map_err(|source| Error::Snapshot {
             dir: args.state_dir.display().to_string(),
             source,
@@ -90,21 +96,25 @@ pub async fn run_with_handlers(
 
     let (stop_tx, stop_rx) = watch::channel(false);
 
-    let listed = Arc::new(AtomicBool::new(!args.prune));
+    let listed = Arc::new(AtomicBool::new(!prune));
     let registry = Arc::new(metrics.registry());
-    let listener = admin::bind(args.admin_listen)
+    let listener = nodegate_shared::admin::bind(args.admin_listen)
         .await
         .map_err(|source| Error::Bind {
             addr: args.admin_listen,
             source,
         })?;
-    let admin_task = tokio::spawn(admin::serve(
+    let admin_task = tokio::spawn(nodegate_shared::admin::serve(
         listener,
-        admin::router(registry, listed.clone()),
+        nodegate_shared::admin::router(
+            registry,
+            listed.clone(),
+            "waiting for the first complete view of the nodes",
+        ),
         stop_rx.clone(),
     ));
 
-    let prune_task = if args.prune {
+    let prune_task = if prune {
         let (tx, rx) = mpsc::unbounded_channel();
         let mut handlers = extra_handlers;
         if let Some(cmd) = &args.on_node_delete {
@@ -127,9 +137,21 @@ pub async fn run_with_handlers(
             listed,
             deletions: tx,
         };
-        let api: Api<SlimNode> = Api::all(client.clone());
+        let source = match args.prune_source {
+            PruneSource::Roster => {
+                tracing::info!(namespace = %args.roster_namespace, "pruning from the node roster");
+                prune::Source::Roster {
+                    api: Api::namespaced(client.clone(), &args.roster_namespace),
+                    name: args.roster_name.clone(),
+                }
+            }
+            PruneSource::Nodes => {
+                tracing::info!("pruning from a watch on every Node");
+                prune::Source::Nodes(Api::<SlimNode>::all(client.clone()))
+            }
+        };
         Some(tokio::spawn(prune::run(
-            api,
+            source,
             Pruner::new(args.node_name.clone(), snapshot_nodes),
             ctx,
             done_rx,

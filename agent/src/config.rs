@@ -11,25 +11,8 @@ use nodegate_shared::taint::{TaintSpec, check_unique};
 
 use crate::probe::{ProbeSpec, ProbeSpecError, Thresholds};
 
-/// Parses `500ms`, `2s`, `1.5s`, `3m`, `1h` or a bare number of seconds.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let (num, unit) = match s.find(|c: char| !(c.is_ascii_digit() || c == '.')) {
-        Some(i) => s.split_at(i),
-        None => (s, "s"),
-    };
-    let n: f64 = num
-        .parse()
-        .map_err(|_| format!("invalid duration {s:?}: expected e.g. 500ms, 2s, 1m"))?;
-    let secs = match unit {
-        "ms" => n / 1000.0,
-        "s" => n,
-        "m" => n * 60.0,
-        "h" => n * 3600.0,
-        _ => return Err(format!("invalid duration unit in {s:?}: use ms, s, m or h")),
-    };
-    Duration::try_from_secs_f64(secs).map_err(|e| format!("invalid duration {s:?}: {e}"))
-}
+/// One parser for every nodegate binary's durations.
+pub use nodegate_shared::duration::parse as parse_duration;
 
 #[derive(Debug, Clone, Parser)]
 #[command(
@@ -103,12 +86,9 @@ pub struct Args {
     #[arg(long, env = "NODEGATE_SNAPSHOT_INTERVAL", default_value = "1s", value_parser = parse_duration)]
     pub snapshot_interval: Duration,
 
-    /// Watch Nodes and prune deleted ones (`--prune=false` to run the gate only).
-    #[arg(long, env = "NODEGATE_PRUNE", default_value_t = true, action = ArgAction::Set)]
-    pub prune: bool,
-
     /// Command (`sh -c`) run for each deleted node: record JSON on stdin,
     /// NODEGATE_NODE_NAME, NODEGATE_NODE_IPS, NODEGATE_DELETE_SOURCE in env.
+    /// Pruning (and its snapshot) runs only when a handler is configured.
     #[arg(long, env = "NODEGATE_ON_NODE_DELETE")]
     pub on_node_delete: Option<String>,
 
@@ -120,9 +100,30 @@ pub struct Args {
     #[arg(long, env = "NODEGATE_ON_NODE_DELETE_RETRIES", default_value_t = 3)]
     pub on_node_delete_retries: u32,
 
+    /// Where pruning learns which nodes exist: `roster` (the publisher's
+    /// shard ConfigMaps; changes only on join, leave or address change) or
+    /// `nodes` (a watch on every Node; for small clusters).
+    #[arg(long, env = "NODEGATE_PRUNE_SOURCE", value_enum, default_value_t = PruneSource::Roster)]
+    pub prune_source: PruneSource,
+
+    /// Namespace of the roster's shard ConfigMaps (the install's namespace).
+    #[arg(long, env = "NODEGATE_ROSTER_NAMESPACE", default_value = "nodegate")]
+    pub roster_namespace: String,
+
+    /// The roster's name (the publisher's `--name`).
+    #[arg(long, env = "NODEGATE_ROSTER_NAME", default_value = nodegate_roster::shard::DEFAULT_NAME)]
+    pub roster_name: String,
+
     /// Admin HTTP address: /livez, /readyz, /metrics.
     #[arg(long, env = "NODEGATE_ADMIN_LISTEN", default_value = "0.0.0.0:9091")]
     pub admin_listen: SocketAddr,
+}
+
+/// `--prune-source`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PruneSource {
+    Roster,
+    Nodes,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -180,17 +181,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn durations() {
-        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
-        assert_eq!(parse_duration("2s").unwrap(), Duration::from_secs(2));
-        assert_eq!(parse_duration("1.5s").unwrap(), Duration::from_millis(1500));
-        assert_eq!(parse_duration("3").unwrap(), Duration::from_secs(3));
-        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
-        assert!(parse_duration("2 days").is_err());
-        assert!(parse_duration("x").is_err());
-    }
-
-    #[test]
     fn defaults_and_repeatable_flags() {
         let a = Args::try_parse_from([
             "nodegate-agent",
@@ -208,7 +198,9 @@ mod tests {
         assert_eq!(a.taints.len(), 1);
         assert_eq!(a.taints[0].to_string(), DEFAULT_TAINT);
         assert!(!a.taint_on_shutdown);
-        assert!(a.prune);
+        assert_eq!(a.prune_source, PruneSource::Roster);
+        assert_eq!(a.roster_namespace, "nodegate");
+        assert!(a.on_node_delete.is_none(), "gate-only unless a handler is set");
         assert_eq!(a.probe_specs().unwrap().len(), 3);
         assert_eq!(a.state_dir, PathBuf::from("/var/run/nodegate"));
         assert_eq!(a.admin_listen.port(), 9091);

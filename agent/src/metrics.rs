@@ -56,6 +56,9 @@ pub struct Metrics {
     pub snapshot_write_failures: Counter,
     pub snapshot_corrupt: Counter,
     pub handler_failures: Family<HandlerLabels, Counter>,
+    pub roster_complete: Gauge,
+    pub roster_rejected: Counter,
+    pub roster_shards: Gauge,
 }
 
 impl Default for Metrics {
@@ -76,6 +79,9 @@ impl Default for Metrics {
             snapshot_write_failures: Counter::default(),
             snapshot_corrupt: Counter::default(),
             handler_failures: Family::default(),
+            roster_complete: Gauge::default(),
+            roster_rejected: Counter::default(),
+            roster_shards: Gauge::default(),
         }
     }
 }
@@ -158,6 +164,21 @@ impl Metrics {
             "handler_failures",
             "Node deletion handler runs that failed after all retries",
             self.handler_failures.clone(),
+        );
+        r.register(
+            "roster_complete",
+            "1 while the roster's shards form a complete set (--prune-source=roster); pruning waits while 0",
+            self.roster_complete.clone(),
+        );
+        r.register(
+            "roster_shards",
+            "Roster shards held that passed every check (any epoch)",
+            self.roster_shards.clone(),
+        );
+        r.register(
+            "roster_shards_rejected",
+            "Roster shard versions refused as corrupt, misplaced or of an unknown format",
+            self.roster_rejected.clone(),
         );
         r
     }

@@ -1,5 +1,6 @@
-//! Stale-node pruning: the live set of Nodes from a watch, the diff against
-//! the snapshot read at start, and the coalesced snapshot writer.
+//! Stale-node pruning: the live set of Nodes (from the roster or a Node
+//! watch), the diff against the snapshot read at start, and the coalesced
+//! snapshot writer.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -8,7 +9,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
+use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Api;
+use nodegate_roster::shard;
+use nodegate_roster::view::{Membership, RosterView};
 use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::{mpsc, watch};
 
@@ -39,8 +43,6 @@ pub struct Pruner {
     live: HashMap<String, NodeRecord>,
     /// Snapshot read at start; consumed by the first complete list.
     snapshot: Option<Vec<NodeRecord>>,
-    /// Objects of a list in progress (between `Init` and `InitDone`).
-    listing: Option<HashMap<String, NodeRecord>>,
     /// Deleted nodes whose handlers have not finished, by uid. They stay in
     /// the snapshot so a crash before the handler ran is retried at restart.
     unhandled: HashMap<String, NodeRecord>,
@@ -56,7 +58,6 @@ impl Pruner {
             own: own.into(),
             live: HashMap::new(),
             snapshot: Some(snapshot),
-            listing: None,
             unhandled: HashMap::new(),
             initialized: false,
             dirty: false,
@@ -100,10 +101,10 @@ impl Pruner {
         }
     }
 
-    /// Applies one watcher event and returns the deletions it implies; they
-    /// count as unhandled until [`Pruner::handled`].
-    pub fn apply(&mut self, event: watcher::Event<SlimNode>) -> Vec<Deletion> {
-        let deletions = self.apply_inner(event);
+    /// Applies one membership change and returns the deletions it implies;
+    /// they count as unhandled until [`Pruner::handled`].
+    pub fn apply(&mut self, change: Membership) -> Vec<Deletion> {
+        let deletions = self.apply_inner(change);
         for (r, _) in &deletions {
             self.unhandled.insert(r.uid.clone(), r.clone());
             self.dirty = true;
@@ -116,29 +117,17 @@ impl Pruner {
         std::mem::take(&mut self.dirty) && self.initialized
     }
 
-    fn apply_inner(&mut self, event: watcher::Event<SlimNode>) -> Vec<Deletion> {
-        match event {
-            watcher::Event::Init => {
-                self.listing = Some(HashMap::with_capacity(self.live.len()));
-                Vec::new()
-            }
-            watcher::Event::InitApply(node) => {
-                if let Some(r) = node.into_record().filter(|r| r.name != self.own) {
-                    self.listing
-                        .get_or_insert_with(HashMap::new)
-                        .insert(r.name.clone(), r);
-                }
-                Vec::new()
-            }
-            watcher::Event::InitDone => {
-                let listed = self.listing.take().unwrap_or_default();
+    fn apply_inner(&mut self, change: Membership) -> Vec<Deletion> {
+        match change {
+            Membership::Reset(mut listed) => {
+                listed.remove(&self.own);
                 let deletions = match self.snapshot.take() {
-                    // First list: whatever the snapshot has that is gone now.
+                    // First complete view: whatever the snapshot has that is gone now.
                     Some(snap) => diff(snap, &listed, &self.own)
                         .into_iter()
                         .map(|r| (r, DeleteSource::Snapshot))
                         .collect(),
-                    // Relist after a watch gap: deletions the watch missed.
+                    // Complete again after a gap: deletions missed meanwhile.
                     None => {
                         let old: Vec<NodeRecord> = self.live.drain().map(|(_, r)| r).collect();
                         diff(old, &listed, &self.own)
@@ -152,13 +141,13 @@ impl Pruner {
                 self.dirty = true;
                 deletions
             }
-            watcher::Event::Apply(node) => {
-                let Some(r) = node.into_record().filter(|r| r.name != self.own) else {
-                    return Vec::new();
-                };
-                // Status heartbeats and taint changes do not touch the record:
-                // no snapshot write for them.
-                if self.live.get(&r.name) == Some(&r) {
+            // Before the first complete view only a Reset counts: a change
+            // seen then is part of the view the Reset will carry.
+            _ if !self.initialized => Vec::new(),
+            Membership::Upsert(r) => {
+                if r.name == self.own || self.live.get(&r.name) == Some(&r) {
+                    // Heartbeats and taint changes do not touch the record:
+                    // no snapshot write for them.
                     return Vec::new();
                 }
                 self.dirty = true;
@@ -170,10 +159,10 @@ impl Pruner {
                     _ => Vec::new(),
                 }
             }
-            watcher::Event::Delete(node) => {
-                let Some(r) = node.into_record().filter(|r| r.name != self.own) else {
+            Membership::Remove(r) => {
+                if r.name == self.own {
                     return Vec::new();
-                };
+                }
                 match self.live.get(&r.name) {
                     Some(stored) if stored.uid == r.uid => {
                         self.dirty = true;
@@ -190,6 +179,35 @@ impl Pruner {
     }
 }
 
+/// Turns a Node watch into membership changes: a list (between `Init` and
+/// `InitDone`) becomes one [`Membership::Reset`].
+#[derive(Debug, Default)]
+pub struct NodeEvents {
+    listing: Option<HashMap<String, NodeRecord>>,
+}
+
+impl NodeEvents {
+    pub fn apply(&mut self, event: watcher::Event<SlimNode>) -> Option<Membership> {
+        match event {
+            watcher::Event::Init => {
+                self.listing = Some(HashMap::new());
+                None
+            }
+            watcher::Event::InitApply(node) => {
+                if let Some(r) = node.into_record() {
+                    self.listing
+                        .get_or_insert_with(HashMap::new)
+                        .insert(r.name.clone(), r);
+                }
+                None
+            }
+            watcher::Event::InitDone => Some(Membership::Reset(self.listing.take().unwrap_or_default())),
+            watcher::Event::Apply(node) => node.into_record().map(Membership::Upsert),
+            watcher::Event::Delete(node) => node.into_record().map(Membership::Remove),
+        }
+    }
+}
+
 /// Everything the prune loop needs besides the API.
 pub struct PruneContext {
     pub state_dir: PathBuf,
@@ -200,33 +218,83 @@ pub struct PruneContext {
     pub deletions: mpsc::UnboundedSender<Deletion>,
 }
 
-/// Watches all Nodes until `shutdown` flips, writing the snapshot at most
+/// Where the pruner learns which nodes exist.
+pub enum Source {
+    /// A watch on every Node: simple, but every status write of every node
+    /// reaches every agent. For small clusters.
+    Nodes(Api<SlimNode>),
+    /// The roster's shard ConfigMaps: a change only when a node joins,
+    /// leaves or changes its addresses, CIDRs or providerID.
+    Roster { api: Api<ConfigMap>, name: String },
+}
+
+/// A membership stream and what it reports along the way.
+type Changes = futures::stream::BoxStream<'static, Result<Vec<Membership>, watcher::Error>>;
+
+impl Source {
+    fn changes(self, metrics: Metrics) -> Changes {
+        match self {
+            Source::Nodes(api) => {
+                let mut adapter = NodeEvents::default();
+                watcher(api, watcher::Config::default())
+                    .default_backoff()
+                    .map(move |ev| ev.map(|ev| adapter.apply(ev).into_iter().collect()))
+                    .boxed()
+            }
+            Source::Roster { api, name } => {
+                let selector = shard::selector(&name);
+                let mut view = RosterView::new(name);
+                watcher(api, watcher::Config::default().labels(&selector))
+                    .default_backoff()
+                    .map(move |ev| {
+                        ev.map(|ev| {
+                            let step = view.apply(ev);
+                            for (name, e) in &step.rejected {
+                                metrics.roster_rejected.inc();
+                                tracing::warn!(shard = %name, error = %e, "roster shard rejected: pruning paused until it is valid again");
+                            }
+                            metrics.roster_shards.set(view.shards() as i64);
+                            let complete = view.is_complete();
+                            if metrics.roster_complete.set(i64::from(complete)) != i64::from(complete) {
+                                tracing::info!(complete, shards = view.shards(), "roster completeness changed");
+                            }
+                            step.changes
+                        })
+                    })
+                    .boxed()
+            }
+        }
+    }
+}
+
+/// Follows `source` until `shutdown` flips, writing the snapshot at most
 /// once per interval while dirty, and once more at the end. `handled`
 /// carries the uids of deletions the handlers are done with.
 pub async fn run(
-    api: Api<SlimNode>,
+    source: Source,
     mut pruner: Pruner,
     ctx: PruneContext,
     mut handled: mpsc::UnboundedReceiver<String>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let stream = watcher(api, watcher::Config::default()).default_backoff();
-    let mut stream = std::pin::pin!(stream);
+    let mut stream = source.changes(ctx.metrics.clone());
     let mut tick = tokio::time::interval(ctx.snapshot_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             ev = stream.next() => match ev {
-                Some(Ok(ev)) => {
-                    for d in pruner.apply(ev) {
-                        let _ = ctx.deletions.send(d);
+                Some(Ok(changes)) => {
+                    for change in changes {
+                        for d in pruner.apply(change) {
+                            let _ = ctx.deletions.send(d);
+                        }
                     }
                     ctx.metrics.nodes_known.set(pruner.len() as i64);
                     if pruner.is_initialized() && !ctx.listed.swap(true, Ordering::SeqCst) {
-                        tracing::info!(nodes = pruner.len(), "first full list of nodes complete");
+                        tracing::info!(nodes = pruner.len(), "first complete view of the nodes");
                     }
                 }
-                Some(Err(e)) => tracing::warn!(error = %e, "node watch failed, retrying"),
+                Some(Err(e)) => tracing::warn!(error = %e, "watch failed, retrying"),
                 None => break,
             },
             Some(uid) = handled.recv() => pruner.handled(&uid),
@@ -323,6 +391,41 @@ mod tests {
             .collect()
     }
 
+    /// A pruner fed Node watch events through [`NodeEvents`].
+    struct Fed {
+        p: Pruner,
+        n: NodeEvents,
+    }
+
+    impl Fed {
+        fn new(own: &str, snap: Vec<NodeRecord>) -> Self {
+            Fed {
+                p: Pruner::new(own, snap),
+                n: NodeEvents::default(),
+            }
+        }
+
+        fn apply(&mut self, ev: watcher::Event<SlimNode>) -> Vec<Deletion> {
+            match self.n.apply(ev) {
+                Some(m) => self.p.apply(m),
+                None => Vec::new(),
+            }
+        }
+    }
+
+    impl std::ops::Deref for Fed {
+        type Target = Pruner;
+        fn deref(&self) -> &Pruner {
+            &self.p
+        }
+    }
+
+    impl std::ops::DerefMut for Fed {
+        fn deref_mut(&mut self) -> &mut Pruner {
+            &mut self.p
+        }
+    }
+
     #[test]
     fn diff_by_name_and_uid_excluding_own() {
         let snap = vec![
@@ -345,7 +448,7 @@ mod tests {
     #[test]
     fn first_list_synthesizes_deletions_and_never_resurrects() {
         let snap = vec![rec("a", "1"), rec("b", "2"), rec("c", "3"), rec("me", "0")];
-        let mut p = Pruner::new("me", snap);
+        let mut p = Fed::new("me", snap);
         assert!(p.apply(watcher::Event::Init).is_empty());
         for (n, u) in [("a", "1"), ("c", "33"), ("d", "4"), ("me", "0")] {
             assert!(p.apply(watcher::Event::InitApply(node(n, u))).is_empty());
@@ -379,7 +482,7 @@ mod tests {
 
     #[test]
     fn deletions_stay_in_the_snapshot_until_handled() {
-        let mut p = Pruner::new("me", vec![rec("a", "1"), rec("b", "2")]);
+        let mut p = Fed::new("me", vec![rec("a", "1"), rec("b", "2")]);
         p.apply(watcher::Event::Init);
         p.apply(watcher::Event::InitApply(node("a", "1")));
         let d = p.apply(watcher::Event::InitDone);
@@ -402,7 +505,7 @@ mod tests {
 
     #[test]
     fn watch_deletions_and_relist_gaps() {
-        let mut p = Pruner::new("me", vec![]);
+        let mut p = Fed::new("me", vec![]);
         p.apply(watcher::Event::Init);
         p.apply(watcher::Event::InitApply(node("a", "1")));
         p.apply(watcher::Event::InitApply(node("b", "2")));

@@ -2,6 +2,9 @@
 //! the keys nodegate writes on Nodes, the reboot rule, JSON patch builders,
 //! and how a binary waits for its stop signal.
 
+#[cfg(feature = "admin")]
+pub mod admin;
+pub mod duration;
 pub mod keys;
 #[cfg(feature = "cel")]
 pub mod match_conditions;

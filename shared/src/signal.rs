@@ -58,3 +58,9 @@ mod tests {
             .expect("the SIGTERM sent before polling resolves the future");
     }
 }
+
+/// Resolves once a stop flag is set (or its sender is gone). Returns `()`,
+/// so no watch guard is held across an await inside `select!`.
+pub async fn stopped(rx: &mut tokio::sync::watch::Receiver<bool>) {
+    let _ = rx.wait_for(|s| *s).await;
+}

@@ -184,21 +184,8 @@ impl TryFrom<Args> for Config {
     }
 }
 
-/// `500ms`, `10s`, `2m`, or plain seconds.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("invalid duration {s:?}: expected e.g. 500ms, 10s, 2m"))?;
-    match unit {
-        "ms" => Ok(Duration::from_millis(n)),
-        "" | "s" => Ok(Duration::from_secs(n)),
-        "m" => Ok(Duration::from_secs(n.saturating_mul(60))),
-        _ => Err(format!("invalid duration unit in {s:?}: use ms, s or m")),
-    }
-}
+/// One parser for every nodegate binary's durations.
+pub use nodegate_shared::duration::parse as parse_duration;
 
 #[cfg(test)]
 mod tests {

@@ -14,7 +14,7 @@ use futures::future::BoxFuture;
 use kube::runtime::watcher::Event;
 use nodegate_agent::handler::{DeleteSource, Dispatcher, HandlerError, NodeDeleteHandler};
 use nodegate_agent::metrics::Metrics;
-use nodegate_agent::prune::Pruner;
+use nodegate_agent::prune::{NodeEvents, Pruner};
 use nodegate_agent::record::{NodeRecord, SlimNode};
 use nodegate_agent::snapshot::{self, Loaded};
 use serde_json::json;
@@ -151,14 +151,17 @@ async fn main() -> anyhow::Result<()> {
 
     // 1. First list: full Node JSON decoded straight into slim records.
     let mut pruner = Pruner::new("node-self", Vec::new());
+    let mut events = NodeEvents::default();
     let t = Instant::now();
-    pruner.apply(Event::Init);
+    events.apply(Event::Init);
     let mut json_bytes = 0usize;
     for i in 0..n {
         json_bytes += full_node(i, 0).len();
-        pruner.apply(Event::InitApply(decode(i, 0)?));
+        events.apply(Event::InitApply(decode(i, 0)?));
     }
-    pruner.apply(Event::InitDone);
+    if let Some(m) = events.apply(Event::InitDone) {
+        pruner.apply(m);
+    }
     let list = t.elapsed();
     println!(
         "list+project        {} for {n} nodes ({:.1} MB of Node JSON, {:.1} µs/node incl. generating it)",
@@ -219,18 +222,22 @@ async fn main() -> anyhow::Result<()> {
         other => anyhow::bail!("snapshot not readable: {other:?}"),
     };
     let mut pruner = Pruner::new("node-self", snap);
+    let mut events = NodeEvents::default();
     let t = Instant::now();
-    pruner.apply(Event::Init);
+    events.apply(Event::Init);
     for i in 0..n {
         if deleted.contains(&i) && !recreated.contains(&i) {
             continue;
         }
         let generation = usize::from(recreated.contains(&i));
-        pruner.apply(Event::InitApply(decode(i, generation)?));
+        events.apply(Event::InitApply(decode(i, generation)?));
     }
     let relist = t.elapsed();
     let t = Instant::now();
-    let deletions = pruner.apply(Event::InitDone);
+    let deletions = events
+        .apply(Event::InitDone)
+        .map(|m| pruner.apply(m))
+        .unwrap_or_default();
     let diff = t.elapsed();
 
     let counter = Arc::new(Counting(AtomicUsize::new(0)));

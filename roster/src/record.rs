@@ -42,6 +42,16 @@ pub struct NodeAddress {
 }
 
 impl NodeRecord {
+    /// The record as the roster carries it: labels and boot ID dropped, so
+    /// only a join, a leave or a change of addresses, podCIDRs or providerID
+    /// rewrites a shard (labels and reboots are frequent, and a deletion
+    /// handler cleans up by name, uid, IPs and CIDRs).
+    pub fn for_roster(mut self) -> Self {
+        self.labels.clear();
+        self.boot_id = None;
+        self
+    }
+
     /// The node's IP addresses (hostnames and DNS names left out), in order.
     pub fn ips(&self) -> Vec<&str> {
         self.addresses

@@ -1,5 +1,5 @@
-//! Plain-HTTP admin port: `/livez`, `/readyz` (after the first full list of
-//! Nodes) and `/metrics`.
+//! Plain-HTTP admin port shared by the agent and the roster publisher:
+//! `/livez`, `/readyz` (once the caller's ready flag is set) and `/metrics`.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -18,24 +18,31 @@ use tokio::sync::watch;
 struct AdminState {
     registry: Arc<Registry>,
     ready: Arc<AtomicBool>,
+    waiting_for: &'static str,
 }
 
-pub fn router(registry: Arc<Registry>, ready: Arc<AtomicBool>) -> Router {
+/// `/readyz` answers 503 with `waiting_for` until `ready` is set.
+pub fn router(
+    registry: Arc<Registry>,
+    ready: Arc<AtomicBool>,
+    waiting_for: &'static str,
+) -> Router {
     Router::new()
         .route("/livez", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
-        .with_state(AdminState { registry, ready })
+        .with_state(AdminState {
+            registry,
+            ready,
+            waiting_for,
+        })
 }
 
 async fn readyz(State(s): State<AdminState>) -> impl IntoResponse {
     if s.ready.load(Ordering::SeqCst) {
         (StatusCode::OK, "ok")
     } else {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "waiting for the first full list of nodes",
-        )
+        (StatusCode::SERVICE_UNAVAILABLE, s.waiting_for)
     }
 }
 

@@ -1,0 +1,16 @@
+use clap::Parser;
+use tracing_subscriber::EnvFilter;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let shutdown = nodegate_shared::signal::shutdown();
+    let args = nodegate_roster::Args::parse();
+    tracing_subscriber::fmt()
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        )
+        .init();
+    nodegate_roster::run(args, shutdown).await?;
+    Ok(())
+}

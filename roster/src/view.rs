@@ -1,0 +1,285 @@
+//! A reader's view of the roster: the shards it has seen, whether they form
+//! a complete set, and the membership changes that follow from each event.
+//!
+//! Nothing is reported while the view is incomplete (publisher down, a
+//! shard missing, corrupt or of an older epoch): a pruner that sees no
+//! change prunes nothing. When the view becomes complete again, the whole
+//! set is reported at once ([`Membership::Reset`]) and diffed by the pruner.
+
+use std::collections::HashMap;
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::runtime::watcher;
+
+use crate::record::NodeRecord;
+use crate::shard::{self, Shard, ShardError};
+
+/// A change of the set of nodes, whatever its source (Node watch or roster).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Membership {
+    /// The complete set, by name: after a (re)list, or when the roster
+    /// becomes complete again.
+    Reset(HashMap<String, NodeRecord>),
+    /// A node joined or its record changed (a new uid means the old
+    /// incarnation is gone).
+    Upsert(NodeRecord),
+    /// A node left.
+    Remove(NodeRecord),
+}
+
+/// What one roster event did.
+#[derive(Debug, Default)]
+pub struct Step {
+    pub changes: Vec<Membership>,
+    /// Shards that could not be trusted, by ConfigMap name.
+    pub rejected: Vec<(String, ShardError)>,
+}
+
+#[derive(Debug)]
+pub struct RosterView {
+    /// The roster's name (shard prefix).
+    roster: String,
+    /// Trusted shards by ConfigMap name.
+    shards: HashMap<String, Shard>,
+    /// Shards of a list in progress.
+    listing: Option<HashMap<String, Shard>>,
+    /// The union of the last complete view; `None` while incomplete.
+    members: Option<HashMap<String, NodeRecord>>,
+}
+
+impl RosterView {
+    pub fn new(roster: impl Into<String>) -> Self {
+        Self {
+            roster: roster.into(),
+            shards: HashMap::new(),
+            listing: None,
+            members: None,
+        }
+    }
+
+    /// True while the shards seen form a complete roster.
+    pub fn is_complete(&self) -> bool {
+        self.members.is_some()
+    }
+
+    /// Trusted shards held (of any epoch).
+    pub fn shards(&self) -> usize {
+        self.shards.len()
+    }
+
+    /// Applies one watcher event on the shard ConfigMaps.
+    pub fn apply(&mut self, event: watcher::Event<ConfigMap>) -> Step {
+        let mut step = Step::default();
+        match event {
+            watcher::Event::Init => {
+                self.listing = Some(HashMap::new());
+                return step;
+            }
+            watcher::Event::InitApply(cm) => {
+                let name = cm.metadata.name.clone().unwrap_or_default();
+                match shard::decode(&self.roster, &cm) {
+                    Ok(s) => {
+                        self.listing
+                            .get_or_insert_with(HashMap::new)
+                            .insert(name, s);
+                    }
+                    Err(e) => step.rejected.push((name, e)),
+                }
+                return step;
+            }
+            watcher::Event::InitDone => {
+                self.shards = self.listing.take().unwrap_or_default();
+            }
+            watcher::Event::Apply(cm) => {
+                let name = cm.metadata.name.clone().unwrap_or_default();
+                match shard::decode(&self.roster, &cm) {
+                    Ok(s) => {
+                        self.shards.insert(name, s);
+                    }
+                    Err(e) => {
+                        // Untrusted replaces trusted: that shard is now missing.
+                        self.shards.remove(&name);
+                        step.rejected.push((name, e));
+                    }
+                }
+            }
+            watcher::Event::Delete(cm) => {
+                self.shards
+                    .remove(&cm.metadata.name.clone().unwrap_or_default());
+            }
+        }
+        step.changes = self.reconcile();
+        step
+    }
+
+    /// The membership changes since the last complete view.
+    fn reconcile(&mut self) -> Vec<Membership> {
+        let Some(now) = self.complete_members() else {
+            self.members = None;
+            return Vec::new();
+        };
+        let changes = match self.members.take() {
+            None => vec![Membership::Reset(now.clone())],
+            Some(before) => {
+                let mut out: Vec<Membership> = before
+                    .iter()
+                    .filter(|(n, _)| !now.contains_key(*n))
+                    .map(|(_, r)| Membership::Remove(r.clone()))
+                    .collect();
+                out.extend(
+                    now.iter()
+                        .filter(|(n, r)| before.get(*n) != Some(*r))
+                        .map(|(_, r)| Membership::Upsert(r.clone())),
+                );
+                out
+            }
+        };
+        self.members = Some(now);
+        changes
+    }
+
+    /// The union of the newest epoch's shards when all `0..S` are present.
+    fn complete_members(&self) -> Option<HashMap<String, NodeRecord>> {
+        let epoch = self.shards.values().map(|s| s.epoch).max()?;
+        let current: Vec<&Shard> = self.shards.values().filter(|s| s.epoch == epoch).collect();
+        let count = current.first()?.count;
+        if current.iter().any(|s| s.count != count) {
+            return None;
+        }
+        let mut seen = vec![false; count as usize];
+        for s in &current {
+            *seen.get_mut(s.index as usize)? = true;
+        }
+        if !seen.iter().all(|s| *s) {
+            return None;
+        }
+        Some(
+            current
+                .iter()
+                .flat_map(|s| s.nodes.values())
+                .map(|r| (r.name.clone(), r.clone()))
+                .collect(),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::shard::{self, config_map, encode, shard_of};
+
+    fn rec(name: &str, uid: &str) -> NodeRecord {
+        NodeRecord {
+            name: name.into(),
+            uid: uid.into(),
+            addresses: vec![],
+            pod_cidrs: vec![],
+            provider_id: None,
+            boot_id: None,
+            labels: Default::default(),
+        }
+    }
+
+    /// Shard `i` of `count` at `epoch` holding those of `nodes` that belong there.
+    fn shard(epoch: u64, i: u32, count: u32, nodes: &[(&str, &str)]) -> ConfigMap {
+        let recs: Vec<NodeRecord> = nodes
+            .iter()
+            .filter(|(n, _)| shard_of(n, count) == i)
+            .map(|(n, u)| rec(n, u))
+            .collect();
+        config_map("nodegate", shard::DEFAULT_NAME, i, encode(epoch, i, count, &recs))
+    }
+
+    fn list(v: &mut RosterView, cms: Vec<ConfigMap>) -> Vec<Membership> {
+        assert!(v.apply(watcher::Event::Init).changes.is_empty());
+        for cm in cms {
+            assert!(v.apply(watcher::Event::InitApply(cm)).changes.is_empty());
+        }
+        v.apply(watcher::Event::InitDone).changes
+    }
+
+    fn reset_names(c: &[Membership]) -> Vec<(String, String)> {
+        let [Membership::Reset(m)] = c else {
+            panic!("expected one Reset, got {c:?}")
+        };
+        let mut v: Vec<_> = m.values().map(|r| (r.name.clone(), r.uid.clone())).collect();
+        v.sort();
+        v
+    }
+
+    const NODES: &[(&str, &str)] = &[("a", "1"), ("b", "2"), ("c", "3"), ("d", "4"), ("e", "5")];
+
+    #[test]
+    fn complete_list_is_one_reset_then_diffs() {
+        let mut v = RosterView::new(shard::DEFAULT_NAME);
+        let c = list(&mut v, (0..3).map(|i| shard(1, i, 3, NODES)).collect());
+        assert_eq!(reset_names(&c).len(), 5);
+        assert!(v.is_complete());
+        // "c" leaves, "f" joins, "a" is re-created: only their shards change.
+        let after: Vec<(&str, &str)> = vec![("a", "11"), ("b", "2"), ("d", "4"), ("e", "5"), ("f", "6")];
+        let mut changes = Vec::new();
+        for i in 0..3 {
+            changes.extend(v.apply(watcher::Event::Apply(shard(1, i, 3, &after))).changes);
+        }
+        let mut got: Vec<String> = changes
+            .iter()
+            .map(|m| match m {
+                Membership::Upsert(r) => format!("+{}/{}", r.name, r.uid),
+                Membership::Remove(r) => format!("-{}/{}", r.name, r.uid),
+                Membership::Reset(_) => "reset".into(),
+            })
+            .collect();
+        got.sort();
+        assert_eq!(got, vec!["+a/11", "+f/6", "-c/3"]);
+    }
+
+    #[test]
+    fn a_missing_shard_means_no_change_at_all() {
+        let mut v = RosterView::new(shard::DEFAULT_NAME);
+        assert!(list(&mut v, vec![shard(1, 0, 3, NODES), shard(1, 2, 3, NODES)]).is_empty());
+        assert!(!v.is_complete());
+        let c = v.apply(watcher::Event::Apply(shard(1, 1, 3, NODES))).changes;
+        assert_eq!(reset_names(&c).len(), 5, "complete again: the whole set");
+        // A shard deleted: incomplete, and its nodes are NOT reported gone.
+        let gone = v.apply(watcher::Event::Delete(shard(1, 1, 3, NODES)));
+        assert!(gone.changes.is_empty());
+        assert!(!v.is_complete());
+    }
+
+    #[test]
+    fn a_new_epoch_is_incomplete_until_every_shard_is_rewritten() {
+        let mut v = RosterView::new(shard::DEFAULT_NAME);
+        list(&mut v, (0..2).map(|i| shard(1, i, 2, NODES)).collect());
+        // Reshard 2 -> 3 under epoch 2, shard by shard; shards of the old
+        // epoch hold other nodes' records and must not count.
+        let fewer: Vec<(&str, &str)> = NODES[..2].to_vec();
+        assert!(v.apply(watcher::Event::Apply(shard(2, 0, 3, &fewer))).changes.is_empty());
+        assert!(v.apply(watcher::Event::Apply(shard(2, 1, 3, &fewer))).changes.is_empty());
+        assert!(!v.is_complete());
+        let c = v.apply(watcher::Event::Apply(shard(2, 2, 3, &fewer))).changes;
+        assert_eq!(
+            reset_names(&c),
+            vec![("a".into(), "1".into()), ("b".into(), "2".into())]
+        );
+    }
+
+    #[test]
+    fn a_corrupt_shard_is_rejected_and_makes_the_view_incomplete() {
+        let mut v = RosterView::new(shard::DEFAULT_NAME);
+        list(&mut v, (0..2).map(|i| shard(1, i, 2, NODES)).collect());
+        let bad = config_map("nodegate", shard::DEFAULT_NAME, 1, "{\"version\":1,\"nod".into());
+        let step = v.apply(watcher::Event::Apply(bad));
+        assert!(step.changes.is_empty(), "no prune from garbage");
+        assert_eq!(step.rejected.len(), 1);
+        assert_eq!(step.rejected[0].0, "nodegate-roster-1");
+        assert!(!v.is_complete());
+    }
+
+    #[test]
+    fn shards_disagreeing_on_the_count_are_incomplete() {
+        let mut v = RosterView::new(shard::DEFAULT_NAME);
+        let c = list(&mut v, vec![shard(1, 0, 2, NODES), shard(1, 1, 3, NODES)]);
+        assert!(c.is_empty());
+        assert!(!v.is_complete());
+    }
+}

@@ -41,6 +41,8 @@ pub struct AppState {
     pub bookmark_interval: Duration,
     /// RBAC from the given roles and bindings; `None` lets every authenticated user do anything.
     pub policy: Option<crate::rbac::Policy>,
+    /// What every watch sent, per type (the fan-out benchmark reads it).
+    pub fanout: Arc<crate::fanout::Fanout>,
 }
 
 type Result<T> = std::result::Result<T, ApiError>;
@@ -556,6 +558,9 @@ fn validate(res: &ResourceDef, obj: &Value) -> Result<()> {
             "metadata.name: Required value: name or generateName is required",
         ));
     }
+    if res.key() == resources::CONFIGMAPS.key() {
+        validate_config_map(obj, &name)?;
+    }
     if res.key() == resources::NODES.key() {
         // Kubernetes rejects two taints with the same key and effect.
         let taints = obj
@@ -590,6 +595,49 @@ fn validate(res: &ResourceDef, obj: &Value) -> Result<()> {
                 ));
             }
         }
+    }
+    Ok(())
+}
+
+/// `ValidateConfigMap` (pkg/apis/core/validation): every key of `data` and
+/// `binaryData` passes `IsConfigMapKey`, no key is in both, and all values
+/// together stay within `MaxSecretSize` (1 MiB), counting `binaryData`
+/// decoded.
+fn validate_config_map(obj: &Value, name: &str) -> Result<()> {
+    const MAX_SIZE: usize = 1024 * 1024;
+    let invalid = |msg: String| ApiError::invalid("ConfigMap", name, &msg);
+    let key_ok = |k: &str| {
+        !k.is_empty()
+            && k.len() <= 253
+            && k != "."
+            && k != ".."
+            && !k.starts_with("..")
+            && k.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+    };
+    let mut total = 0usize;
+    let data = obj.get("data").and_then(Value::as_object);
+    for (k, v) in data.into_iter().flatten() {
+        if !key_ok(k) {
+            return Err(invalid(format!(
+                "data[{k}]: Invalid value: {k:?}: a valid config key must consist of alphanumeric characters, '-', '_' or '.'"
+            )));
+        }
+        total += v.as_str().map_or(0, str::len);
+    }
+    let binary = obj.get("binaryData").and_then(Value::as_object);
+    for (k, v) in binary.into_iter().flatten() {
+        if !key_ok(k) || data.is_some_and(|d| d.contains_key(k)) {
+            return Err(invalid(format!(
+                "binaryData[{k}]: Invalid value: {k:?}: a valid config key must be unique and consist of alphanumeric characters, '-', '_' or '.'"
+            )));
+        }
+        total += v.as_str().map_or(0, |s| s.len() / 4 * 3);
+    }
+    if total > MAX_SIZE {
+        return Err(invalid(format!(
+            "[]: Too long: may not be more than {MAX_SIZE} bytes"
+        )));
     }
     Ok(())
 }
@@ -961,6 +1009,8 @@ fn watch_stream(
     let send_initial = q.get("sendInitialEvents").is_some_and(|v| v == "true");
     let rv_param = q.get("resourceVersion").cloned().unwrap_or_default();
     let (tx, rx) = mpsc::channel::<Bytes>(1024);
+    let fanout = st.fanout.clone();
+    let key = t.res.key();
     let bookmark_obj = |rv: u64, initial_end: bool| {
         let mut meta = json!({"resourceVersion": rv.to_string()});
         if initial_end {
@@ -1010,8 +1060,13 @@ fn watch_stream(
     let interval = st.bookmark_interval;
     let kind = t.res.kind;
     let api_version = t.res.api_version();
+    // Counted as handed to the connection, bookmarks as bytes only.
+    let count = move |line: &Bytes| {
+        fanout.add(key, !line.starts_with(b"{\"type\":\"BOOKMARK\""), line.len());
+    };
     tokio::spawn(async move {
         for line in first {
+            count(&line);
             if tx.send(line).await.is_err() {
                 return;
             }
@@ -1031,10 +1086,12 @@ fn watch_stream(
                             continue;
                         }
                         last_rv = e.rv;
-                        if let Some((ty, o)) = filter.translate(&e)
-                            && tx.send(event_line(ty, &watch_object(res, as_table, &o))).await.is_err()
-                        {
-                            return;
+                        if let Some((ty, o)) = filter.translate(&e) {
+                            let line = event_line(ty, &watch_object(res, as_table, &o));
+                            count(&line);
+                            if tx.send(line).await.is_err() {
+                                return;
+                            }
                         }
                     }
                     // A watcher that falls behind is closed; the client resumes from its last RV.
@@ -1042,7 +1099,9 @@ fn watch_stream(
                 },
                 _ = tick.tick(), if bookmarks => {
                     let b = json!({"kind": kind, "apiVersion": api_version, "metadata": {"resourceVersion": last_rv.to_string()}});
-                    if tx.send(event_line("BOOKMARK", &b)).await.is_err() {
+                    let line = event_line("BOOKMARK", &b);
+                    count(&line);
+                    if tx.send(line).await.is_err() {
                         return;
                     }
                 }

@@ -26,6 +26,7 @@ pub mod process;
 pub use process::{LoggedChild, WebhookOptions, WebhookProcess, bin_path};
 pub mod cluster;
 pub mod raw;
+pub mod fanout;
 pub mod rbac;
 pub mod sim;
 pub mod standin;

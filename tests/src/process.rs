@@ -72,10 +72,11 @@ pub fn policy_mode_webhook_config() -> anyhow::Result<String> {
     Ok(serde_yaml::to_string(&cfg)?)
 }
 
-/// The shipped RBAC documents of the webhook and the agent (those present).
+/// The shipped RBAC documents of the webhook, the agent and the pruning
+/// component's roster publisher (those present).
 pub fn shipped_rbac() -> anyhow::Result<Vec<String>> {
     let mut out = Vec::new();
-    for part in ["webhook", "agent"] {
+    for part in ["webhook", "agent", "../components/pruning"] {
         let p = manifests_dir().join(part).join("rbac.yaml");
         if p.exists() {
             out.push(

@@ -193,6 +193,17 @@ pub const SERVICES: ResourceDef = res!(
     &["svc"],
     &[]
 );
+pub const CONFIGMAPS: ResourceDef = res!(
+    "",
+    "v1",
+    "configmaps",
+    "configmap",
+    "ConfigMap",
+    true,
+    &[],
+    &["cm"],
+    &[]
+);
 pub const SECRETS: ResourceDef = res!(
     "",
     "v1",
@@ -244,6 +255,7 @@ pub const ALL: &[ResourceDef] = &[
     NAMESPACES,
     EVENTS_V1,
     SERVICES,
+    CONFIGMAPS,
     SECRETS,
     LEASES,
     MUTATING_WEBHOOKS,

@@ -65,6 +65,7 @@ pub struct Emulator {
     admission: Arc<Admission>,
     shutdown: watch::Sender<bool>,
     kick: watch::Sender<u64>,
+    fanout: Arc<crate::fanout::Fanout>,
     task: Option<JoinHandle<()>>,
 }
 
@@ -106,7 +107,9 @@ impl Emulator {
             }
             None => None,
         };
+        let fanout = Arc::new(crate::fanout::Fanout::default());
         let state = Arc::new(AppState {
+            fanout: fanout.clone(),
             store: store.clone(),
             admission: admission.clone(),
             shutdown: shutdown_rx.clone(),
@@ -147,6 +150,7 @@ impl Emulator {
             admission,
             shutdown,
             kick,
+            fanout,
             task: Some(task),
         };
         for cfg in &opts.webhook_configs {
@@ -166,6 +170,11 @@ impl Emulator {
     /// The CA that signed the server's certificate.
     pub fn ca_pem(&self) -> &str {
         &self.material.ca_pem
+    }
+
+    /// What all watches of `res` were sent so far.
+    pub fn watch_fanout(&self, res: &crate::resources::ResourceDef) -> crate::fanout::Delivered {
+        self.fanout.get(res.key())
     }
 
     /// Direct access to storage, for assertions that must not go through admission.

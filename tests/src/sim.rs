@@ -14,6 +14,7 @@
 //! handlers must run exactly for the nodes deleted meanwhile.
 
 mod fleet;
+pub mod publishers;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::PathBuf;
@@ -686,9 +687,12 @@ pub async fn run_scenario(o: &RunOptions, with_webhook: bool) -> anyhow::Result<
     }
     let names: Vec<String> = (0..o.nodes).map(|i| format!("node-{i:03}")).collect();
     let fleet = Fleet::new(names.iter().take(o.pruning_agents).cloned(), o.probe_period)?;
+    // What the pruning component runs: the pruning agents read its roster.
+    let publishers = publishers::Publishers::start(&emu).await?;
     let result = drive(o, &emu, &fleet, &names, webhook.as_ref()).await;
     // Every agent stops before its API server does, also after a failure.
     let stopped = fleet.stop_all().await;
+    let published = publishers.stop().await;
     // Without the webhook's graceful stop (it keeps serving for a drain period).
     let elapsed = started.elapsed();
     if let Some(mut w) = webhook {
@@ -697,6 +701,7 @@ pub async fn run_scenario(o: &RunOptions, with_webhook: bool) -> anyhow::Result<
     emu.shutdown().await;
     let mut report = result?;
     stopped?;
+    published?;
     report.name = if with_webhook {
         match o.admission {
             AdmissionMode::Webhook => "with nodegate".into(),
@@ -1062,7 +1067,8 @@ pub fn broken_guarantees(reports: &[ScenarioReport]) -> Vec<String> {
     broken
 }
 
-/// `nodegate-sim serve`: emulator + real webhook until Ctrl-C.
+/// `nodegate-sim serve`: emulator + real webhook + the roster publisher
+/// (both replicas) until Ctrl-C.
 pub async fn serve(kubeconfig_out: PathBuf, user: &str) -> anyhow::Result<()> {
     // Handlers first: a Ctrl-C or SIGTERM that arrives while starting (or
     // right after "Ctrl-C stops." is printed) must still stop the webhook
@@ -1080,6 +1086,7 @@ pub async fn serve(kubeconfig_out: PathBuf, user: &str) -> anyhow::Result<()> {
     .await?;
     webhook.attach(&emu, None)?;
     webhook.install_objects(&emu)?;
+    let publishers = publishers::Publishers::start(&emu).await?;
     std::fs::write(&kubeconfig_out, emu.kubeconfig_yaml(user))
         .with_context(|| format!("writing {}", kubeconfig_out.display()))?;
     println!("emulated API server: {}", emu.url());
@@ -1096,6 +1103,7 @@ pub async fn serve(kubeconfig_out: PathBuf, user: &str) -> anyhow::Result<()> {
     println!("Ctrl-C stops.");
     // SIGTERM too (`kill`, process supervisors).
     shutdown.await;
+    let _ = publishers.stop().await;
     let _ = webhook.stop().await;
     emu.shutdown().await;
     Ok(())

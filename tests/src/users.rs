@@ -11,6 +11,7 @@ pub const ADMIN: &str = "admin";
 pub const NODE_CONTROLLER: &str = "system:serviceaccount:kube-system:node-controller";
 pub const AGENT: &str = "system:serviceaccount:nodegate:nodegate-agent";
 pub const WEBHOOK: &str = "system:serviceaccount:nodegate:nodegate-webhook";
+pub const ROSTER: &str = "system:serviceaccount:nodegate:nodegate-roster";
 pub const SCHEDULER: &str = "system:kube-scheduler";
 
 const TOKEN_PREFIX: &str = "emu.";

@@ -76,8 +76,8 @@ pub struct Fleet {
 const PROBE_FILE: &str = "network-agent-ready";
 
 impl Fleet {
-    /// `pruners` run with `--prune=true` (node watcher + snapshot); the rest
-    /// with `--prune=false`, so the emulator's watch fan-out stays small.
+    /// `pruners` get a deletion handler, so they prune (roster watch +
+    /// snapshot); the rest have none and run the gate only.
     pub fn new(
         pruners: impl IntoIterator<Item = String>,
         probe_period: Duration,
@@ -133,11 +133,6 @@ impl Fleet {
 
     fn args(&self, node: &str) -> anyhow::Result<Args> {
         let probe = self.probe_dir(node).join(PROBE_FILE);
-        let prune = if self.is_pruner(node) {
-            "true"
-        } else {
-            "false"
-        };
         let argv: Vec<OsString> = vec![
             "nodegate-agent".into(),
             "--node-name".into(),
@@ -150,7 +145,6 @@ impl Fleet {
             self.state_dir(node).into(),
             "--snapshot-interval".into(),
             "200ms".into(),
-            format!("--prune={prune}").into(),
             // The simulated machines crash rather than shut down cleanly: a
             // re-taint on stop would hide the webhook's reboot rule (the
             // agent's own e2e tests cover SIGTERM).

@@ -1,0 +1,49 @@
+//! What the emulator's watches delivered, per resource type: the numbers
+//! the fan-out benchmark reports as "sent to watchers" (what a real API
+//! server's watch cache would send to the same watchers).
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+/// Watch events (ADDED, MODIFIED, DELETED; bookmarks excluded) and bytes
+/// (every line, bookmarks included) sent to all watchers of one type.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Delivered {
+    pub events: u64,
+    pub bytes: u64,
+}
+
+/// Counters by storage key `(group, plural)`.
+#[derive(Debug, Default)]
+pub struct Fanout(Mutex<HashMap<(&'static str, &'static str), Delivered>>);
+
+impl Fanout {
+    pub fn add(&self, key: (&'static str, &'static str), event: bool, bytes: usize) {
+        let mut m = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let d = m.entry(key).or_default();
+        d.events += u64::from(event);
+        d.bytes += bytes as u64;
+    }
+
+    /// The totals for one type so far.
+    pub fn get(&self, key: (&'static str, &'static str)) -> Delivered {
+        let m = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        m.get(&key).copied().unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_events_and_bytes_per_type() {
+        let f = Fanout::default();
+        f.add(("", "nodes"), true, 100);
+        f.add(("", "nodes"), false, 10);
+        f.add(("", "configmaps"), true, 5);
+        assert_eq!(f.get(("", "nodes")), Delivered { events: 1, bytes: 110 });
+        assert_eq!(f.get(("", "configmaps")).events, 1);
+        assert_eq!(f.get(("", "pods")), Delivered::default());
+    }
+}

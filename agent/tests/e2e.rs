@@ -534,6 +534,7 @@ async fn restart_prunes_exactly_the_nodes_deleted_while_down() {
     let args = [
         "--on-node-delete",
         hook_cmd.as_str(),
+        "--prune-source=nodes",
         "--taint-on-shutdown=false",
     ];
 
@@ -665,7 +666,7 @@ async fn corrupt_snapshot_is_moved_aside() {
         &c,
         &own_node,
         &state,
-        &["--on-node-delete", hook_cmd.as_str()],
+        &["--on-node-delete", hook_cmd.as_str(), "--prune-source=nodes"],
     )
     .await;
     eventually("ready", || agent.ready()).await;
@@ -753,7 +754,13 @@ async fn kill9_during_snapshot_writes_never_tears_the_file() {
             &c,
             &own_node,
             &state,
-            &["--snapshot-interval", "5ms", "--taint-on-shutdown=false"],
+            &[
+                "--snapshot-interval",
+                "5ms",
+                "--taint-on-shutdown=false",
+                "--on-node-delete=true",
+                "--prune-source=nodes",
+            ],
         )
         .await;
         let series = "nodegate_agent_snapshot_write_duration_seconds_count";
@@ -823,6 +830,7 @@ async fn deletion_interrupted_by_a_crash_is_retried_after_restart() {
         &[
             "--on-node-delete",
             &blocking,
+            "--prune-source=nodes",
             "--on-node-delete-timeout",
             "120s",
         ],
@@ -863,7 +871,7 @@ async fn deletion_interrupted_by_a_crash_is_retried_after_restart() {
         &c,
         &own_node,
         &state,
-        &["--on-node-delete", hook_cmd.as_str()],
+        &["--on-node-delete", hook_cmd.as_str(), "--prune-source=nodes"],
     )
     .await;
     eventually("w1 handled after restart", || async {
@@ -908,7 +916,6 @@ async fn continuous_mode_retaints_while_down() {
         "100ms",
         "--failure-threshold",
         "2",
-        "--prune=false",
     ];
     let mut agent = Agent::start(&c, &node_c, &dir.path().join("state"), &args).await;
     eventually("ready", || async {
@@ -918,7 +925,7 @@ async fn continuous_mode_retaints_while_down() {
     .await;
     assert!(
         agent.ready().await,
-        "--prune=false: ready without a node list"
+        "no deletion handler: gate only, ready without a node list"
     );
 
     std::fs::remove_file(&probe).unwrap();
@@ -996,7 +1003,6 @@ async fn pod_probe_follows_the_ready_pod_on_this_node() {
         probe_pod.as_str(),
         "--probe-period",
         "1h",
-        "--prune=false",
     ];
     let mut agent = Agent::start(&c, &node_p, &dir.path().join("state"), &args).await;
     let series =
@@ -1043,7 +1049,18 @@ async fn burst_of_node_events_is_coalesced_into_few_writes() {
     let own: BTreeSet<String> = names.iter().cloned().collect();
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("state");
-    let mut agent = Agent::start(&c, &own_node, &state, &["--snapshot-interval", "1s"]).await;
+    let mut agent = Agent::start(
+        &c,
+        &own_node,
+        &state,
+        &[
+            "--snapshot-interval",
+            "1s",
+            "--on-node-delete=true",
+            "--prune-source=nodes",
+        ],
+    )
+    .await;
     let writes = "nodegate_agent_snapshot_write_duration_seconds_count";
     eventually("first snapshot", || async {
         agent.metric(writes).await.unwrap_or(0.0) >= 1.0
@@ -1118,6 +1135,7 @@ async fn in_process_handlers_get_the_deletions_missed_while_down() {
             "100ms".as_ref(),
             "--admin-listen".as_ref(),
             "127.0.0.1:0".as_ref(),
+            "--prune-source=nodes".as_ref(),
         ])
         .unwrap()
     };

@@ -12,6 +12,7 @@ use tokio::time::Instant;
 
 use crate::config::{Args, ConfigError, PruneSource};
 use crate::gate::{Gate, GateConfig};
+use crate::handler;
 use crate::handler::{CommandHandler, Dispatcher, NodeDeleteHandler};
 use crate::metrics::Metrics;
 use crate::probe::Probe;
@@ -19,7 +20,6 @@ use crate::prune::{self, PruneContext, Pruner};
 use crate::record::SlimNode;
 use crate::snapshot::{self, Loaded};
 use crate::taint::{AddReason, NodeTaints};
-use crate::handler;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

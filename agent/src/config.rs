@@ -200,7 +200,10 @@ mod tests {
         assert!(!a.taint_on_shutdown);
         assert_eq!(a.prune_source, PruneSource::Roster);
         assert_eq!(a.roster_namespace, "nodegate");
-        assert!(a.on_node_delete.is_none(), "gate-only unless a handler is set");
+        assert!(
+            a.on_node_delete.is_none(),
+            "gate-only unless a handler is set"
+        );
         assert_eq!(a.probe_specs().unwrap().len(), 3);
         assert_eq!(a.state_dir, PathBuf::from("/var/run/nodegate"));
         assert_eq!(a.admin_listen.port(), 9091);

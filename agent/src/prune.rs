@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Api;
+use kube::runtime::{WatchStreamExt, watcher};
 use nodegate_roster::shard;
 use nodegate_roster::view::{Membership, RosterView};
-use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::{mpsc, watch};
 
 use crate::handler::DeleteSource;
@@ -201,7 +201,9 @@ impl NodeEvents {
                 }
                 None
             }
-            watcher::Event::InitDone => Some(Membership::Reset(self.listing.take().unwrap_or_default())),
+            watcher::Event::InitDone => {
+                Some(Membership::Reset(self.listing.take().unwrap_or_default()))
+            }
             watcher::Event::Apply(node) => node.into_record().map(Membership::Upsert),
             watcher::Event::Delete(node) => node.into_record().map(Membership::Remove),
         }

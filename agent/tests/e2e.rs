@@ -59,13 +59,35 @@ struct Agent {
 impl Agent {
     /// Acts as the agent's service account (impersonated on a real cluster).
     async fn start(c: &Cluster, node: &str, state: &Path, extra: &[&str]) -> Agent {
-        let kubeconfig = c.kubeconfig(users::AGENT).unwrap();
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_nodegate-agent"));
         cmd.args(["--node-name", node, "--admin-listen", "127.0.0.1:0"])
             .arg("--state-dir")
             .arg(state)
             .args(["--snapshot-interval", "100ms", "--shutdown-deadline", "10s"])
             .args(extra);
+        Self::spawn(c, cmd, users::AGENT, state).await
+    }
+
+    /// A roster publisher replica: the real `nodegate-roster` binary as the
+    /// publisher's service account, writing roster `roster` in `nodegate`
+    /// with short lease timings so a failover takes about 2 s.
+    async fn publisher(c: &Cluster, roster: &str, replica: usize, home: &Path) -> Agent {
+        let bin = nodegate_tests::process::bin_path("nodegate-roster");
+        assert!(
+            bin.exists(),
+            "build it first: cargo build -p nodegate-roster"
+        );
+        let mut cmd = Command::new(bin);
+        cmd.args(["--namespace", "nodegate", "--name", roster])
+            .args(["--identity", &format!("{roster}-{replica}")])
+            .args(["--shards", &SHARDS.to_string(), "--interval", "50ms"])
+            .args(["--lease-duration", "2s", "--renew-deadline", "1500ms"])
+            .args(["--retry-period", "250ms", "--admin-listen", "127.0.0.1:0"]);
+        Self::spawn(c, cmd, users::ROSTER, home).await
+    }
+
+    async fn spawn(c: &Cluster, mut cmd: Command, user: &str, home: &Path) -> Agent {
+        let kubeconfig = c.kubeconfig(user).unwrap();
         if c.is_real() {
             // A real kubeconfig may run an exec credential plugin that needs
             // the caller's environment; only the agent's own settings go.
@@ -78,15 +100,18 @@ impl Agent {
         } else {
             cmd.env_clear()
                 .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-                .env("HOME", state);
+                .env("HOME", home);
         }
         cmd.env("KUBECONFIG", kubeconfig)
-            .env("RUST_LOG", "info,nodegate_agent=debug")
+            .env(
+                "RUST_LOG",
+                "info,nodegate_agent=debug,nodegate_roster=debug",
+            )
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true);
-        let mut child = cmd.spawn().expect("spawn nodegate-agent");
+        let mut child = cmd.spawn().expect("spawn the binary");
         let logs = Arc::new(Mutex::new(Vec::new()));
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let echo = std::env::var_os("NODEGATE_TEST_VERBOSE").is_some();
@@ -95,12 +120,12 @@ impl Agent {
             Box::new(child.stderr.take().unwrap()),
         ];
         for pipe in out {
-            let (logs, tx) = (logs.clone(), tx.clone());
+            let (logs, tx, user) = (logs.clone(), tx.clone(), user.to_string());
             tokio::spawn(async move {
                 let mut lines = BufReader::new(pipe).lines();
                 while let Ok(Some(line)) = lines.next_line().await {
                     if echo {
-                        eprintln!("[agent] {line}");
+                        eprintln!("[{user}] {line}");
                     }
                     if let Some(rest) = line.split("listening admin=").nth(1) {
                         let addr = rest.split_whitespace().next().unwrap_or("");
@@ -118,7 +143,7 @@ impl Agent {
             .flatten()
             .unwrap_or_else(|| {
                 panic!(
-                    "agent did not log its admin address: {:?}",
+                    "{user} did not log its admin address: {:?}",
                     logs.lock().unwrap()
                 )
             });
@@ -666,7 +691,11 @@ async fn corrupt_snapshot_is_moved_aside() {
         &c,
         &own_node,
         &state,
-        &["--on-node-delete", hook_cmd.as_str(), "--prune-source=nodes"],
+        &[
+            "--on-node-delete",
+            hook_cmd.as_str(),
+            "--prune-source=nodes",
+        ],
     )
     .await;
     eventually("ready", || agent.ready()).await;
@@ -871,7 +900,11 @@ async fn deletion_interrupted_by_a_crash_is_retried_after_restart() {
         &c,
         &own_node,
         &state,
-        &["--on-node-delete", hook_cmd.as_str(), "--prune-source=nodes"],
+        &[
+            "--on-node-delete",
+            hook_cmd.as_str(),
+            "--prune-source=nodes",
+        ],
     )
     .await;
     eventually("w1 handled after restart", || async {
@@ -998,12 +1031,7 @@ async fn pod_probe_follows_the_ready_pod_on_this_node() {
 
     let dir = tempfile::tempdir().unwrap();
     let probe_pod = format!("{NS}/k8s-app={app}");
-    let args = [
-        "--probe-pod",
-        probe_pod.as_str(),
-        "--probe-period",
-        "1h",
-    ];
+    let args = ["--probe-pod", probe_pod.as_str(), "--probe-period", "1h"];
     let mut agent = Agent::start(&c, &node_p, &dir.path().join("state"), &args).await;
     let series =
         format!("nodegate_agent_probe_results_total{{probe=\"pod:{probe_pod}\",result=\"fail\"}}");
@@ -1190,4 +1218,373 @@ async fn in_process_handlers_get_the_deletions_missed_while_down() {
     );
     stop.send(()).unwrap();
     task.await.unwrap().unwrap();
+}
+
+// ---- Pruning from the node roster (--prune-source=roster, the default) ----
+
+/// Shards of the tests' rosters (few, so each holds several test nodes).
+const SHARDS: u32 = 4;
+
+/// The test's own roster, unique per test on a real cluster, deleted after.
+fn roster(c: &Cluster) -> String {
+    let name = c.name("roster");
+    for i in 0..SHARDS {
+        c.delete_on_drop("configmaps", "nodegate", &format!("{name}-{i}"));
+    }
+    c.delete_on_drop("leases", "nodegate", &name);
+    name
+}
+
+fn shards_api(nodes: &Api<Node>) -> Api<k8s_openapi::api::core::v1::ConfigMap> {
+    Api::namespaced(nodes.clone().into_client(), "nodegate")
+}
+
+/// The test's own nodes in the roster's current shards (name → uid), or
+/// `None` while it is not complete.
+async fn roster_members(
+    nodes: &Api<Node>,
+    roster: &str,
+    own: &BTreeSet<String>,
+) -> Option<BTreeMap<String, String>> {
+    use nodegate_roster::shard;
+    let lp = ListParams::default().labels(&shard::selector(roster));
+    let cms = shards_api(nodes).list(&lp).await.ok()?;
+    let shards: Vec<shard::Shard> = cms
+        .items
+        .iter()
+        .filter_map(|cm| shard::decode(roster, cm).ok())
+        .collect();
+    let epoch = shards.iter().map(|s| s.epoch).max()?;
+    let current: Vec<&shard::Shard> = shards.iter().filter(|s| s.epoch == epoch).collect();
+    if current.len() != SHARDS as usize {
+        return None;
+    }
+    Some(
+        current
+            .iter()
+            .flat_map(|s| s.nodes.values())
+            .filter(|r| own.contains(&r.name))
+            .map(|r| (r.name.clone(), r.uid.clone()))
+            .collect(),
+    )
+}
+
+fn roster_agent_args<'a>(hook_cmd: &'a str, roster: &'a str) -> [&'a str; 5] {
+    [
+        "--on-node-delete",
+        hook_cmd,
+        "--roster-name",
+        roster,
+        "--taint-on-shutdown=false",
+    ]
+}
+
+/// Agent stopped; three nodes deleted (one re-created under its name) and
+/// the roster updated; agent restarted → the hook ran exactly for those
+/// three, source `snapshot`, with their old uids and the roster's records.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn roster_restart_prunes_exactly_the_nodes_deleted_while_down() {
+    let (c, nodes) = cluster().await;
+    let roster = roster(&c);
+    let w: BTreeMap<usize, String> = (1..=5)
+        .map(|i| (i, c.node_name(&format!("rw{i}"))))
+        .collect();
+    let own_node = c.node_name("rself");
+    let own: BTreeSet<String> = w.values().chain([&own_node]).cloned().collect();
+    let mut uids = BTreeMap::new();
+    for (&i, name) in &w {
+        uids.insert(name.clone(), create(&nodes, name, i).await);
+    }
+    create(&nodes, &own_node, 100).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (hooks, state) = (dir.path().join("hooks"), dir.path().join("state"));
+    std::fs::create_dir_all(&hooks).unwrap();
+    let hook_cmd = hook(&hooks);
+    let mut publisher = Agent::publisher(&c, &roster, 0, dir.path()).await;
+    let args = roster_agent_args(&hook_cmd, &roster);
+
+    let mut agent = Agent::start(&c, &own_node, &state, &args).await;
+    eventually("snapshot of the five workers from the roster", || async {
+        own_snapshot(&state, &own).as_ref() == Some(&uids)
+    })
+    .await;
+    assert_eq!(
+        agent.metric("nodegate_agent_roster_complete").await,
+        Some(1.0)
+    );
+    assert!(agent.term().await.success());
+
+    for i in 2..=4 {
+        nodes
+            .delete(&w[&i], &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+    let new_w4 = create(&nodes, &w[&4], 44).await;
+    let mut want_live = uids.clone();
+    want_live.remove(&w[&2]);
+    want_live.remove(&w[&3]);
+    want_live.insert(w[&4].clone(), new_w4.clone());
+    let mut in_roster = want_live.clone();
+    in_roster.insert(own_node.clone(), String::new());
+    eventually("the roster shows the deletions", || async {
+        roster_members(&nodes, &roster, &own)
+            .await
+            .is_some_and(|m| m.keys().eq(in_roster.keys()) && m.get(&w[&4]) == Some(&new_w4))
+    })
+    .await;
+
+    let mut agent = Agent::start(&c, &own_node, &state, &args).await;
+    eventually("snapshot rewritten with the live set", || async {
+        own_snapshot(&state, &own).as_ref() == Some(&want_live)
+    })
+    .await;
+    eventually("three hook runs", || async {
+        own_hook_calls(&hooks, &own).len() >= 3
+    })
+    .await;
+    let calls = own_hook_calls(&hooks, &own);
+    let got: Vec<(&str, &str, &str, &str)> = calls
+        .iter()
+        .map(|(n, s, ips, rec)| {
+            (
+                n.as_str(),
+                s.as_str(),
+                ips.as_str(),
+                rec["uid"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    let ips: Vec<String> = (2..=4).map(ip).collect();
+    let want: Vec<(&str, &str, &str, &str)> = (2..=4)
+        .zip(&ips)
+        .map(|(i, ip)| {
+            (
+                w[&i].as_str(),
+                "snapshot",
+                ip.as_str(),
+                uids[&w[&i]].as_str(),
+            )
+        })
+        .collect();
+    assert_eq!(got, want);
+    // The roster's record: what a handler cleans up by, without labels or boot ID.
+    assert_eq!(calls[0].3["podCIDRs"], json!([pod_cidr(2)]));
+    assert_eq!(
+        calls[0].3["providerID"],
+        format!("kind://docker/kind/{}", w[&2])
+    );
+    assert!(calls[0].3.get("labels").is_none() && calls[0].3.get("bootID").is_none());
+    assert!(agent.term().await.success());
+    assert!(publisher.term().await.success());
+}
+
+/// Two publishers; the leader is SIGKILLed in the middle of a churn of
+/// joins and deletes (each node listed in the roster before it leaves, so
+/// the agent knew it). The standby takes over after the lease expires; the
+/// running agent's hook ran exactly once for every deleted node (its uid),
+/// never for a live one, and its snapshot ends equal to the live set.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn roster_leader_killed_during_churn_loses_nothing() {
+    const CHURN: usize = 12;
+    let (c, nodes) = cluster().await;
+    let roster = roster(&c);
+    let dir = tempfile::tempdir().unwrap();
+    let mut pubs = vec![
+        Agent::publisher(&c, &roster, 0, dir.path()).await,
+        Agent::publisher(&c, &roster, 1, dir.path()).await,
+    ];
+    let own_node = c.node_name("cself");
+    create(&nodes, &own_node, 200).await;
+    let mut names: Vec<String> = (0..CHURN * 2)
+        .map(|i| c.node_name(&format!("c{i:02}")))
+        .collect();
+    names.push(own_node.clone());
+    let own: BTreeSet<String> = names.iter().cloned().collect();
+    let mut live: BTreeMap<String, String> = BTreeMap::new();
+    for (i, name) in names.iter().take(4).enumerate() {
+        live.insert(name.clone(), create(&nodes, name, 200 + i).await);
+    }
+    let (hooks, state) = (dir.path().join("hooks"), dir.path().join("state"));
+    std::fs::create_dir_all(&hooks).unwrap();
+    let hook_cmd = hook(&hooks);
+    let mut agent = Agent::start(
+        &c,
+        &own_node,
+        &state,
+        &roster_agent_args(&hook_cmd, &roster),
+    )
+    .await;
+    eventually("first snapshot from the roster", || async {
+        own_snapshot(&state, &own).as_ref() == Some(&live)
+    })
+    .await;
+
+    let mut deleted: BTreeSet<(String, String)> = BTreeSet::new();
+    let mut killed = None;
+    for k in 0..CHURN {
+        let joining = &names[4 + k];
+        let uid = create(&nodes, joining, 210 + k).await;
+        live.insert(joining.clone(), uid.clone());
+        // Each node is in the roster before it leaves: the agent knew it, so
+        // its deletion must reach the hook (across the failover too).
+        eventually("the joining node in the roster", || async {
+            roster_members(&nodes, &roster, &own)
+                .await
+                .is_some_and(|m| m.get(joining) == Some(&uid))
+        })
+        .await;
+        let leaving = names[k].clone();
+        let uid = live.remove(&leaving).unwrap();
+        nodes
+            .delete(&leaving, &DeleteParams::default())
+            .await
+            .unwrap();
+        deleted.insert((leaving, uid));
+        if k == CHURN / 2 {
+            let mut leader = None;
+            for (i, p) in pubs.iter().enumerate() {
+                if p.metric("nodegate_roster_leader").await == Some(1.0) {
+                    leader = Some(i);
+                }
+            }
+            let i = leader.expect("one publisher leads");
+            pubs[i].kill9().await;
+            killed = Some(i);
+        }
+    }
+    let standby = 1 - killed.unwrap();
+    eventually("the standby leads", || async {
+        pubs[standby].metric("nodegate_roster_leader").await == Some(1.0)
+    })
+    .await;
+    eventually("snapshot equals the live set", || async {
+        own_snapshot(&state, &own).as_ref() == Some(&live)
+    })
+    .await;
+    eventually("a hook run per deleted node", || async {
+        own_hook_calls(&hooks, &own).len() >= deleted.len()
+    })
+    .await;
+    let calls: Vec<(String, String)> = own_hook_calls(&hooks, &own)
+        .iter()
+        .map(|(n, _, _, rec)| (n.clone(), rec["uid"].as_str().unwrap().to_string()))
+        .collect();
+    let once: BTreeSet<(String, String)> = calls.iter().cloned().collect();
+    assert_eq!(once.len(), calls.len(), "a node pruned twice: {calls:?}");
+    assert_eq!(once, deleted, "lost or false prunes");
+    assert!(agent.term().await.success());
+    assert!(pubs[standby].term().await.success());
+}
+
+/// While the agent restarts, one shard is rewritten under a new epoch
+/// without its nodes, as a rebuild in progress would leave it. The agent
+/// sees an incomplete roster and prunes nothing, not even the nodes missing
+/// from the rewritten shard; once the publisher has rewritten every shard,
+/// exactly the node deleted meanwhile is pruned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn roster_partial_view_during_agent_restart_prunes_nothing() {
+    use nodegate_roster::shard;
+    let (c, nodes) = cluster().await;
+    let roster = roster(&c);
+    let w: Vec<String> = (0..8).map(|i| c.node_name(&format!("p{i}"))).collect();
+    let own_node = c.node_name("pself");
+    let own: BTreeSet<String> = w.iter().chain([&own_node]).cloned().collect();
+    let mut uids = BTreeMap::new();
+    for (i, name) in w.iter().enumerate() {
+        uids.insert(name.clone(), create(&nodes, name, 300 + i).await);
+    }
+    create(&nodes, &own_node, 400).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (hooks, state) = (dir.path().join("hooks"), dir.path().join("state"));
+    std::fs::create_dir_all(&hooks).unwrap();
+    let hook_cmd = hook(&hooks);
+    let args = roster_agent_args(&hook_cmd, &roster);
+    let mut publisher = Agent::publisher(&c, &roster, 0, dir.path()).await;
+    let mut agent = Agent::start(&c, &own_node, &state, &args).await;
+    eventually("first snapshot", || async {
+        own_snapshot(&state, &own).as_ref() == Some(&uids)
+    })
+    .await;
+    assert!(agent.term().await.success());
+    assert!(publisher.term().await.success());
+
+    // Deleted while everything is down.
+    let gone = w[0].clone();
+    nodes.delete(&gone, &DeleteParams::default()).await.unwrap();
+    // A shard holding another test node, rewritten empty under a new epoch.
+    let api = shards_api(&nodes);
+    let victim = w[1..]
+        .iter()
+        .map(|n| shard::shard_of(n, SHARDS))
+        .find(|&i| i != shard::shard_of(&gone, SHARDS))
+        .expect("test nodes in two shards");
+    let missing: Vec<String> = w[1..]
+        .iter()
+        .filter(|n| shard::shard_of(n, SHARDS) == victim)
+        .cloned()
+        .collect();
+    let mut cm = api.get(&shard::name_of(&roster, victim)).await.unwrap();
+    let epoch = shard::decode(&roster, &cm).unwrap().epoch;
+    cm.data = shard::config_map(
+        "nodegate",
+        &roster,
+        victim,
+        shard::encode(epoch + 1, victim, SHARDS, []),
+    )
+    .data;
+    api.replace(
+        &shard::name_of(&roster, victim),
+        &PostParams::default(),
+        &cm,
+    )
+    .await
+    .unwrap();
+
+    let mut agent = Agent::start(&c, &own_node, &state, &args).await;
+    eventually("the agent holds every shard", || async {
+        agent.metric("nodegate_agent_roster_shards").await == Some(f64::from(SHARDS))
+    })
+    .await;
+    assert_eq!(
+        agent.metric("nodegate_agent_roster_complete").await,
+        Some(0.0)
+    );
+    assert!(!agent.ready().await, "not ready before a complete view");
+    assert!(
+        own_hook_calls(&hooks, &own).is_empty(),
+        "nothing pruned from a partial view"
+    );
+    assert_eq!(
+        own_snapshot(&state, &own).as_ref(),
+        Some(&uids),
+        "snapshot kept as it was"
+    );
+
+    let mut publisher = Agent::publisher(&c, &roster, 0, dir.path()).await;
+    let mut want = uids.clone();
+    want.remove(&gone);
+    eventually("snapshot equals the live set", || async {
+        own_snapshot(&state, &own).as_ref() == Some(&want)
+    })
+    .await;
+    eventually("one hook run", || async {
+        !own_hook_calls(&hooks, &own).is_empty()
+    })
+    .await;
+    let calls = own_hook_calls(&hooks, &own);
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    assert_eq!(
+        (calls[0].0.as_str(), calls[0].1.as_str()),
+        (gone.as_str(), "snapshot")
+    );
+    assert_eq!(calls[0].3["uid"], uids[&gone].as_str());
+    assert!(
+        !missing.is_empty()
+            && missing
+                .iter()
+                .all(|m| own_snapshot(&state, &own).unwrap().contains_key(m))
+    );
+    assert!(agent.term().await.success());
+    assert!(publisher.term().await.success());
 }

@@ -67,7 +67,9 @@ pub enum ConfigError {
     },
     #[error("--namespace must not be empty")]
     Namespace,
-    #[error("--name {0:?} must be a DNS-1123 label of at most 50 characters (shards append -<index>)")]
+    #[error(
+        "--name {0:?} must be a DNS-1123 label of at most 50 characters (shards append -<index>)"
+    )]
     Name(String),
 }
 
@@ -79,8 +81,7 @@ impl Args {
         if !is_roster_name(&self.name) {
             return Err(ConfigError::Name(self.name.clone()));
         }
-        if self.renew_deadline >= self.lease_duration || self.retry_period >= self.renew_deadline
-        {
+        if self.renew_deadline >= self.lease_duration || self.retry_period >= self.renew_deadline {
             return Err(ConfigError::Timing {
                 lease: self.lease_duration,
                 renew: self.renew_deadline,
@@ -92,10 +93,13 @@ impl Args {
 
     /// `--identity`, or the host name and process id.
     pub fn identity(&self) -> String {
-        self.identity.clone().filter(|s| !s.is_empty()).unwrap_or_else(|| {
-            let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-            format!("{}-{}", host.trim(), std::process::id())
-        })
+        self.identity
+            .clone()
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| {
+                let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+                format!("{}-{}", host.trim(), std::process::id())
+            })
     }
 }
 
@@ -104,7 +108,8 @@ impl Args {
 pub fn is_roster_name(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 50
-        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
         && !s.starts_with('-')
         && !s.ends_with('-')
 }
@@ -130,7 +135,12 @@ mod tests {
     fn unsafe_timings_and_bad_shards_are_refused() {
         let a = Args::try_parse_from(["r", "--lease-duration", "5s", "--renew-deadline", "5s"])
             .unwrap();
-        assert!(a.validate().unwrap_err().to_string().contains("shorter than"));
+        assert!(
+            a.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("shorter than")
+        );
         assert!(Args::try_parse_from(["r", "--shards", "0"]).is_err());
         assert!(Args::try_parse_from(["r", "--interval", "soon"]).is_err());
         let a = Args::try_parse_from(["r", "--name", "Roster_1"]).unwrap();

@@ -164,10 +164,7 @@ async fn release(api: &Api<Lease>, cfg: &LeaseConfig) {
     spec.lease_duration_seconds = Some(1);
     spec.renew_time = Some(now_micro());
     spec.acquire_time = Some(now_micro());
-    match api
-        .replace(&cfg.name, &PostParams::default(), &lease)
-        .await
-    {
+    match api.replace(&cfg.name, &PostParams::default(), &lease).await {
         Ok(_) => tracing::info!(lease = %cfg.name, "lease released"),
         Err(e) => tracing::warn!(error = %e, lease = %cfg.name, "could not release the lease"),
     }

@@ -67,7 +67,11 @@ pub async fn run_with_client(
     let (stop_tx, stop_rx) = watch::channel(false);
     let admin = tokio::spawn(nodegate_shared::admin::serve(
         listener,
-        nodegate_shared::admin::router(registry, ready.clone(), "waiting for the first list of nodes and shards"),
+        nodegate_shared::admin::router(
+            registry,
+            ready.clone(),
+            "waiting for the first list of nodes and shards",
+        ),
         stop_rx.clone(),
     ));
     let (leader_tx, leader_rx) = watch::channel(false);

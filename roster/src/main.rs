@@ -4,6 +4,9 @@ use tracing_subscriber::EnvFilter;
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let shutdown = nodegate_shared::signal::shutdown();
+    // One TLS provider for the API client, whatever features other crates
+    // of a build turn on.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let args = nodegate_roster::Args::parse();
     tracing_subscriber::fmt()
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))

@@ -32,11 +32,7 @@ impl Metrics {
             "1 while this replica holds the lease and publishes",
             self.leader.clone(),
         );
-        r.register(
-            "nodes",
-            "Nodes in this replica's view",
-            self.nodes.clone(),
-        );
+        r.register("nodes", "Nodes in this replica's view", self.nodes.clone());
         r.register(
             "node_events",
             "Node watch events (adds, updates, deletes) received",

@@ -205,7 +205,8 @@ impl Observed {
                 self.listed = true;
             }
             watcher::Event::Apply(cm) => {
-                self.by_name.insert(cm.name_any(), Self::stored(roster, &cm));
+                self.by_name
+                    .insert(cm.name_any(), Self::stored(roster, &cm));
             }
             watcher::Event::Delete(cm) => {
                 self.by_name.remove(&cm.name_any());
@@ -326,14 +327,18 @@ impl Publisher {
             let res = match stored {
                 Some(s) => {
                     cm.metadata.resource_version = Some(s.rv.clone());
-                    self.shards.replace(&name, &PostParams::default(), &cm).await
+                    self.shards
+                        .replace(&name, &PostParams::default(), &cm)
+                        .await
                 }
                 None => self.shards.create(&PostParams::default(), &cm).await,
             };
             // What we wrote is what is stored now, before the watch says so:
             // the next round must not rewrite it from the older version.
             if let Ok(written) = &res {
-                observed.by_name.insert(name.clone(), Observed::stored(&self.name, written));
+                observed
+                    .by_name
+                    .insert(name.clone(), Observed::stored(&self.name, written));
             }
             self.record(&name, res.map(|_| ()));
         }
@@ -371,17 +376,26 @@ impl Publisher {
     fn record(&self, name: &str, res: Result<(), kube::Error>) {
         match res {
             Ok(()) => {
-                self.metrics.writes.get_or_create(&crate::metrics::result("ok")).inc();
+                self.metrics
+                    .writes
+                    .get_or_create(&crate::metrics::result("ok"))
+                    .inc();
                 tracing::debug!(shard = %name, "shard written");
             }
             // Someone wrote first: the watch brings the newer version and the
             // next round compares against it.
             Err(kube::Error::Api(s)) if s.code == 409 => {
-                self.metrics.writes.get_or_create(&crate::metrics::result("conflict")).inc();
+                self.metrics
+                    .writes
+                    .get_or_create(&crate::metrics::result("conflict"))
+                    .inc();
                 tracing::debug!(shard = %name, "shard changed meanwhile; retrying");
             }
             Err(e) => {
-                self.metrics.writes.get_or_create(&crate::metrics::result("error")).inc();
+                self.metrics
+                    .writes
+                    .get_or_create(&crate::metrics::result("error"))
+                    .inc();
                 tracing::warn!(shard = %name, error = %e, "cannot write roster shard");
             }
         }
@@ -434,10 +448,7 @@ mod tests {
         r.apply(watcher::Event::Apply(node("a", "1", "198.19.0.9")));
         assert_eq!(r.dirty.len(), 1);
         let after = texts(&mut r);
-        assert_eq!(
-            before.iter().zip(&after).filter(|(x, y)| x != y).count(),
-            1
-        );
+        assert_eq!(before.iter().zip(&after).filter(|(x, y)| x != y).count(), 1);
     }
 
     #[test]

@@ -222,7 +222,10 @@ mod tests {
         for i in 0..16_000 {
             counts[shard_of(&format!("node-{i}"), 16) as usize] += 1;
         }
-        assert!(counts.iter().all(|&c| (800..1200).contains(&c)), "{counts:?}");
+        assert!(
+            counts.iter().all(|&c| (800..1200).contains(&c)),
+            "{counts:?}"
+        );
     }
 
     #[test]
@@ -252,7 +255,10 @@ mod tests {
             ),
             (cm(1, "{\"version\":1,"), "not valid roster JSON"),
             (
-                cm(1, "{\"version\":2,\"epoch\":1,\"shard\":1,\"shards\":4,\"nodes\":[]}"),
+                cm(
+                    1,
+                    "{\"version\":2,\"epoch\":1,\"shard\":1,\"shards\":4,\"nodes\":[]}",
+                ),
                 "version 2",
             ),
             (cm(1, &encode(1, 2, 4, [])), "named for shard 1"),
@@ -280,7 +286,10 @@ mod tests {
 
     #[test]
     fn duplicate_records_are_refused() {
-        let n = (0..20).map(|i| format!("n{i}")).find(|n| shard_of(n, 2) == 0).unwrap();
+        let n = (0..20)
+            .map(|i| format!("n{i}"))
+            .find(|n| shard_of(n, 2) == 0)
+            .unwrap();
         let text = encode(1, 0, 2, [&rec(&n, "a"), &rec(&n, "b")]);
         assert_eq!(
             decode(R, &cm(0, &text)).unwrap_err(),

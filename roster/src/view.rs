@@ -187,7 +187,12 @@ mod tests {
             .filter(|(n, _)| shard_of(n, count) == i)
             .map(|(n, u)| rec(n, u))
             .collect();
-        config_map("nodegate", shard::DEFAULT_NAME, i, encode(epoch, i, count, &recs))
+        config_map(
+            "nodegate",
+            shard::DEFAULT_NAME,
+            i,
+            encode(epoch, i, count, &recs),
+        )
     }
 
     fn list(v: &mut RosterView, cms: Vec<ConfigMap>) -> Vec<Membership> {
@@ -202,7 +207,10 @@ mod tests {
         let [Membership::Reset(m)] = c else {
             panic!("expected one Reset, got {c:?}")
         };
-        let mut v: Vec<_> = m.values().map(|r| (r.name.clone(), r.uid.clone())).collect();
+        let mut v: Vec<_> = m
+            .values()
+            .map(|r| (r.name.clone(), r.uid.clone()))
+            .collect();
         v.sort();
         v
     }
@@ -216,10 +224,14 @@ mod tests {
         assert_eq!(reset_names(&c).len(), 5);
         assert!(v.is_complete());
         // "c" leaves, "f" joins, "a" is re-created: only their shards change.
-        let after: Vec<(&str, &str)> = vec![("a", "11"), ("b", "2"), ("d", "4"), ("e", "5"), ("f", "6")];
+        let after: Vec<(&str, &str)> =
+            vec![("a", "11"), ("b", "2"), ("d", "4"), ("e", "5"), ("f", "6")];
         let mut changes = Vec::new();
         for i in 0..3 {
-            changes.extend(v.apply(watcher::Event::Apply(shard(1, i, 3, &after))).changes);
+            changes.extend(
+                v.apply(watcher::Event::Apply(shard(1, i, 3, &after)))
+                    .changes,
+            );
         }
         let mut got: Vec<String> = changes
             .iter()
@@ -238,7 +250,9 @@ mod tests {
         let mut v = RosterView::new(shard::DEFAULT_NAME);
         assert!(list(&mut v, vec![shard(1, 0, 3, NODES), shard(1, 2, 3, NODES)]).is_empty());
         assert!(!v.is_complete());
-        let c = v.apply(watcher::Event::Apply(shard(1, 1, 3, NODES))).changes;
+        let c = v
+            .apply(watcher::Event::Apply(shard(1, 1, 3, NODES)))
+            .changes;
         assert_eq!(reset_names(&c).len(), 5, "complete again: the whole set");
         // A shard deleted: incomplete, and its nodes are NOT reported gone.
         let gone = v.apply(watcher::Event::Delete(shard(1, 1, 3, NODES)));
@@ -253,10 +267,20 @@ mod tests {
         // Reshard 2 -> 3 under epoch 2, shard by shard; shards of the old
         // epoch hold other nodes' records and must not count.
         let fewer: Vec<(&str, &str)> = NODES[..2].to_vec();
-        assert!(v.apply(watcher::Event::Apply(shard(2, 0, 3, &fewer))).changes.is_empty());
-        assert!(v.apply(watcher::Event::Apply(shard(2, 1, 3, &fewer))).changes.is_empty());
+        assert!(
+            v.apply(watcher::Event::Apply(shard(2, 0, 3, &fewer)))
+                .changes
+                .is_empty()
+        );
+        assert!(
+            v.apply(watcher::Event::Apply(shard(2, 1, 3, &fewer)))
+                .changes
+                .is_empty()
+        );
         assert!(!v.is_complete());
-        let c = v.apply(watcher::Event::Apply(shard(2, 2, 3, &fewer))).changes;
+        let c = v
+            .apply(watcher::Event::Apply(shard(2, 2, 3, &fewer)))
+            .changes;
         assert_eq!(
             reset_names(&c),
             vec![("a".into(), "1".into()), ("b".into(), "2".into())]
@@ -267,7 +291,12 @@ mod tests {
     fn a_corrupt_shard_is_rejected_and_makes_the_view_incomplete() {
         let mut v = RosterView::new(shard::DEFAULT_NAME);
         list(&mut v, (0..2).map(|i| shard(1, i, 2, NODES)).collect());
-        let bad = config_map("nodegate", shard::DEFAULT_NAME, 1, "{\"version\":1,\"nod".into());
+        let bad = config_map(
+            "nodegate",
+            shard::DEFAULT_NAME,
+            1,
+            "{\"version\":1,\"nod".into(),
+        );
         let step = v.apply(watcher::Event::Apply(bad));
         assert!(step.changes.is_empty(), "no prune from garbage");
         assert_eq!(step.rejected.len(), 1);

@@ -1062,7 +1062,11 @@ fn watch_stream(
     let api_version = t.res.api_version();
     // Counted as handed to the connection, bookmarks as bytes only.
     let count = move |line: &Bytes| {
-        fanout.add(key, !line.starts_with(b"{\"type\":\"BOOKMARK\""), line.len());
+        fanout.add(
+            key,
+            !line.starts_with(b"{\"type\":\"BOOKMARK\""),
+            line.len(),
+        );
     };
     tokio::spawn(async move {
         for line in first {

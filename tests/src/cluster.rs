@@ -273,7 +273,8 @@ async fn delete_all(
     objects: Vec<(String, String, String)>,
 ) -> anyhow::Result<()> {
     use futures::StreamExt;
-    use k8s_openapi::api::core::v1::{Node, Pod};
+    use k8s_openapi::api::coordination::v1::Lease;
+    use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
     use kube::api::{Api, DeleteParams};
 
     let kc = kube::config::Kubeconfig::read_from(kubeconfig)?;
@@ -290,6 +291,14 @@ async fn delete_all(
                         .map(|_| ()),
                     "pods" => Api::<Pod>::namespaced(client, &ns)
                         .delete(&name, &DeleteParams::default().grace_period(0))
+                        .await
+                        .map(|_| ()),
+                    "configmaps" => Api::<ConfigMap>::namespaced(client, &ns)
+                        .delete(&name, &DeleteParams::default())
+                        .await
+                        .map(|_| ()),
+                    "leases" => Api::<Lease>::namespaced(client, &ns)
+                        .delete(&name, &DeleteParams::default())
                         .await
                         .map(|_| ()),
                     other => return Some(format!("{other}/{name}: no cleanup for this kind")),

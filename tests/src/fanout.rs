@@ -42,7 +42,13 @@ mod tests {
         f.add(("", "nodes"), true, 100);
         f.add(("", "nodes"), false, 10);
         f.add(("", "configmaps"), true, 5);
-        assert_eq!(f.get(("", "nodes")), Delivered { events: 1, bytes: 110 });
+        assert_eq!(
+            f.get(("", "nodes")),
+            Delivered {
+                events: 1,
+                bytes: 110
+            }
+        );
         assert_eq!(f.get(("", "configmaps")).events, 1);
         assert_eq!(f.get(("", "pods")), Delivered::default());
     }

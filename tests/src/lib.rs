@@ -25,8 +25,8 @@ pub mod process;
 
 pub use process::{LoggedChild, WebhookOptions, WebhookProcess, bin_path};
 pub mod cluster;
-pub mod raw;
 pub mod fanout;
+pub mod raw;
 pub mod rbac;
 pub mod sim;
 pub mod standin;

@@ -13,6 +13,10 @@ FROM gcr.io/distroless/cc-debian12:nonroot AS certs
 COPY --from=build /src/target/release/nodegate-certs /usr/local/bin/nodegate-certs
 ENTRYPOINT ["/usr/local/bin/nodegate-certs"]
 
+FROM gcr.io/distroless/cc-debian12:nonroot AS roster
+COPY --from=build /src/target/release/nodegate-roster /usr/local/bin/nodegate-roster
+ENTRYPOINT ["/usr/local/bin/nodegate-roster"]
+
 # The agent runs exec probes through `sh`, so it gets a shell.
 FROM debian:bookworm-slim AS agent
 RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates && rm -rf /var/lib/apt/lists/*

@@ -388,6 +388,27 @@ fn condition(kind: &str, status: &str, reason: &str, message: &str) -> Value {
 
 /// A full Node as the kubelet writes it; `controller_owned` adds what exists
 /// only once the node is stored (uid, resourceVersion, podCIDR, managedFields-free).
+/// A realistic stored Node (labels, annotations, images, conditions) named
+/// `name` with its own address and podCIDR, for the fan-out benchmark.
+pub fn cluster_node(name: &str, i: usize) -> Value {
+    let mut n = node(&[], Some(NEW_BOOT_ID), NEW_BOOT_ID, true);
+    let ip = format!("10.{}.{}.{}", 64 + i / 65_536, (i / 256) % 256, i % 256);
+    let text = serde_json::to_string(&n)
+        .unwrap_or_default()
+        .replace(NODE_NAME, name)
+        .replace("10.0.37.142", &ip);
+    n = serde_json::from_str(&text).unwrap_or(n);
+    if let Some(m) = n["metadata"].as_object_mut() {
+        m.remove("uid");
+        m.remove("resourceVersion");
+        m.remove("creationTimestamp");
+    }
+    let cidr = format!("10.{}.{}.0/24", 128 + i / 256, i % 256);
+    n["spec"]["podCIDR"] = json!(cidr);
+    n["spec"]["podCIDRs"] = json!([cidr]);
+    n
+}
+
 fn node(taints: &[Value], ready_boot: Option<&str>, boot_id: &str, stored: bool) -> Value {
     let mut rng = Rng(0x6e6f_6465_6761_7465);
     let mut annotations = json!({

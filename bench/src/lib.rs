@@ -12,6 +12,7 @@ pub mod cli;
 pub mod client;
 pub mod compare;
 pub mod duration;
+pub mod fanout;
 pub mod fixtures;
 pub mod load;
 pub mod micro;

@@ -83,6 +83,9 @@ impl Roster {
         let i = shard::shard_of(&r.name, self.count);
         let s = &mut self.shards[i as usize];
         if s.get(&r.name) != Some(&r) {
+            if let Some(old) = s.get(&r.name) {
+                tracing::debug!(node = %r.name, ?old, new = ?r, "record changed");
+            }
             s.insert(r.name.clone(), r);
             self.dirty.insert(i);
         }

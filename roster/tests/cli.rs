@@ -40,5 +40,8 @@ fn unsafe_lease_timings_are_refused_before_any_request() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--renew-deadline"), "{err}");
-    assert!(!err.contains("credentials"), "validated before the client: {err}");
+    assert!(
+        !err.contains("credentials"),
+        "validated before the client: {err}"
+    );
 }

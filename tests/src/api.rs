@@ -296,7 +296,7 @@ async fn resource(
         }
     }
     match (method.clone(), t.name.clone(), t.sub.as_str()) {
-        (Method::GET, None, _) if watch => watch_stream(st, &t, q, wants_table(headers)),
+        (Method::GET, None, _) if watch => watch_stream(st, &t, q, user, wants_table(headers)),
         (Method::GET, None, _) => list(st, &t, q, headers).map(IntoResponse::into_response),
         (Method::GET, Some(name), "" | "status") => {
             let obj = st
@@ -988,6 +988,7 @@ fn watch_stream(
     st: &Arc<AppState>,
     t: &Target,
     q: &HashMap<String, String>,
+    user: &str,
     as_table: bool,
 ) -> Result<Response> {
     let res: &'static ResourceDef = t.res;
@@ -1011,6 +1012,7 @@ fn watch_stream(
     let (tx, rx) = mpsc::channel::<Bytes>(1024);
     let fanout = st.fanout.clone();
     let key = t.res.key();
+    let watcher_user = user.to_string();
     let bookmark_obj = |rv: u64, initial_end: bool| {
         let mut meta = json!({"resourceVersion": rv.to_string()});
         if initial_end {
@@ -1064,7 +1066,9 @@ fn watch_stream(
     let count = move |line: &Bytes| {
         fanout.add(
             key,
-            !line.starts_with(b"{\"type\":\"BOOKMARK\""),
+            &watcher_user,
+            // Keys are sorted: `type` is the last one.
+            !line.ends_with(b"\"type\":\"BOOKMARK\"}\n"),
             line.len(),
         );
     };

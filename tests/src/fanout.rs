@@ -13,22 +13,29 @@ pub struct Delivered {
     pub bytes: u64,
 }
 
-/// Counters by storage key `(group, plural)`.
+type Key = (&'static str, &'static str);
+
+/// Counters by storage key `(group, plural)` and watching user.
 #[derive(Debug, Default)]
-pub struct Fanout(Mutex<HashMap<(&'static str, &'static str), Delivered>>);
+pub struct Fanout(Mutex<HashMap<(Key, String), Delivered>>);
 
 impl Fanout {
-    pub fn add(&self, key: (&'static str, &'static str), event: bool, bytes: usize) {
+    pub fn add(&self, key: Key, user: &str, event: bool, bytes: usize) {
         let mut m = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        let d = m.entry(key).or_default();
+        let d = m.entry((key, user.to_string())).or_default();
         d.events += u64::from(event);
         d.bytes += bytes as u64;
     }
 
-    /// The totals for one type so far.
-    pub fn get(&self, key: (&'static str, &'static str)) -> Delivered {
+    /// The totals for one type so far, all users or one.
+    pub fn get(&self, key: Key, user: Option<&str>) -> Delivered {
         let m = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        m.get(&key).copied().unwrap_or_default()
+        m.iter()
+            .filter(|((k, u), _)| *k == key && user.is_none_or(|w| w == u))
+            .fold(Delivered::default(), |a, (_, d)| Delivered {
+                events: a.events + d.events,
+                bytes: a.bytes + d.bytes,
+            })
     }
 }
 

@@ -172,9 +172,13 @@ impl Emulator {
         &self.material.ca_pem
     }
 
-    /// What all watches of `res` were sent so far.
-    pub fn watch_fanout(&self, res: &crate::resources::ResourceDef) -> crate::fanout::Delivered {
-        self.fanout.get(res.key())
+    /// What the watches of `res` (all, or `user`'s) were sent so far.
+    pub fn watch_fanout(
+        &self,
+        res: &crate::resources::ResourceDef,
+        user: Option<&str>,
+    ) -> crate::fanout::Delivered {
+        self.fanout.get(res.key(), user)
     }
 
     /// Direct access to storage, for assertions that must not go through admission.

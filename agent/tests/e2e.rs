@@ -1390,7 +1390,7 @@ async fn roster_leader_killed_during_churn_loses_nothing() {
     let (c, nodes) = cluster().await;
     let roster = roster(&c);
     let dir = tempfile::tempdir().unwrap();
-    let mut pubs = vec![
+    let mut pubs = [
         Agent::publisher(&c, &roster, 0, dir.path()).await,
         Agent::publisher(&c, &roster, 1, dir.path()).await,
     ];

@@ -178,11 +178,11 @@ pub async fn run(o: &Opts, source: &str) -> anyhow::Result<Report> {
     let dir = tempfile::tempdir()?;
     let mut agents = Vec::new();
     let mut stamps = Vec::new();
-    for i in 0..o.agents {
+    for (i, own) in names.iter().take(o.agents).enumerate() {
         let state = dir.path().join(format!("a{i}"));
         let args = nodegate_agent::Args::try_parse_from([
             "nodegate-agent".to_string(),
-            format!("--node-name={}", names[i]),
+            format!("--node-name={own}"),
             format!("--state-dir={}", state.display()),
             format!("--prune-source={source}"),
             "--snapshot-interval=1s".into(),
@@ -238,7 +238,8 @@ pub async fn run(o: &Opts, source: &str) -> anyhow::Result<Report> {
     // measure only once nothing has arrived for 2 s.
     let mut last = delivered();
     let mut quiet_for = 0;
-    while quiet_for < 4 {
+    let settle_end = Instant::now() + Duration::from_secs(20);
+    while quiet_for < 4 && Instant::now() < settle_end {
         tokio::time::sleep(Duration::from_millis(500)).await;
         let now = delivered();
         quiet_for = if now.0 == last.0 { quiet_for + 1 } else { 0 };

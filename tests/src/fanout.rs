@@ -44,19 +44,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn counts_events_and_bytes_per_type() {
+    fn counts_events_and_bytes_per_type_and_user() {
         let f = Fanout::default();
-        f.add(("", "nodes"), true, 100);
-        f.add(("", "nodes"), false, 10);
-        f.add(("", "configmaps"), true, 5);
-        assert_eq!(
-            f.get(("", "nodes")),
-            Delivered {
-                events: 1,
-                bytes: 110
-            }
-        );
-        assert_eq!(f.get(("", "configmaps")).events, 1);
-        assert_eq!(f.get(("", "pods")), Delivered::default());
+        f.add(("", "nodes"), "a", true, 100);
+        f.add(("", "nodes"), "a", false, 10);
+        f.add(("", "nodes"), "b", true, 1);
+        f.add(("", "configmaps"), "a", true, 5);
+        let a = f.get(("", "nodes"), Some("a"));
+        assert_eq!((a.events, a.bytes), (1, 110));
+        let all = f.get(("", "nodes"), None);
+        assert_eq!((all.events, all.bytes), (2, 111));
+        assert_eq!(f.get(("", "configmaps"), None).events, 1);
+        assert_eq!(f.get(("", "pods"), None), Delivered::default());
     }
 }

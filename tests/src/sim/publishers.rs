@@ -11,12 +11,14 @@ use tokio::task::JoinHandle;
 
 use crate::{Emulator, users};
 
+type Replica = (
+    oneshot::Sender<()>,
+    JoinHandle<Result<(), nodegate_roster::Error>>,
+);
+
 /// Running replicas of `nodegate-roster`.
 pub struct Publishers {
-    running: Vec<(
-        oneshot::Sender<()>,
-        JoinHandle<Result<(), nodegate_roster::Error>>,
-    )>,
+    running: Vec<Replica>,
 }
 
 /// Replicas in a cluster install (`manifests/components/pruning`).

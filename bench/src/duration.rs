@@ -1,28 +1,16 @@
-//! Durations as people type them on a command line: `500ms`, `20s`, `5m`, `1h`.
+//! Durations as people type them on a command line: `500ms`, `20s`, `5m`,
+//! `1h` — nodegate's one parser, plus what a benchmark needs on top: a
+//! phase or period of zero would make an interval that never advances.
 
 use std::time::Duration;
 
-/// Parses `<number><unit>` with unit ms, s, m or h (a bare number is seconds).
+/// [`nodegate_shared::duration::parse`], refusing zero.
 pub fn parse(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let split = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let n: f64 = num
-        .parse()
-        .map_err(|_| format!("{s:?} is not a duration like 500ms, 20s, 5m or 1h"))?;
-    let secs = match unit {
-        "ms" => n / 1000.0,
-        "" | "s" => n,
-        "m" => n * 60.0,
-        "h" => n * 3600.0,
-        _ => return Err(format!("{s:?}: unknown unit {unit:?} (use ms, s, m or h)")),
-    };
-    if !secs.is_finite() || secs <= 0.0 {
+    let d = nodegate_shared::duration::parse(s)?;
+    if d.is_zero() {
         return Err(format!("{s:?}: a duration must be positive"));
     }
-    Ok(Duration::from_secs_f64(secs))
+    Ok(d)
 }
 
 #[cfg(test)]

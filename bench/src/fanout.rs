@@ -36,13 +36,13 @@ pub struct Opts {
     pub agents: usize,
     /// Every node writes its status once per this period (kubelet's
     /// nodeStatusReportFrequency is 5 min).
-    #[arg(long, default_value = "300s", value_parser = nodegate_shared::duration::parse)]
+    #[arg(long, default_value = "300s", value_parser = crate::duration::parse)]
     pub status_period: Duration,
     /// One node deleted and one joined per this period, in the churn phase.
-    #[arg(long, default_value = "5s", value_parser = nodegate_shared::duration::parse)]
+    #[arg(long, default_value = "5s", value_parser = crate::duration::parse)]
     pub churn_period: Duration,
     /// Length of each phase: heartbeats only, then heartbeats and churn.
-    #[arg(long, default_value = "30s", value_parser = nodegate_shared::duration::parse)]
+    #[arg(long, default_value = "30s", value_parser = crate::duration::parse)]
     pub phase: Duration,
     /// `nodes`, `roster` or `both`.
     #[arg(long, default_value = "both")]

@@ -18,7 +18,11 @@ pub fn parse(s: &str) -> Result<Duration, String> {
         "s" => n,
         "m" => n * 60.0,
         "h" => n * 3600.0,
-        _ => return Err(format!("invalid duration unit in {s:?}: use ms, s, m or h")),
+        _ => {
+            return Err(format!(
+                "invalid duration {s:?}: unknown unit {unit:?} (use ms, s, m or h)"
+            ));
+        }
     };
     Duration::try_from_secs_f64(secs).map_err(|e| format!("invalid duration {s:?}: {e}"))
 }

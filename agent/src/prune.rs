@@ -13,6 +13,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Api;
 use kube::runtime::{WatchStreamExt, watcher};
 use nodegate_roster::shard;
+pub use nodegate_roster::view::NodeEvents;
 use nodegate_roster::view::{Membership, RosterView};
 use tokio::sync::{mpsc, watch};
 
@@ -175,37 +176,6 @@ impl Pruner {
                     None => vec![(r, DeleteSource::Watch)],
                 }
             }
-        }
-    }
-}
-
-/// Turns a Node watch into membership changes: a list (between `Init` and
-/// `InitDone`) becomes one [`Membership::Reset`].
-#[derive(Debug, Default)]
-pub struct NodeEvents {
-    listing: Option<HashMap<String, NodeRecord>>,
-}
-
-impl NodeEvents {
-    pub fn apply(&mut self, event: watcher::Event<SlimNode>) -> Option<Membership> {
-        match event {
-            watcher::Event::Init => {
-                self.listing = Some(HashMap::new());
-                None
-            }
-            watcher::Event::InitApply(node) => {
-                if let Some(r) = node.into_record() {
-                    self.listing
-                        .get_or_insert_with(HashMap::new)
-                        .insert(r.name.clone(), r);
-                }
-                None
-            }
-            watcher::Event::InitDone => {
-                Some(Membership::Reset(self.listing.take().unwrap_or_default()))
-            }
-            watcher::Event::Apply(node) => node.into_record().map(Membership::Upsert),
-            watcher::Event::Delete(node) => node.into_record().map(Membership::Remove),
         }
     }
 }

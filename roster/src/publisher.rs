@@ -22,13 +22,13 @@ use tokio::sync::watch;
 use crate::metrics::Metrics;
 use crate::record::{NodeRecord, SlimNode};
 use crate::shard;
+use crate::view::{Membership, NodeEvents};
 
 /// The records, by shard, and the shard texts they encode to.
 #[derive(Debug)]
 pub struct Roster {
     count: u32,
     shards: Vec<BTreeMap<String, NodeRecord>>,
-    listing: Option<HashMap<String, NodeRecord>>,
     listed: bool,
     /// Shards whose records changed since their text was last computed.
     dirty: BTreeSet<u32>,
@@ -42,7 +42,6 @@ impl Roster {
         Self {
             count,
             shards: vec![BTreeMap::new(); count as usize],
-            listing: None,
             listed: false,
             dirty: (0..count).collect(),
             texts: vec![None; count as usize],
@@ -101,19 +100,11 @@ impl Roster {
         }
     }
 
-    /// Applies one Node watcher event.
-    pub fn apply(&mut self, event: watcher::Event<SlimNode>) {
-        match event {
-            watcher::Event::Init => self.listing = Some(HashMap::new()),
-            watcher::Event::InitApply(n) => {
-                if let Some(r) = n.into_record() {
-                    self.listing
-                        .get_or_insert_with(HashMap::new)
-                        .insert(r.name.clone(), r.for_roster());
-                }
-            }
-            watcher::Event::InitDone => {
-                let listed = self.listing.take().unwrap_or_default();
+    /// Applies one membership change of the Node watch (through
+    /// [`NodeEvents`], as the agent's Node-watch source does).
+    pub fn apply(&mut self, change: Membership) {
+        match change {
+            Membership::Reset(listed) => {
                 let gone: Vec<(String, String)> = self
                     .shards
                     .iter()
@@ -125,20 +116,12 @@ impl Roster {
                     self.remove(&n, &u);
                 }
                 for r in listed.into_values() {
-                    self.upsert(r);
+                    self.upsert(r.for_roster());
                 }
                 self.listed = true;
             }
-            watcher::Event::Apply(n) => {
-                if let Some(r) = n.into_record() {
-                    self.upsert(r.for_roster());
-                }
-            }
-            watcher::Event::Delete(n) => {
-                if let Some(r) = n.into_record() {
-                    self.remove(&r.name, &r.uid);
-                }
-            }
+            Membership::Upsert(r) => self.upsert(r.for_roster()),
+            Membership::Remove(r) => self.remove(&r.name, &r.uid),
         }
     }
 
@@ -246,6 +229,7 @@ impl Publisher {
         let mut nodes = std::pin::pin!(nodes);
         let mut cms = std::pin::pin!(cms);
         let mut roster = Roster::new(self.count);
+        let mut node_events = NodeEvents::default();
         let mut observed = Observed::default();
         // The epoch is chosen once per term, from the shards seen when it began.
         let mut epoch_chosen = false;
@@ -259,7 +243,9 @@ impl Publisher {
                         if matches!(ev, watcher::Event::Apply(_) | watcher::Event::Delete(_)) {
                             self.metrics.node_events.inc();
                         }
-                        roster.apply(ev);
+                        if let Some(change) = node_events.apply(ev) {
+                            roster.apply(change);
+                        }
                         self.metrics.nodes.set(roster.len() as i64);
                         dirty = true;
                     }
@@ -420,16 +406,33 @@ mod tests {
         .unwrap()
     }
 
-    fn listed(nodes: &[(&str, &str)]) -> Roster {
-        let mut r = Roster::new(4);
-        r.set_epoch(1);
+    /// A roster fed Node watch events as the publish loop feeds it.
+    struct Fed {
+        r: Roster,
+        n: NodeEvents,
+    }
+
+    impl Fed {
+        fn apply(&mut self, ev: watcher::Event<SlimNode>) {
+            if let Some(m) = self.n.apply(ev) {
+                self.r.apply(m);
+            }
+        }
+    }
+
+    fn listed(nodes: &[(&str, &str)]) -> Fed {
+        let mut r = Fed {
+            r: Roster::new(4),
+            n: NodeEvents::default(),
+        };
+        r.r.set_epoch(1);
         r.apply(watcher::Event::Init);
         for (n, u) in nodes {
             r.apply(watcher::Event::InitApply(node(n, u, "198.19.0.1")));
         }
-        assert!(!r.is_listed());
+        assert!(!r.r.is_listed());
         r.apply(watcher::Event::InitDone);
-        assert!(r.is_listed());
+        assert!(r.r.is_listed());
         r
     }
 
@@ -440,17 +443,17 @@ mod tests {
     #[test]
     fn heartbeats_labels_and_reboots_change_no_shard() {
         let mut r = listed(&[("a", "1"), ("b", "2")]);
-        let before = texts(&mut r);
+        let before = texts(&mut r.r);
         // Same uid, addresses, CIDRs: only labels and the boot ID differ.
         let mut n = node("a", "1", "198.19.0.1");
         n.metadata.labels = Some([("new".to_string(), "label".to_string())].into());
         r.apply(watcher::Event::Apply(n));
-        assert!(r.dirty.is_empty(), "no shard to rewrite");
-        assert_eq!(texts(&mut r), before);
+        assert!(r.r.dirty.is_empty(), "no shard to rewrite");
+        assert_eq!(texts(&mut r.r), before);
         // An address change does rewrite exactly one shard.
         r.apply(watcher::Event::Apply(node("a", "1", "198.19.0.9")));
-        assert_eq!(r.dirty.len(), 1);
-        let after = texts(&mut r);
+        assert_eq!(r.r.dirty.len(), 1);
+        let after = texts(&mut r.r);
         assert_eq!(before.iter().zip(&after).filter(|(x, y)| x != y).count(), 1);
     }
 
@@ -460,16 +463,16 @@ mod tests {
         // A delete of an older incarnation leaves the new one.
         r.apply(watcher::Event::Apply(node("a", "11", "198.19.0.1")));
         r.apply(watcher::Event::Delete(node("a", "1", "198.19.0.1")));
-        assert_eq!(r.len(), 3);
+        assert_eq!(r.r.len(), 3);
         r.apply(watcher::Event::Delete(node("a", "11", "198.19.0.1")));
-        assert_eq!(r.len(), 2);
+        assert_eq!(r.r.len(), 2);
         // A relist without "b" (deleted during a watch gap) drops it.
         r.apply(watcher::Event::Init);
         r.apply(watcher::Event::InitApply(node("c", "3", "198.19.0.1")));
-        assert_eq!(r.len(), 2, "nothing changes before the relist is done");
+        assert_eq!(r.r.len(), 2, "nothing changes before the relist is done");
         r.apply(watcher::Event::InitDone);
-        assert_eq!(r.len(), 1);
-        let all: String = texts(&mut r).concat();
+        assert_eq!(r.r.len(), 1);
+        let all: String = texts(&mut r.r).concat();
         assert!(all.contains("\"c\"") && !all.contains("\"b\""), "{all}");
         assert!(!all.contains("labels") && !all.contains("bootID"), "{all}");
     }

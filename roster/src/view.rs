@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::runtime::watcher;
 
-use crate::record::NodeRecord;
+use crate::record::{NodeRecord, SlimNode};
 use crate::shard::{self, Shard, ShardError};
 
 /// A change of the set of nodes, whatever its source (Node watch or roster).
@@ -25,6 +25,37 @@ pub enum Membership {
     Upsert(NodeRecord),
     /// A node left.
     Remove(NodeRecord),
+}
+
+/// Turns a Node watch into membership changes: a list (between `Init` and
+/// `InitDone`) becomes one [`Membership::Reset`].
+#[derive(Debug, Default)]
+pub struct NodeEvents {
+    listing: Option<HashMap<String, NodeRecord>>,
+}
+
+impl NodeEvents {
+    pub fn apply(&mut self, event: watcher::Event<SlimNode>) -> Option<Membership> {
+        match event {
+            watcher::Event::Init => {
+                self.listing = Some(HashMap::new());
+                None
+            }
+            watcher::Event::InitApply(node) => {
+                if let Some(r) = node.into_record() {
+                    self.listing
+                        .get_or_insert_with(HashMap::new)
+                        .insert(r.name.clone(), r);
+                }
+                None
+            }
+            watcher::Event::InitDone => {
+                Some(Membership::Reset(self.listing.take().unwrap_or_default()))
+            }
+            watcher::Event::Apply(node) => node.into_record().map(Membership::Upsert),
+            watcher::Event::Delete(node) => node.into_record().map(Membership::Remove),
+        }
+    }
 }
 
 /// What one roster event did.

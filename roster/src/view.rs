@@ -70,12 +70,12 @@ pub struct Step {
 pub struct RosterView {
     /// The roster's name (shard prefix).
     roster: String,
-    /// Trusted shards by ConfigMap name.
+    /// Trusted shards by ConfigMap name: the only copy of the records.
     shards: HashMap<String, Shard>,
     /// Shards of a list in progress.
     listing: Option<HashMap<String, Shard>>,
-    /// The union of the last complete view; `None` while incomplete.
-    members: Option<HashMap<String, NodeRecord>>,
+    /// `(epoch, shard count)` of the complete view; `None` while incomplete.
+    complete: Option<(u64, u32)>,
 }
 
 impl RosterView {
@@ -84,13 +84,13 @@ impl RosterView {
             roster: roster.into(),
             shards: HashMap::new(),
             listing: None,
-            members: None,
+            complete: None,
         }
     }
 
     /// True while the shards seen form a complete roster.
     pub fn is_complete(&self) -> bool {
-        self.members.is_some()
+        self.complete.is_some()
     }
 
     /// Trusted shards held (of any epoch).
@@ -101,7 +101,10 @@ impl RosterView {
     /// Applies one watcher event on the shard ConfigMaps.
     pub fn apply(&mut self, event: watcher::Event<ConfigMap>) -> Step {
         let mut step = Step::default();
-        match event {
+        let before = self.complete;
+        // The previous versions of the shards this event replaced, and the
+        // names to compare them with (`None`: every shard, after a relist).
+        let (old, changed): (Vec<Shard>, Option<String>) = match event {
             watcher::Event::Init => {
                 self.listing = Some(HashMap::new());
                 return step;
@@ -119,58 +122,41 @@ impl RosterView {
                 return step;
             }
             watcher::Event::InitDone => {
-                self.shards = self.listing.take().unwrap_or_default();
+                let listed = self.listing.take().unwrap_or_default();
+                let old = std::mem::replace(&mut self.shards, listed);
+                (old.into_values().collect(), None)
             }
             watcher::Event::Apply(cm) => {
                 let name = cm.metadata.name.clone().unwrap_or_default();
-                match shard::decode(&self.roster, &cm) {
-                    Ok(s) => {
-                        self.shards.insert(name, s);
-                    }
+                let old = match shard::decode(&self.roster, &cm) {
+                    Ok(s) => self.shards.insert(name.clone(), s),
                     Err(e) => {
                         // Untrusted replaces trusted: that shard is now missing.
-                        self.shards.remove(&name);
-                        step.rejected.push((name, e));
+                        step.rejected.push((name.clone(), e));
+                        self.shards.remove(&name)
                     }
-                }
+                };
+                (old.into_iter().collect(), Some(name))
             }
             watcher::Event::Delete(cm) => {
-                self.shards
-                    .remove(&cm.metadata.name.clone().unwrap_or_default());
+                let name = cm.metadata.name.clone().unwrap_or_default();
+                (self.shards.remove(&name).into_iter().collect(), Some(name))
             }
-        }
-        step.changes = self.reconcile();
+        };
+        self.complete = self.complete_key();
+        step.changes = match self.complete {
+            None => Vec::new(),
+            // Complete again, or a new epoch: the whole set.
+            Some(key) if before != Some(key) => vec![Membership::Reset(self.members(key))],
+            // Still the same complete view: only the shards replaced differ.
+            Some(key) => self.diff(key, &old, changed.as_deref()),
+        };
         step
     }
 
-    /// The membership changes since the last complete view.
-    fn reconcile(&mut self) -> Vec<Membership> {
-        let Some(now) = self.complete_members() else {
-            self.members = None;
-            return Vec::new();
-        };
-        let changes = match self.members.take() {
-            None => vec![Membership::Reset(now.clone())],
-            Some(before) => {
-                let mut out: Vec<Membership> = before
-                    .iter()
-                    .filter(|(n, _)| !now.contains_key(*n))
-                    .map(|(_, r)| Membership::Remove(r.clone()))
-                    .collect();
-                out.extend(
-                    now.iter()
-                        .filter(|(n, r)| before.get(*n) != Some(*r))
-                        .map(|(_, r)| Membership::Upsert(r.clone())),
-                );
-                out
-            }
-        };
-        self.members = Some(now);
-        changes
-    }
-
-    /// The union of the newest epoch's shards when all `0..S` are present.
-    fn complete_members(&self) -> Option<HashMap<String, NodeRecord>> {
+    /// `(epoch, count)` of the newest epoch when all its shards `0..S` are
+    /// present and agree on `S`.
+    fn complete_key(&self) -> Option<(u64, u32)> {
         let epoch = self.shards.values().map(|s| s.epoch).max()?;
         let current: Vec<&Shard> = self.shards.values().filter(|s| s.epoch == epoch).collect();
         let count = current.first()?.count;
@@ -181,16 +167,53 @@ impl RosterView {
         for s in &current {
             *seen.get_mut(s.index as usize)? = true;
         }
-        if !seen.iter().all(|s| *s) {
-            return None;
+        seen.iter().all(|s| *s).then_some((epoch, count))
+    }
+
+    fn current(&self, key: (u64, u32)) -> impl Iterator<Item = &Shard> {
+        self.shards
+            .values()
+            .filter(move |s| (s.epoch, s.count) == key)
+    }
+
+    /// The union of the complete view's shards.
+    fn members(&self, key: (u64, u32)) -> HashMap<String, NodeRecord> {
+        self.current(key)
+            .flat_map(|s| s.nodes.values())
+            .map(|r| (r.name.clone(), r.clone()))
+            .collect()
+    }
+
+    /// What changed between the replaced shards `old` and the current
+    /// versions of `changed` (every shard when `None`), within the view.
+    fn diff(&self, key: (u64, u32), old: &[Shard], changed: Option<&str>) -> Vec<Membership> {
+        let in_view = |s: &&Shard| (s.epoch, s.count) == key;
+        let before: HashMap<&str, &NodeRecord> = old
+            .iter()
+            .filter(in_view)
+            .flat_map(|s| s.nodes.values())
+            .map(|r| (r.name.as_str(), r))
+            .collect();
+        let after: HashMap<&str, &NodeRecord> = match changed {
+            Some(name) => self.shards.get(name).into_iter().filter(in_view).collect(),
+            None => self.current(key).collect::<Vec<_>>(),
         }
-        Some(
-            current
+        .into_iter()
+        .flat_map(|s| s.nodes.values())
+        .map(|r| (r.name.as_str(), r))
+        .collect();
+        let mut out: Vec<Membership> = before
+            .iter()
+            .filter(|(n, _)| !after.contains_key(*n))
+            .map(|(_, r)| Membership::Remove((*r).clone()))
+            .collect();
+        out.extend(
+            after
                 .iter()
-                .flat_map(|s| s.nodes.values())
-                .map(|r| (r.name.clone(), r.clone()))
-                .collect(),
-        )
+                .filter(|(n, r)| before.get(*n) != Some(*r))
+                .map(|(_, r)| Membership::Upsert((*r).clone())),
+        );
+        out
     }
 }
 
@@ -274,6 +297,17 @@ mod tests {
             .collect();
         got.sort();
         assert_eq!(got, vec!["+a/11", "+f/6", "-c/3"]);
+    }
+
+    #[test]
+    fn a_relist_of_the_same_complete_view_reports_only_the_difference() {
+        let mut v = RosterView::new(shard::DEFAULT_NAME);
+        list(&mut v, (0..3).map(|i| shard(1, i, 3, NODES)).collect());
+        let fewer: Vec<(&str, &str)> = NODES.iter().filter(|(n, _)| *n != "c").copied().collect();
+        let c = list(&mut v, (0..3).map(|i| shard(1, i, 3, &fewer)).collect());
+        assert_eq!(c, vec![Membership::Remove(rec("c", "3"))]);
+        // An unchanged relist reports nothing.
+        assert!(list(&mut v, (0..3).map(|i| shard(1, i, 3, &fewer)).collect()).is_empty());
     }
 
     #[test]

@@ -140,16 +140,18 @@ impl Roster {
 }
 
 /// The epoch to write under, from the shards found: keep the newest epoch
-/// when it already has this shard count (a restart or failover rewrites
-/// only what changed, and readers stay complete throughout), else start a
-/// new one (a first install or a new `--shards`), which readers see as
-/// incomplete until every shard is rewritten.
+/// when it is complete with this shard count (a restart or failover
+/// rewrites only what changed, and readers stay complete throughout).
+/// Otherwise start a new one: a first install, a new `--shards`, or an
+/// epoch that is not complete — a rebuild someone left half done, whose
+/// missing shards this publisher did not write and cannot vouch for.
+/// Adopting it would let readers see it complete as soon as the others are
+/// rewritten, before a half-written shard is. Readers see a new epoch as
+/// incomplete until every shard of it is written.
 pub fn choose_epoch(existing: &[shard::Shard], count: u32) -> u64 {
-    let newest = existing.iter().map(|s| s.epoch).max();
-    match newest {
-        Some(e) if existing.iter().any(|s| s.epoch == e && s.count == count) => e,
-        Some(e) => e + 1,
-        None => 1,
+    match shard::complete_epoch(existing) {
+        Some((e, c)) if c == count => e,
+        _ => existing.iter().map(|s| s.epoch).max().map_or(1, |e| e + 1),
     }
 }
 
@@ -479,16 +481,22 @@ mod tests {
 
     #[test]
     fn epoch_kept_on_failover_new_on_first_install_or_reshard() {
-        let s = |epoch, count| shard::Shard {
+        let s = |epoch, index, count| shard::Shard {
             epoch,
-            index: 0,
+            index,
             count,
             nodes: Default::default(),
         };
-        assert_eq!(choose_epoch(&[], 16), 1);
-        assert_eq!(choose_epoch(&[s(3, 16), s(3, 16)], 16), 3);
-        assert_eq!(choose_epoch(&[s(3, 8)], 16), 4);
-        // A reshard interrupted halfway: the newest epoch with this count wins.
-        assert_eq!(choose_epoch(&[s(3, 8), s(4, 16)], 16), 4);
+        let all = |epoch, count| (0..count).map(move |i| s(epoch, i, count));
+        assert_eq!(choose_epoch(&[], 4), 1);
+        // Failover: a complete epoch with this count is kept.
+        assert_eq!(choose_epoch(&all(3, 4).collect::<Vec<_>>(), 4), 3);
+        // A new shard count.
+        assert_eq!(choose_epoch(&all(3, 2).collect::<Vec<_>>(), 4), 4);
+        // A rebuild left half done (epoch 4 has 1 of 4 shards): not adopted,
+        // since completing it would make its unwritten shards look trusted.
+        let mut half: Vec<_> = all(3, 4).collect();
+        half[2] = s(4, 2, 4);
+        assert_eq!(choose_epoch(&half, 4), 5);
     }
 }

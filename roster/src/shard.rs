@@ -77,6 +77,24 @@ pub enum ShardError {
     Duplicate(String),
 }
 
+/// `(epoch, count)` of the newest epoch among `shards` when every shard
+/// `0..count` of it is present and they agree on `count`; `None` otherwise.
+/// Readers prune only from such a view; a publisher keeps only such an epoch.
+pub fn complete_epoch<'a>(shards: impl IntoIterator<Item = &'a Shard>) -> Option<(u64, u32)> {
+    let shards: Vec<&Shard> = shards.into_iter().collect();
+    let epoch = shards.iter().map(|s| s.epoch).max()?;
+    let current: Vec<&&Shard> = shards.iter().filter(|s| s.epoch == epoch).collect();
+    let count = current.first()?.count;
+    if current.iter().any(|s| s.count != count) {
+        return None;
+    }
+    let mut seen = vec![false; count as usize];
+    for s in &current {
+        *seen.get_mut(s.index as usize)? = true;
+    }
+    seen.iter().all(|s| *s).then_some((epoch, count))
+}
+
 /// The shard of a node name: FNV-1a 64 (stable across releases and
 /// architectures, unlike std's hasher) modulo `count`.
 pub fn shard_of(name: &str, count: u32) -> u32 {

@@ -154,20 +154,8 @@ impl RosterView {
         step
     }
 
-    /// `(epoch, count)` of the newest epoch when all its shards `0..S` are
-    /// present and agree on `S`.
     fn complete_key(&self) -> Option<(u64, u32)> {
-        let epoch = self.shards.values().map(|s| s.epoch).max()?;
-        let current: Vec<&Shard> = self.shards.values().filter(|s| s.epoch == epoch).collect();
-        let count = current.first()?.count;
-        if current.iter().any(|s| s.count != count) {
-            return None;
-        }
-        let mut seen = vec![false; count as usize];
-        for s in &current {
-            *seen.get_mut(s.index as usize)? = true;
-        }
-        seen.iter().all(|s| *s).then_some((epoch, count))
+        shard::complete_epoch(self.shards.values())
     }
 
     fn current(&self, key: (u64, u32)) -> impl Iterator<Item = &Shard> {

@@ -87,10 +87,13 @@ pub fn eval_condition(
     let program =
         cel::Program::compile(expression).map_err(|e| format!("compilation failed: {e}"))?;
     let mut ctx = cel::Context::default();
+    // `namespaceObject` is declared and always null in match conditions
+    // (`matcher.go` `Match` evaluates with no namespace).
     for (name, v) in [
         ("object", object),
         ("oldObject", old_object),
         ("request", request),
+        ("namespaceObject", &Value::Null),
     ] {
         let v = cel::to_value(v).map_err(|e| format!("binding {name}: {e}"))?;
         ctx.add_variable_from_value(name, v);

@@ -549,7 +549,9 @@ fn name_of(obj: &Value) -> String {
         .to_string()
 }
 
-fn validate(res: &ResourceDef, obj: &Value) -> Result<()> {
+/// The type's validation (`strategy.Validate`), run after mutating admission
+/// on every write, and on objects a test stores directly.
+pub fn validate(res: &ResourceDef, obj: &Value) -> Result<()> {
     let name = name_of(obj);
     if name.is_empty() {
         return Err(ApiError::invalid(
@@ -560,6 +562,14 @@ fn validate(res: &ResourceDef, obj: &Value) -> Result<()> {
     }
     if res.key() == resources::CONFIGMAPS.key() {
         validate_config_map(obj, &name)?;
+    }
+    let errors = crate::admission::validation::validate(res.kind, obj);
+    if !errors.is_empty() {
+        let errors: Vec<(String, String)> =
+            errors.into_iter().map(|e| (e.field, e.detail)).collect();
+        return Err(ApiError::invalid_fields(
+            res.kind, res.group, &name, &errors,
+        ));
     }
     if res.key() == resources::NODES.key() {
         // Kubernetes rejects two taints with the same key and effect.

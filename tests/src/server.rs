@@ -251,7 +251,8 @@ impl Emulator {
 
     /// Stores objects of any served type from YAML/JSON straight into
     /// storage (no admission, no authorization: what a cluster already holds),
-    /// replacing same-named ones, `status` included.
+    /// replacing same-named ones, `status` included. Each object must pass
+    /// the type's validation, as everything a cluster holds once did.
     pub fn apply(&self, text: &str) -> anyhow::Result<()> {
         for doc in parse_documents(text)? {
             let field = |k: &str| {
@@ -280,6 +281,9 @@ impl Emulator {
             } else {
                 String::new()
             };
+            // What a cluster holds passed validation when it was written.
+            api::validate(res, &doc)
+                .map_err(|e| anyhow::anyhow!("{kind} {name}: {}", e.message))?;
             match self.store.get(res, &ns, &name) {
                 Some(cur) => {
                     let rv = crate::store::rv_of(&cur).unwrap_or(0);

@@ -102,6 +102,45 @@ impl ApiError {
         )
     }
 
+    /// `errors.NewInvalid`: `<Kind>.<group> "<name>" is invalid: <errors>`
+    /// (one error bare, several in brackets), each error a cause, so kubectl
+    /// prints `The <Kind> "<name>" is invalid: …`.
+    pub fn invalid_fields(
+        kind: &str,
+        group: &str,
+        name: &str,
+        errors: &[(String, String)],
+    ) -> Self {
+        let shown: Vec<String> = errors.iter().map(|(f, d)| format!("{f}: {d}")).collect();
+        let joined = match shown.as_slice() {
+            [one] => one.clone(),
+            _ => format!("[{}]", shown.join(", ")),
+        };
+        let causes: Vec<Value> = errors
+            .iter()
+            .map(|(field, detail)| {
+                let reason = match detail.split(':').next().unwrap_or_default() {
+                    "Required value" => "FieldValueRequired",
+                    "Unsupported value" => "FieldValueNotSupported",
+                    "Duplicate value" => "FieldValueDuplicate",
+                    "Too many" => "FieldValueTooMany",
+                    _ => "FieldValueInvalid",
+                };
+                json!({"reason": reason, "message": detail, "field": field})
+            })
+            .collect();
+        let mut d = details(kind, group, name);
+        d["causes"] = json!(causes);
+        Self {
+            details: Some(d),
+            ..Self::new(
+                422,
+                "Invalid",
+                format!("{} \"{name}\" is invalid: {joined}", qualified(kind, group)),
+            )
+        }
+    }
+
     pub fn internal(message: impl std::fmt::Display) -> Self {
         Self::new(
             500,

@@ -329,3 +329,100 @@ async fn sim_run_with_the_policy_keeps_every_guarantee() {
     assert_eq!(r.violations, 0);
     assert_eq!(sim::broken_guarantees(&[r]), Vec::<String>::new());
 }
+
+/// The policy the overlay shipped before: its variable built the taints with
+/// `Object.spec.taints{…}`, a type that exists only where mutations compile.
+fn policy_with_object_literal_in_variable() -> String {
+    render(&[DEFAULT_TAINT.parse().unwrap()], ApiVersion::V1).replace(
+        "{'key': 'node.cilium.io/agent-not-ready', 'value': 'true', 'effect': 'NoSchedule'}",
+        "Object.spec.taints{key: 'node.cilium.io/agent-not-ready', value: 'true', effect: 'NoSchedule'}",
+    )
+}
+
+fn kubectl_create(emu: &Emulator, text: &str) -> std::process::Output {
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), text).unwrap();
+    std::process::Command::new("kubectl")
+        .env("KUBECONFIG", emu.kubeconfig(users::ADMIN).unwrap())
+        .args(["create", "-f"])
+        .arg(file.path())
+        .output()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_using_object_types_in_a_variable_is_refused_at_create_like_the_api_server() {
+    let emu = Emulator::start(EmulatorOptions::default()).await.unwrap();
+    let old = policy_with_object_literal_in_variable();
+    assert_ne!(
+        old,
+        render(&[DEFAULT_TAINT.parse().unwrap()], ApiVersion::V1)
+    );
+    let out = kubectl_create(&emu, &old);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    // kubectl's rendering of the API server's 422 for this object.
+    assert!(
+        stderr.contains(
+            "The MutatingAdmissionPolicy \"nodegate\" is invalid: spec.variables[0].expression: Invalid value: \"[Object.spec.taints{key: 'node.cilium.io/agent-not-ready', value: 'true', effect: 'NoSchedule'}].filter("
+        ),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(
+            "compilation failed: ERROR: <input>:1:20: undeclared reference to 'Object.spec.taints' (in container '')"
+        ),
+        "{stderr}"
+    );
+    let (policies, _) = emu.store().list(&resources::MUTATING_POLICIES, None);
+    assert!(policies.is_empty(), "nothing stored");
+    // Stored objects pass validation too: a cluster could never hold it.
+    assert!(emu.apply(&old).is_err());
+
+    // The generated policy: created, and it still taints at create. (A fresh
+    // emulator: kubectl created the binding beside the refused policy.)
+    let emu = Emulator::start(EmulatorOptions::default()).await.unwrap();
+    let out = kubectl_create(
+        &emu,
+        &render(&[DEFAULT_TAINT.parse().unwrap()], ApiVersion::V1),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let api: Api<Node> = Api::all(emu.client(users::ADMIN).await.unwrap());
+    let n = api
+        .create(&PostParams::default(), &node("n"))
+        .await
+        .unwrap();
+    let taints = n.spec.unwrap().taints.unwrap();
+    assert!(
+        taints
+            .iter()
+            .any(|t| t.key == fixtures::CILIUM && t.value.as_deref() == Some("true"))
+    );
+}
+
+#[test]
+fn the_generated_policy_compiles_in_the_upstream_environments_for_every_taint_shape() {
+    use nodegate_tests::admission::validation;
+    for taints in [
+        vec![DEFAULT_TAINT.parse::<TaintSpec>().unwrap()],
+        vec![
+            DEFAULT_TAINT.parse().unwrap(),
+            "example.com/gate:NoExecute".parse().unwrap(),
+        ],
+    ] {
+        for v in [ApiVersion::V1, ApiVersion::V1beta1] {
+            for doc in documents(&render(&taints, v)) {
+                let kind = doc["kind"].as_str().unwrap();
+                assert_eq!(
+                    validation::validate(kind, &doc),
+                    Vec::new(),
+                    "{kind} {taints:?}"
+                );
+            }
+        }
+    }
+}

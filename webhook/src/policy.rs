@@ -38,13 +38,16 @@ fn cel_string(s: &str) -> String {
     format!("'{}'", s.replace('\\', "\\\\").replace('\'', "\\'"))
 }
 
-/// `Object.spec.taints{key: …, value: …, effect: …}` for one configured taint.
+/// `{'key': …, 'value': …, 'effect': …}` for one configured taint: a plain
+/// map, because variables are compiled without the `Object.*` types (those
+/// exist only where mutations are compiled). A JSONPatch `value` takes any
+/// JSON-shaped value, so the mutation can add it as it is.
 fn taint_literal(t: &TaintSpec) -> String {
-    let mut s = format!("Object.spec.taints{{key: {}", cel_string(t.key()));
+    let mut s = format!("{{'key': {}", cel_string(t.key()));
     if let Some(v) = t.value() {
-        let _ = write!(s, ", value: {}", cel_string(v));
+        let _ = write!(s, ", 'value': {}", cel_string(v));
     }
-    let _ = write!(s, ", effect: {}}}", cel_string(t.effect().as_str()));
+    let _ = write!(s, ", 'effect': {}}}", cel_string(t.effect().as_str()));
     s
 }
 
@@ -110,7 +113,9 @@ spec:
             && has(oldObject.status.nodeInfo.bootID) && oldObject.status.nodeInfo.bootID != ''
             && object.metadata.annotations[{ready}] != oldObject.status.nodeInfo.bootID)
   variables:
-    # The configured taints the node does not carry (same key and effect).
+    # The configured taints the node does not carry (same key and effect), as
+    # plain maps: variables are compiled without the Object.* and JSONPatch
+    # types, which only mutations may use.
     - name: missing
       expression: >-
         [{literals}].filter(t,
@@ -152,12 +157,12 @@ mod tests {
         let t: TaintSpec = DEFAULT_TAINT.parse().unwrap();
         assert_eq!(
             taint_literal(&t),
-            "Object.spec.taints{key: 'node.cilium.io/agent-not-ready', value: 'true', effect: 'NoSchedule'}"
+            "{'key': 'node.cilium.io/agent-not-ready', 'value': 'true', 'effect': 'NoSchedule'}"
         );
         let t: TaintSpec = "example.com/gate:NoExecute".parse().unwrap();
         assert_eq!(
             taint_literal(&t),
-            "Object.spec.taints{key: 'example.com/gate', effect: 'NoExecute'}"
+            "{'key': 'example.com/gate', 'effect': 'NoExecute'}"
         );
         assert_eq!(cel_string(r"a'b\c"), r"'a\'b\\c'");
     }

@@ -3,7 +3,9 @@
 //! then NodeRestriction. Storage happens after, in the API handlers.
 
 pub mod cel;
+pub mod cel_compile;
 pub mod policy;
+pub mod validation;
 pub mod webhook;
 
 use std::collections::HashMap;

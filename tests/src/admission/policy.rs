@@ -217,7 +217,7 @@ fn mutate(
     let expression = m["jsonPatch"]["expression"].as_str().unwrap_or_default();
     // Evaluated eagerly (upstream: lazily, when referenced).
     let variables = eval_variables(spec, obj, old, request)?;
-    let ops = eval(expression, obj, old, request, &variables)?;
+    let ops = eval(expression, obj, old, request, &variables, true)?;
     let patch = to_json_patch(&ops)?;
     let mut next = obj.clone();
     match json_patch::patch(&mut next, &patch) {
@@ -243,6 +243,7 @@ fn eval_variables(
             old,
             request,
             &Value::Object(vars.clone()),
+            false,
         )
         .map_err(|e| format!("variables.{name}: {e}"))?;
         vars.insert(name.to_string(), value);
@@ -339,38 +340,46 @@ fn object_type_names(expression: &str) -> Vec<String> {
     out
 }
 
-/// Evaluates a policy expression to JSON.
+/// Evaluates a policy expression to JSON. `patch_types`: the `JSONPatch` and
+/// `Object.*` types exist, as for mutations only (`compilePolicy` sets
+/// `HasPatchTypes` for the mutation evaluators alone).
 fn eval(
     expression: &str,
     obj: &Value,
     old: &Value,
     request: &Value,
     variables: &Value,
+    patch_types: bool,
 ) -> Result<Value, String> {
     let mut env = cel::Env::stdlib();
-    let jsonpatch = MapStruct {
-        ty: Type::new_struct("JSONPatch".into()),
-        fields: Some(&["op", "path", "from", "value"]),
-        mark: true,
-    };
-    env.add_type(jsonpatch).map_err(|e| e.to_string())?;
-    for name in object_type_names(expression) {
-        env.add_type(MapStruct {
-            ty: Type::new_struct(name),
-            fields: None,
-            mark: false,
-        })
-        .map_err(|e| e.to_string())?;
+    if patch_types {
+        let jsonpatch = MapStruct {
+            ty: Type::new_struct("JSONPatch".into()),
+            fields: Some(&["op", "path", "from", "value"]),
+            mark: true,
+        };
+        env.add_type(jsonpatch).map_err(|e| e.to_string())?;
+        for name in object_type_names(expression) {
+            env.add_type(MapStruct {
+                ty: Type::new_struct(name),
+                fields: None,
+                mark: false,
+            })
+            .map_err(|e| e.to_string())?;
+        }
     }
     let program = env
         .compile(expression)
         .map_err(|e| format!("compilation failed: {e}"))?;
     let mut ctx = cel::Context::with_env(Arc::new(env));
+    // Nodes are cluster-scoped: `namespaceObject` is null (`Dispatch` loads
+    // a namespace only for namespaced requests).
     for (name, v) in [
         ("object", obj),
         ("oldObject", old),
         ("request", request),
         ("variables", variables),
+        ("namespaceObject", &Value::Null),
     ] {
         let v = cel::to_value(v).map_err(|e| format!("binding {name}: {e}"))?;
         ctx.add_variable_from_value(name, v);
@@ -389,7 +398,7 @@ mod tests {
     use serde_json::json;
 
     fn run_expr(expression: &str, obj: Value) -> Result<Value, String> {
-        eval(expression, &obj, &Value::Null, &json!({}), &json!({}))
+        eval(expression, &obj, &Value::Null, &json!({}), &json!({}), true)
     }
 
     #[test]
@@ -418,6 +427,20 @@ mod tests {
                 .unwrap_err()
                 .contains("array of JSONPatch")
         );
+    }
+
+    #[test]
+    fn variables_have_no_patch_types() {
+        let e = eval(
+            "[Object.spec.taints{key: 'k'}]",
+            &json!({}),
+            &Value::Null,
+            &json!({}),
+            &json!({}),
+            false,
+        )
+        .unwrap_err();
+        assert!(e.contains("Object.spec.taints"), "{e}");
     }
 
     #[test]

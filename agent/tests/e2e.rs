@@ -21,6 +21,7 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use nodegate_agent::snapshot;
+use nodegate_shared::keys::DEFAULT_TAINT;
 use nodegate_tests::cluster::Cluster;
 use nodegate_tests::users;
 use serde_json::{Value, json};
@@ -65,7 +66,9 @@ impl Agent {
             .arg(state)
             .args(["--snapshot-interval", "100ms", "--shutdown-deadline", "10s"])
             .args(extra);
-        Self::spawn(c, cmd, users::AGENT, state).await
+        // The DaemonSet pod's credential: a token bound to a pod on `node`.
+        let kubeconfig = c.agent_kubeconfig(node).await.unwrap();
+        Self::spawn_with(c, cmd, users::AGENT, kubeconfig, state).await
     }
 
     /// A roster publisher replica: the real `nodegate-roster` binary as the
@@ -86,8 +89,18 @@ impl Agent {
         Self::spawn(c, cmd, users::ROSTER, home).await
     }
 
-    async fn spawn(c: &Cluster, mut cmd: Command, user: &str, home: &Path) -> Agent {
+    async fn spawn(c: &Cluster, cmd: Command, user: &str, home: &Path) -> Agent {
         let kubeconfig = c.kubeconfig(user).unwrap();
+        Self::spawn_with(c, cmd, user, kubeconfig, home).await
+    }
+
+    async fn spawn_with(
+        c: &Cluster,
+        mut cmd: Command,
+        user: &str,
+        kubeconfig: std::path::PathBuf,
+        home: &Path,
+    ) -> Agent {
         if c.is_real() {
             // A real kubeconfig may run an exec credential plugin that needs
             // the caller's environment; only the agent's own settings go.
@@ -354,10 +367,12 @@ async fn webhook_taints_agent_untaints_after_probe_file_and_after_reboot() {
     assert!(agent.term().await.success());
 }
 
-/// A taint the installed webhook is not configured to add: for an agent
-/// that gates on it, the webhook missed the node — on an emulator and on a
-/// real cluster alike, without stopping anyone's webhook.
-const MISSED_TAINT: &str = "nodegate.dev/e2e-not-ready";
+/// The install's taint. The test removes it (as an admin) right after the
+/// node registers: for the agent that is exactly a node the webhook missed,
+/// on an emulator and on a real cluster alike, without stopping anyone's
+/// webhook. (The agent may only manage the taints the install's confinement
+/// policy names, so it cannot gate on a test-only taint.)
+const MISSED_TAINT: &str = "node.cilium.io/agent-not-ready";
 
 /// The webhook missed the node: the safety net taints at start (and says so
 /// loudly), the agent untaints when ready, and SIGTERM puts the taint back
@@ -369,16 +384,33 @@ async fn safety_net_and_sigterm_retaint() {
     let missed = |n: &Node| has_taint(n, MISSED_TAINT);
     let kubelet = c.kubelet(&node_b).await.unwrap();
     let created = kubelet.register().await.unwrap();
-    assert!(!missed(&created), "the webhook does not add it at create");
+    assert!(missed(&created), "the webhook adds it at create");
+    // The miss: the taint is gone before the agent starts.
+    let at = created
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .and_then(|t| t.iter().position(|t| t.key == MISSED_TAINT))
+        .unwrap();
+    let ops: json_patch::Patch = serde_json::from_value(serde_json::json!([
+        {"op": "test", "path": format!("/spec/taints/{at}/key"), "value": MISSED_TAINT},
+        {"op": "remove", "path": format!("/spec/taints/{at}")},
+    ]))
+    .unwrap();
+    let admin: Api<Node> = Api::all(c.client(users::ADMIN).await.unwrap());
+    let missed_node = admin
+        .patch(&node_b, &PatchParams::default(), &Patch::<()>::Json(ops))
+        .await
+        .unwrap();
+    assert!(!missed(&missed_node));
 
     let dir = tempfile::tempdir().unwrap();
     let probe = dir.path().join("ready");
     let probe_arg = probe.to_str().unwrap().to_string();
     let state = dir.path().join("state");
-    let taint = format!("{MISSED_TAINT}:NoSchedule");
     let args = [
         "--taint",
-        taint.as_str(),
+        DEFAULT_TAINT,
         "--probe-file",
         probe_arg.as_str(),
         "--probe-period",
@@ -992,10 +1024,10 @@ async fn continuous_mode_retaints_while_down() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pod_probe_follows_the_ready_pod_on_this_node() {
     use k8s_openapi::api::core::v1::Pod;
-    // In `default` with a label only this test uses: on a real cluster a
-    // pod labelled like the real network agent's would be adopted by its
-    // DaemonSet.
-    const NS: &str = "default";
+    // In the namespace the probe-pod component grants (kube-system), with a
+    // label only this test uses: on a real cluster a pod labelled like the
+    // real network agent's would be adopted by its DaemonSet.
+    const NS: &str = "kube-system";
     let (c, nodes) = cluster().await;
     let node_p = c.node_name("node-p");
     let node_q = c.name("node-q");
@@ -1167,7 +1199,7 @@ async fn in_process_handlers_get_the_deletions_missed_while_down() {
         ])
         .unwrap()
     };
-    let client = c.client(users::AGENT).await.unwrap();
+    let client = c.agent_client(&own_node).await.unwrap();
     let run = |rec: Arc<Recording>| {
         let (stop, rx) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(nodegate_agent::run_with_handlers(

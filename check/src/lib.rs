@@ -14,10 +14,13 @@
 //! - [`webhook_config`]: the MutatingWebhookConfiguration and its conditions;
 //! - [`serving`]: the caBundle against the serving certificate;
 //! - [`canary`]: the dry-run create;
-//! - [`workloads`]: Service, webhook Deployment, agent DaemonSet, taints.
+//! - [`workloads`]: Service, webhook Deployment, agent DaemonSet, taints;
+//! - [`confinement`]: the agent's and webhook's credentials are confined (a
+//!   dry-run of a forbidden change as the agent is refused).
 
 pub mod admission_policy;
 pub mod canary;
+pub mod confinement;
 pub mod report;
 pub mod serving;
 pub mod webhook_config;
@@ -90,7 +93,7 @@ pub struct Args {
 /// saying why.
 pub async fn run(args: &Args) -> Report {
     let mut report = Report::default();
-    let client = match Client::try_default().await {
+    let config = match kube::Config::infer().await {
         Ok(c) => c,
         Err(e) => {
             report.add(
@@ -101,12 +104,25 @@ pub async fn run(args: &Args) -> Report {
             return report;
         }
     };
-    run_with_client(args, client, &mut report).await;
+    let client = match Client::try_from(config.clone()) {
+        Ok(c) => c,
+        Err(e) => {
+            report.add("cluster access", Status::Fail, format!("client: {e}"));
+            return report;
+        }
+    };
+    run_with_client(args, client, Some(&config), &mut report).await;
     report
 }
 
-/// [`run`] with a given client (tests, embedding).
-pub async fn run_with_client(args: &Args, client: Client, report: &mut Report) {
+/// [`run`] with a given client (tests, embedding); `config` (the client's)
+/// lets the confinement check impersonate the agent.
+pub async fn run_with_client(
+    args: &Args,
+    client: Client,
+    config: Option<&kube::Config>,
+    report: &mut Report,
+) {
     let policy = admission_policy::check(&client, args, report).await;
     let hook = webhook_config::check(&client, args, policy.is_some(), report).await;
     let svc_ok = match &hook {
@@ -166,4 +182,5 @@ pub async fn run_with_client(args: &Args, client: Client, report: &mut Report) {
         report.add("diagnosis", Status::Fail, why.join("; "));
     }
     webhook_config::check_apiserver_metrics(&client, args, report).await;
+    confinement::check(&client, config, args, report).await;
 }

@@ -112,6 +112,7 @@ pub fn evaluate_as(
         operation: op,
         username: user,
         groups: &groups,
+        extra: &Default::default(),
         dry_run: false,
         options: json!({"kind": options, "apiVersion": "meta.k8s.io/v1"}),
     });

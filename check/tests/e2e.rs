@@ -126,6 +126,7 @@ fn passes_against_nodegate_sim_serve() {
         "webhook deployment",
         "canary dry-run create",
         "api server counters",
+        "credential confinement",
     ] {
         line(&out, "PASS", c);
     }
@@ -267,4 +268,50 @@ async fn fails_when_the_admission_policy_is_not_bound() {
     assert!(line(&out, "FAIL", "admission policy").contains("no MutatingAdmissionPolicyBinding"));
     assert!(line(&out, "FAIL", "canary dry-run create").contains("WITHOUT"));
     assert!(line(&out, "FAIL", "diagnosis").contains("unbound"));
+}
+
+/// The agent's confinement, verified the way an attacker would test it: a
+/// dry-run label of a Node as the agent's ServiceAccount with that node's
+/// claim is refused. Without the policy the check fails loudly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verifies_the_agents_confinement_and_fails_without_it() {
+    use k8s_openapi::api::core::v1::Node;
+    use kube::api::{Api, DeleteParams, PostParams};
+    let (emu, _webhook, home) = installed(None).await;
+    let admin = emu.client(users::ADMIN).await.unwrap();
+    let node: Node =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "canary-host"}})).unwrap();
+    Api::<Node>::all(admin.clone())
+        .create(&PostParams::default(), &node)
+        .await
+        .unwrap();
+    let kubeconfig = home.path().join("kubeconfig");
+    let (code, out) = check(&kubeconfig, &[]);
+    assert_eq!(code, 0, "{out}");
+    assert!(line(&out, "PASS", "credential confinement").contains("nodegate-agent-confinement"));
+    assert!(
+        line(&out, "PASS", "confinement dry-run").contains("may not label its own node"),
+        "{out}"
+    );
+
+    // The policy's binding removed: a stolen agent token could switch the gate off.
+    let bindings: Api<kube::api::DynamicObject> = Api::all_with(
+        admin,
+        &kube::api::ApiResource::from_gvk_with_plural(
+            &kube::core::GroupVersionKind::gvk(
+                "admissionregistration.k8s.io",
+                "v1",
+                "ValidatingAdmissionPolicyBinding",
+            ),
+            "validatingadmissionpolicybindings",
+        ),
+    );
+    bindings
+        .delete("nodegate-agent-confinement", &DeleteParams::default())
+        .await
+        .unwrap();
+    let (code, out) = check(&kubeconfig, &[]);
+    assert_eq!(code, 1, "{out}");
+    assert!(line(&out, "FAIL", "credential confinement").contains("can rewrite every Node"));
+    assert!(line(&out, "FAIL", "confinement dry-run").contains("nodegate.dev/exclude=true"));
 }

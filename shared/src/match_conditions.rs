@@ -31,6 +31,8 @@ pub struct RequestAttributes<'a> {
     pub operation: &'a str,
     pub username: &'a str,
     pub groups: &'a [String],
+    /// `userInfo.extra`, e.g. the node claim of a pod-bound token.
+    pub extra: &'a std::collections::BTreeMap<String, Vec<String>>,
     pub dry_run: bool,
     /// CreateOptions / UpdateOptions / DeleteOptions.
     pub options: Value,
@@ -48,6 +50,9 @@ pub fn request_variable(a: &RequestAttributes<'_>) -> Value {
     }
     if !a.groups.is_empty() {
         user.insert("groups".into(), json!(a.groups));
+    }
+    if !a.extra.is_empty() {
+        user.insert("extra".into(), json!(a.extra));
     }
     let mut r = Map::new();
     // `uid` has no omitempty and is left unset: present as "".
@@ -76,6 +81,39 @@ pub fn request_variable(a: &RequestAttributes<'_>) -> Value {
     Value::Object(r)
 }
 
+type Compiled = (std::sync::Arc<cel::Env>, std::sync::Arc<cel::Program>);
+
+/// The API server's base environment (cel-go's strings extension included)
+/// and the expression compiled in it, cached: conditions run on every write.
+pub fn compiled(expression: &str) -> Result<Compiled, String> {
+    use std::collections::HashMap;
+    use std::sync::{Arc, LazyLock, Mutex};
+    static ENV: LazyLock<Result<Arc<cel::Env>, String>> = LazyLock::new(|| {
+        let mut env = cel::Env::stdlib();
+        env.add_extension(cel::extensions::strings)
+            .map_err(|e| format!("environment: {e}"))?;
+        Ok(Arc::new(env))
+    });
+    static CACHE: LazyLock<Mutex<HashMap<String, Arc<cel::Program>>>> =
+        LazyLock::new(Default::default);
+    let env = ENV.clone()?;
+    if let Some(p) = CACHE.lock().ok().and_then(|c| c.get(expression).cloned()) {
+        return Ok((env, p));
+    }
+    let program = Arc::new(
+        env.compile(expression)
+            .map_err(|e| format!("compilation failed: {e}"))?,
+    );
+    if let Ok(mut c) = CACHE.lock() {
+        // Bounded: the expressions of the stored configurations.
+        if c.len() > 4096 {
+            c.clear();
+        }
+        c.insert(expression.to_string(), program.clone());
+    }
+    Ok((env, program))
+}
+
 /// Evaluates one match condition. `Err` is an evaluation (or compilation)
 /// error, which the matcher resolves with the failurePolicy.
 pub fn eval_condition(
@@ -84,9 +122,8 @@ pub fn eval_condition(
     old_object: &Value,
     request: &Value,
 ) -> Result<bool, String> {
-    let program =
-        cel::Program::compile(expression).map_err(|e| format!("compilation failed: {e}"))?;
-    let mut ctx = cel::Context::default();
+    let (env, program) = compiled(expression)?;
+    let mut ctx = cel::Context::with_env(env);
     // `namespaceObject` is declared and always null in match conditions
     // (`matcher.go` `Match` evaluates with no namespace).
     for (name, v) in [

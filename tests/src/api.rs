@@ -95,12 +95,12 @@ impl IntoResponse for Reply {
     }
 }
 
-fn bearer_user(headers: &HeaderMap) -> Option<String> {
+fn bearer_user(headers: &HeaderMap) -> Option<users::Identity> {
     let h = headers.get(http::header::AUTHORIZATION)?.to_str().ok()?;
     let token = h
         .strip_prefix("Bearer ")
         .or_else(|| h.strip_prefix("bearer "))?;
-    users::user_of_token(token.trim())
+    users::identity_of_token(token.trim())
 }
 
 /// The single entry point: authenticates and routes every request.
@@ -112,6 +112,9 @@ pub async fn handle(
     let Some(requester) = bearer_user(&parts.headers) else {
         return ApiError::unauthorized().into_response();
     };
+    if !crate::token_request::still_valid(&st.store, &requester) {
+        return ApiError::unauthorized().into_response();
+    }
     let user = match crate::impersonation::resolve(&parts.headers, &requester, st.policy.as_ref()) {
         Ok(u) => u,
         Err(e) => return e.into_response(),
@@ -168,6 +171,17 @@ pub async fn handle(
         ["openapi", "v3", "apis", g, v] if get => discovery::openapi_gv(g, v)
             .map(|b| Reply::ok(b).into_response())
             .ok_or_else(not_found),
+        [
+            "api",
+            "v1",
+            "namespaces",
+            ns,
+            "serviceaccounts",
+            sa,
+            "token",
+        ] if parts.method == Method::POST => {
+            crate::token_request::create(&st, ns, sa, &user, &body).map(IntoResponse::into_response)
+        }
         ["api", "v1", rest @ ..] if !rest.is_empty() => match target("", "v1", rest) {
             Some(t) => resource(&st, &parts.method, &parts.headers, &q, &user, t, body).await,
             None => Err(not_found()),
@@ -207,7 +221,7 @@ async fn resource(
     method: &Method,
     headers: &HeaderMap,
     q: &HashMap<String, String>,
-    user: &str,
+    user: &users::Identity,
     t: Target,
     body: Bytes,
 ) -> Result<Response> {
@@ -656,7 +670,7 @@ async fn create(
     st: &AppState,
     t: &Target,
     q: &HashMap<String, String>,
-    user: &str,
+    user: &users::Identity,
     body: &[u8],
 ) -> Result<Reply> {
     let dry = dry_run(q)?;
@@ -683,11 +697,15 @@ async fn create(
         name: &name,
         namespace: &t.ns,
         user,
+        extra: &user.extra,
         dry_run: dry,
         options: options("CreateOptions", q, dry),
     };
-    let admitted = st.admission.admit(&attrs, obj, None).await?;
+    let mut admitted = st.admission.admit(&attrs, obj, None).await?;
     validate(t.res, &admitted.object)?;
+    admitted
+        .warnings
+        .extend(st.admission.validate(&attrs, &admitted.object, None)?);
     let stored = st
         .store
         .create(t.res, &t.ns, admitted.object, dry)
@@ -785,7 +803,7 @@ async fn write(
     t: &Target,
     name: &str,
     q: &HashMap<String, String>,
-    user: &str,
+    user: &users::Identity,
     change: Change,
 ) -> Result<Reply> {
     let dry = dry_run(q)?;
@@ -826,13 +844,17 @@ async fn write(
             name,
             namespace: &t.ns,
             user,
+            extra: &user.extra,
             dry_run: dry,
             options: options("UpdateOptions", q, dry),
         };
-        let admitted = st.admission.admit(&attrs, new, Some(&cur)).await?;
+        let mut admitted = st.admission.admit(&attrs, new, Some(&cur)).await?;
         let mut obj = admitted.object;
         prepare_for_update(t.res, &t.sub, &mut obj, &cur);
         validate(t.res, &obj)?;
+        admitted
+            .warnings
+            .extend(st.admission.validate(&attrs, &obj, Some(&cur))?);
         match st.store.update(t.res, &t.ns, name, obj, cur_rv, dry) {
             Ok(stored) => {
                 return Ok(Reply {
@@ -853,7 +875,7 @@ async fn delete(
     t: &Target,
     name: &str,
     q: &HashMap<String, String>,
-    user: &str,
+    user: &users::Identity,
     body: &[u8],
 ) -> Result<Reply> {
     let opts: Value = if body.is_empty() {
@@ -882,10 +904,14 @@ async fn delete(
         name,
         namespace: &t.ns,
         user,
+        extra: &user.extra,
         dry_run: dry,
         options: options("DeleteOptions", q, dry),
     };
-    let admitted = st.admission.admit(&attrs, Value::Null, Some(&cur)).await?;
+    let mut admitted = st.admission.admit(&attrs, Value::Null, Some(&cur)).await?;
+    admitted
+        .warnings
+        .extend(st.admission.validate(&attrs, &Value::Null, Some(&cur))?);
     let gone = st
         .store
         .delete(t.res, &t.ns, name, precondition, dry)
@@ -998,7 +1024,7 @@ fn watch_stream(
     st: &Arc<AppState>,
     t: &Target,
     q: &HashMap<String, String>,
-    user: &str,
+    user: &users::Identity,
     as_table: bool,
 ) -> Result<Response> {
     let res: &'static ResourceDef = t.res;

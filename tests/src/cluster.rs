@@ -191,6 +191,96 @@ impl Cluster {
         }
     }
 
+    /// A kubeconfig holding what the agent's DaemonSet pod on `node` holds: a
+    /// ServiceAccount token bound to a pod of `nodegate-agent` scheduled on
+    /// `node`, so it carries the node claim the confinement policy checks.
+    /// The pod is an object only (no kubelet runs it); on a real cluster it
+    /// is deleted when the `Cluster` drops, which also ends the token.
+    pub async fn agent_kubeconfig(&self, node: &str) -> anyhow::Result<PathBuf> {
+        use k8s_openapi::api::authentication::v1::{
+            BoundObjectReference, TokenRequest, TokenRequestSpec,
+        };
+        use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+        use kube::api::{Api, PostParams};
+        let admin = self.client(users::ADMIN).await?;
+        let name = self.name(&format!("agent-{node}"));
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": "nodegate",
+                         "labels": {"app.kubernetes.io/name": "nodegate-e2e-agent"}},
+            "spec": {"serviceAccountName": "nodegate-agent", "nodeName": node,
+                     "containers": [{"name": "agent", "image": "nodegate/nodegate-agent:e2e"}]},
+        }))?;
+        let pods: Api<Pod> = Api::namespaced(admin.clone(), "nodegate");
+        // A restarted agent gets a new token for the same pod.
+        let pod = match pods.create(&PostParams::default(), &pod).await {
+            Err(kube::Error::Api(e)) if e.code == 409 => pods.get(&name).await?,
+            other => other?,
+        };
+        self.delete_on_drop("pods", "nodegate", &name);
+        let request = TokenRequest {
+            spec: TokenRequestSpec {
+                audiences: Vec::new(),
+                bound_object_ref: Some(BoundObjectReference {
+                    api_version: Some("v1".into()),
+                    kind: Some("Pod".into()),
+                    name: Some(name.clone()),
+                    uid: pod.metadata.uid.clone(),
+                }),
+                expiration_seconds: Some(3600),
+            },
+            ..Default::default()
+        };
+        let sas: Api<ServiceAccount> = Api::namespaced(admin, "nodegate");
+        let token = sas
+            .create_token_request("nodegate-agent", &PostParams::default(), &request)
+            .await?
+            .status
+            .context("TokenRequest without status")?
+            .token;
+        let source = match self {
+            Cluster::Emulated { emu, .. } => {
+                kube::config::Kubeconfig::from_yaml(&emu.kubeconfig_yaml(users::ADMIN))?
+            }
+            Cluster::Real { kubeconfig, .. } => kube::config::Kubeconfig::read_from(kubeconfig)?,
+        };
+        let mut kc = source;
+        let context = kc.current_context.clone().context("no current-context")?;
+        let auth = kc
+            .contexts
+            .iter()
+            .find(|c| c.name == context)
+            .and_then(|c| c.context.as_ref())
+            .and_then(|c| c.user.clone())
+            .context("current context has no user")?;
+        let entry = kc
+            .auth_infos
+            .iter_mut()
+            .find(|a| a.name == auth)
+            .context("the context's user is not in the kubeconfig")?;
+        // Only the token: no client certificate, plugin or impersonation.
+        entry.auth_info = Some(kube::config::AuthInfo {
+            token: Some(token.into()),
+            ..Default::default()
+        });
+        let file = self.scratch().join(format!("kubeconfig-agent-{node}"));
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&file)?;
+        std::io::Write::write_all(&mut f, &serde_json::to_vec(&kc)?)?;
+        Ok(file)
+    }
+
+    /// A kube client with the agent's pod-bound credential for `node`
+    /// ([`Cluster::agent_kubeconfig`]).
+    pub async fn agent_client(&self, node: &str) -> anyhow::Result<kube::Client> {
+        let kc = kube::config::Kubeconfig::read_from(self.agent_kubeconfig(node).await?)?;
+        let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
+        Ok(kube::Client::try_from(cfg)?)
+    }
+
     /// A kube client acting as `user`.
     pub async fn client(&self, user: &str) -> anyhow::Result<kube::Client> {
         match self {

@@ -11,7 +11,10 @@
 //! user's groups from its name ([`users::user_info`]); impersonation that
 //! would produce other groups (e.g. `system:node:x` without `system:nodes`,
 //! which the real Node authorizer would not recognise as a node) and user
-//! extras or uids are refused with a 400 that says so, never approximated.
+//! uids are refused with a 400 that says so, never approximated. Extras
+//! (`Impersonate-Extra-<key>`, the key lower-cased and path-unescaped) are
+//! authorized as `impersonate` on `userextras/<key>` in
+//! `authentication.k8s.io`, named by the value, and become the user's extra.
 
 use http::HeaderMap;
 
@@ -41,9 +44,9 @@ fn split_service_account(user: &str) -> Option<(&str, &str)> {
 /// opinion and no RBAC binds `system:nodes`).
 pub fn resolve(
     headers: &HeaderMap,
-    requester: &str,
+    requester: &users::Identity,
     policy: Option<&Policy>,
-) -> Result<String, ApiError> {
+) -> Result<users::Identity, ApiError> {
     let user = headers
         .get(USER)
         .and_then(|v| v.to_str().ok())
@@ -54,21 +57,26 @@ pub fn resolve(
         .iter()
         .filter_map(|v| v.to_str().ok().map(str::to_string))
         .collect();
-    let extras = headers
-        .keys()
-        .any(|k| k.as_str().starts_with(EXTRA_PREFIX) || k.as_str() == UID);
+    let mut extra = users::Extra::new();
+    for (k, v) in headers {
+        if let Some(key) = k.as_str().strip_prefix(EXTRA_PREFIX)
+            && let Ok(v) = v.to_str()
+        {
+            extra.entry(unescape(key)).or_default().push(v.to_string());
+        }
+    }
     if user.is_empty() {
-        if !groups.is_empty() || extras {
+        if !groups.is_empty() || !extra.is_empty() || headers.contains_key(UID) {
             // buildImpersonationRequests: groups/extras need a user (an internal error upstream).
             return Err(ApiError::internal(format!(
                 "requested impersonation of {groups:?} without impersonating a user"
             )));
         }
-        return Ok(requester.to_string());
+        return Ok(requester.clone());
     }
-    if extras {
+    if headers.contains_key(UID) {
         return Err(ApiError::bad_request(
-            "the emulator does not model impersonated user extras or uids",
+            "the emulator does not model impersonated user uids",
         ));
     }
 
@@ -82,7 +90,19 @@ pub fn resolve(
         checks.push(("groups", "", g));
     }
     for (resource, namespace, name) in checks {
-        authorize(requester, policy, resource, namespace, name)?;
+        authorize(requester, policy, "", resource, namespace, name)?;
+    }
+    for (key, values) in &extra {
+        for v in values {
+            authorize(
+                requester,
+                policy,
+                "authentication.k8s.io",
+                &format!("userextras/{key}"),
+                "",
+                v,
+            )?;
+        }
     }
 
     let mut effective = groups.clone();
@@ -114,12 +134,35 @@ pub fn resolve(
             "impersonating {user:?} with groups {effective:?}: the emulator gives this user the groups {derived:?} and cannot represent others"
         )));
     }
-    Ok(user)
+    Ok(users::Identity { name: user, extra })
+}
+
+/// `unescapeExtraKey`: a header name cannot hold every character of a key,
+/// so clients percent-encode it.
+fn unescape(key: &str) -> String {
+    let bytes = key.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%'
+            && let Some(b) = key
+                .get(i + 1..i + 3)
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+        {
+            out.push(b);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 fn authorize(
     requester: &str,
     policy: Option<&Policy>,
+    group: &str,
     resource: &str,
     namespace: &str,
     name: &str,
@@ -137,7 +180,7 @@ fn authorize(
         .authorize(&rbac::Request {
             user: requester,
             verb: "impersonate",
-            group: "",
+            group,
             resource: resource.to_string(),
             namespace,
             name: Some(name),
@@ -163,38 +206,99 @@ mod tests {
 
     #[test]
     fn service_account_without_groups_gets_its_fixed_groups() {
-        let got = resolve(&headers(Some(users::AGENT), &[]), users::ADMIN, None).unwrap();
-        assert_eq!(got, users::AGENT);
+        let got = resolve(
+            &headers(Some(users::AGENT), &[]),
+            &users::Identity::new(users::ADMIN),
+            None,
+        )
+        .unwrap();
+        assert_eq!(got, users::Identity::new(users::AGENT));
     }
 
     #[test]
     fn node_user_needs_the_nodes_group() {
         let n = users::node("n1");
         assert_eq!(
-            resolve(&headers(Some(&n), &["system:nodes"]), users::ADMIN, None).unwrap(),
+            resolve(
+                &headers(Some(&n), &["system:nodes"]),
+                &users::Identity::new(users::ADMIN),
+                None
+            )
+            .unwrap()
+            .name,
             n
         );
         // Upstream this user would lack system:nodes: not a node to the Node authorizer.
-        let e = resolve(&headers(Some(&n), &[]), users::ADMIN, None).unwrap_err();
+        let e = resolve(
+            &headers(Some(&n), &[]),
+            &users::Identity::new(users::ADMIN),
+            None,
+        )
+        .unwrap_err();
         assert_eq!(e.code, 400, "{}", e.message);
     }
 
     #[test]
     fn no_headers_is_the_requester_and_groups_alone_are_an_error() {
         assert_eq!(
-            resolve(&headers(None, &[]), users::AGENT, None).unwrap(),
-            users::AGENT
+            resolve(
+                &headers(None, &[]),
+                &users::Identity::new(users::AGENT),
+                None
+            )
+            .unwrap(),
+            users::Identity::new(users::AGENT)
         );
-        let e = resolve(&headers(None, &["g"]), users::ADMIN, None).unwrap_err();
+        let e = resolve(
+            &headers(None, &["g"]),
+            &users::Identity::new(users::ADMIN),
+            None,
+        )
+        .unwrap_err();
         assert_eq!(e.code, 500);
+    }
+
+    #[test]
+    fn extras_are_impersonated_with_their_own_permission() {
+        let mut h = headers(Some(users::AGENT), &[]);
+        h.insert(
+            "impersonate-extra-authentication.kubernetes.io%2fnode-name",
+            HeaderValue::from_static("n1"),
+        );
+        let got = resolve(&h, &users::Identity::new(users::ADMIN), None).unwrap();
+        assert_eq!(got.extra[users::NODE_NAME_EXTRA], ["n1"]);
+        // RBAC: impersonating the service account is not enough for its extras.
+        let p = Policy::from_documents(&[serde_yaml::from_str(
+            "kind: ClusterRoleBinding\nmetadata: {name: b}\nroleRef: {kind: ClusterRole, name: r}\nsubjects: [{kind: User, name: tester}]",
+        )
+        .unwrap(), serde_yaml::from_str(
+            "kind: ClusterRole\nmetadata: {name: r}\nrules: [{apiGroups: [''], resources: [serviceaccounts], verbs: [impersonate]}]",
+        )
+        .unwrap()])
+        .unwrap();
+        let e = resolve(&h, &users::Identity::new("tester"), Some(&p)).unwrap_err();
+        assert_eq!(e.code, 403, "{}", e.message);
+        assert!(e.message.contains("userextras"), "{}", e.message);
     }
 
     #[test]
     fn rbac_decides_who_may_impersonate() {
         let p = Policy::from_documents(&[]).unwrap();
         // system:masters may; a service account without a grant may not.
-        assert!(resolve(&headers(Some(users::AGENT), &[]), users::ADMIN, Some(&p)).is_ok());
-        let e = resolve(&headers(Some(users::AGENT), &[]), users::WEBHOOK, Some(&p)).unwrap_err();
+        assert!(
+            resolve(
+                &headers(Some(users::AGENT), &[]),
+                &users::Identity::new(users::ADMIN),
+                Some(&p)
+            )
+            .is_ok()
+        );
+        let e = resolve(
+            &headers(Some(users::AGENT), &[]),
+            &users::Identity::new(users::WEBHOOK),
+            Some(&p),
+        )
+        .unwrap_err();
         assert_eq!(e.code, 403);
         assert!(
             e.message
@@ -206,9 +310,13 @@ mod tests {
         );
         let n = users::node("n1");
         assert_eq!(
-            resolve(&headers(Some(users::AGENT), &[]), &n, None)
-                .unwrap_err()
-                .code,
+            resolve(
+                &headers(Some(users::AGENT), &[]),
+                &users::Identity::new(n),
+                None
+            )
+            .unwrap_err()
+            .code,
             403
         );
     }

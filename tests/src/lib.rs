@@ -13,6 +13,7 @@ pub mod status;
 pub mod store;
 pub mod table;
 pub mod tls;
+pub mod token_request;
 pub mod users;
 pub mod util;
 

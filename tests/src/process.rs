@@ -51,6 +51,19 @@ pub fn shipped_webhook_config() -> anyhow::Result<String> {
     std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))
 }
 
+/// The install's ValidatingAdmissionPolicies that confine the agent and the
+/// webhook, as shipped.
+pub fn shipped_confinement() -> anyhow::Result<String> {
+    let p = manifests_dir().join("confinement.yaml");
+    std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))
+}
+
+/// The pruning component's policy: only the publisher writes the roster.
+pub fn shipped_roster_policy() -> anyhow::Result<String> {
+    let p = manifests_dir().join("../components/pruning/policy.yaml");
+    std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))
+}
+
 /// The admission-policy overlay's MutatingAdmissionPolicy and binding.
 pub fn shipped_policy() -> anyhow::Result<String> {
     let p = manifests_dir().join("../overlays/admission-policy/policy.yaml");
@@ -72,11 +85,16 @@ pub fn policy_mode_webhook_config() -> anyhow::Result<String> {
     Ok(serde_yaml::to_string(&cfg)?)
 }
 
-/// The shipped RBAC documents of the webhook, the agent and the pruning
-/// component's roster publisher (those present).
+/// The shipped RBAC documents of the webhook, the agent, the pruning
+/// component's roster publisher and the probe-pod component (those present).
 pub fn shipped_rbac() -> anyhow::Result<Vec<String>> {
     let mut out = Vec::new();
-    for part in ["webhook", "agent", "../components/pruning"] {
+    for part in [
+        "webhook",
+        "agent",
+        "../components/pruning",
+        "../components/probe-pod",
+    ] {
         let p = manifests_dir().join(part).join("rbac.yaml");
         if p.exists() {
             out.push(
@@ -375,6 +393,7 @@ impl WebhookProcess {
                 .with_context(|| format!("reading manifests/base/{p}"))
         };
         emu.apply(&read("namespace.yaml")?)?;
+        emu.apply(&shipped_confinement()?)?;
         emu.apply(&read("webhook/service.yaml")?)?;
         let secret = serde_json::json!({
             "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",

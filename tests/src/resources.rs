@@ -170,6 +170,29 @@ pub const MUTATING_POLICIES: ResourceDef = res!(
     &[],
     &[]
 );
+/// `admissionregistration.k8s.io/v1` ValidatingAdmissionPolicy (GA in 1.30).
+pub const VALIDATING_POLICIES: ResourceDef = res!(
+    "admissionregistration.k8s.io",
+    "v1",
+    "validatingadmissionpolicies",
+    "validatingadmissionpolicy",
+    "ValidatingAdmissionPolicy",
+    false,
+    &[],
+    &[],
+    &[]
+);
+pub const VALIDATING_POLICY_BINDINGS: ResourceDef = res!(
+    "admissionregistration.k8s.io",
+    "v1",
+    "validatingadmissionpolicybindings",
+    "validatingadmissionpolicybinding",
+    "ValidatingAdmissionPolicyBinding",
+    false,
+    &[],
+    &[],
+    &[]
+);
 pub const MUTATING_POLICY_BINDINGS: ResourceDef = res!(
     "admissionregistration.k8s.io",
     "v1",
@@ -261,6 +284,8 @@ pub const ALL: &[ResourceDef] = &[
     MUTATING_WEBHOOKS,
     MUTATING_POLICIES,
     MUTATING_POLICY_BINDINGS,
+    VALIDATING_POLICIES,
+    VALIDATING_POLICY_BINDINGS,
     DEPLOYMENTS,
     DAEMONSETS,
 ];

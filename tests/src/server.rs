@@ -216,11 +216,41 @@ impl Emulator {
 
     /// The kubeconfig text for `user`.
     pub fn kubeconfig_yaml(&self, user: &str) -> String {
+        self.kubeconfig_yaml_with_token(user, &users::token(user))
+    }
+
+    /// A kube client with the credential the agent's pod on `node` holds: a
+    /// token of its ServiceAccount carrying the node claim (as the
+    /// TokenRequest API issues for a pod bound to `node`).
+    pub async fn agent_client(&self, node: &str) -> anyhow::Result<kube::Client> {
+        let kc = kube::config::Kubeconfig::from_yaml(
+            &self.kubeconfig_yaml_with_token(users::AGENT, &self.agent_token(node)),
+        )?;
+        let cfg =
+            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+                .await?;
+        Ok(kube::Client::try_from(cfg)?)
+    }
+
+    /// The agent's pod-bound token for `node` (node name and, when the Node
+    /// exists, its uid).
+    pub fn agent_token(&self, node: &str) -> String {
+        let mut extra = users::Extra::new();
+        extra.insert(users::NODE_NAME_EXTRA.into(), vec![node.into()]);
+        if let Some(n) = self.store.get(&resources::NODES, "", node)
+            && let Some(uid) = n["metadata"]["uid"].as_str()
+        {
+            extra.insert(users::NODE_UID_EXTRA.into(), vec![uid.into()]);
+        }
+        users::token_with_extra(users::AGENT, &extra)
+    }
+
+    fn kubeconfig_yaml_with_token(&self, user: &str, token: &str) -> String {
         format!(
             "apiVersion: v1\nkind: Config\nclusters:\n- name: nodegate-emulator\n  cluster:\n    server: {}\n    certificate-authority-data: {}\nusers:\n- name: {user:?}\n  user:\n    token: {}\ncontexts:\n- name: nodegate-emulator\n  context:\n    cluster: nodegate-emulator\n    user: {user:?}\ncurrent-context: nodegate-emulator\n",
             self.url(),
             STANDARD.encode(&self.material.ca_pem),
-            users::token(user),
+            token,
         )
     }
 

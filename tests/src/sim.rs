@@ -667,6 +667,8 @@ pub async fn run_scenario(o: &RunOptions, with_webhook: bool) -> anyhow::Result<
         ..Default::default()
     })
     .await?;
+    // The install confines the agents to their own Node.
+    emu.apply(&crate::process::shipped_confinement()?)?;
     let mut webhook = None;
     if with_webhook {
         let w = WebhookProcess::start(WebhookOptions {
@@ -1086,6 +1088,8 @@ pub async fn serve(kubeconfig_out: PathBuf, user: &str) -> anyhow::Result<()> {
     .await?;
     webhook.attach(&emu, None)?;
     webhook.install_objects(&emu)?;
+    // The pruning component runs here (both publishers), with its policy.
+    emu.apply(&crate::process::shipped_roster_policy()?)?;
     let publishers = publishers::Publishers::start(&emu).await?;
     std::fs::write(&kubeconfig_out, emu.kubeconfig_yaml(user))
         .with_context(|| format!("writing {}", kubeconfig_out.display()))?;

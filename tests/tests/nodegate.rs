@@ -81,7 +81,7 @@ async fn registered_and_ready(c: &Cluster, prefix: &str) -> (String, SimKubelet,
     let name = c.node_name(prefix);
     let kubelet = c.kubelet(&name).await.unwrap();
     kubelet.register().await.unwrap();
-    let agent = c.client(users::AGENT).await.unwrap();
+    let agent = c.agent_client(&name).await.unwrap();
     StandInAgent::default()
         .mark_ready(&agent, &name)
         .await

@@ -52,6 +52,8 @@ fn documents(text: &str) -> Vec<Value> {
         .collect()
 }
 
+static EXTRA_NONE: nodegate_tests::users::Extra = nodegate_tests::users::Extra::new();
+
 /// The Node after the generated policy, as the emulator's plugin applies it,
 /// and again as a reinvocation would (which must change nothing).
 fn through_policy(taints: &[TaintSpec], c: &RuleCase) -> Value {
@@ -71,6 +73,7 @@ fn through_policy(taints: &[TaintSpec], c: &RuleCase) -> Value {
         name,
         namespace: "",
         user: c.user,
+        extra: &EXTRA_NONE,
         dry_run: c.dry_run,
         options: json!({}),
     };

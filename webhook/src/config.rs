@@ -69,6 +69,9 @@ pub enum Command {
     /// Print the MutatingAdmissionPolicy and binding that do rules 1, 2, 4
     /// and 5 in the API server (Kubernetes ≥ 1.36), for the same taints.
     Policy(PolicyArgs),
+    /// Print the ValidatingAdmissionPolicies that confine the agent's and the
+    /// webhook's ServiceAccounts (Kubernetes ≥ 1.32), for the same taints.
+    Confinement(TaintArgs),
 }
 
 /// The taints, shared by serving and `policy` so both read the same flags.

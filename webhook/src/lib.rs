@@ -9,6 +9,7 @@
 
 pub mod app;
 pub mod config;
+pub mod confinement;
 pub mod fixtures;
 pub mod metrics;
 pub mod patcher;

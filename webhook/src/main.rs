@@ -14,6 +14,11 @@ async fn main() -> anyhow::Result<()> {
         );
         return Ok(());
     }
+    if let Some(nodegate_webhook::config::Command::Confinement(t)) = &args.command {
+        nodegate_shared::taint::check_unique(&t.taints)?;
+        print!("{}", nodegate_webhook::confinement::render(&t.taints));
+        return Ok(());
+    }
     tracing_subscriber::fmt()
         .with_env_filter(
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),

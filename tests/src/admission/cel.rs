@@ -23,6 +23,7 @@ pub fn request_variable(a: &Attributes<'_>) -> Value {
         operation: a.operation.as_str(),
         username: a.user,
         groups: &groups,
+        extra: a.extra,
         dry_run: a.dry_run,
         options: a.options.clone(),
     })
@@ -31,6 +32,8 @@ pub fn request_variable(a: &Attributes<'_>) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    static EXTRA_NONE: crate::users::Extra = crate::users::Extra::new();
     use crate::admission::Operation;
     use crate::resources;
     use serde_json::json;
@@ -43,6 +46,7 @@ mod tests {
             name: "n1",
             namespace: "",
             user: "system:node:n1",
+            extra: &EXTRA_NONE,
             dry_run: dry,
             options: json!({"kind": "CreateOptions", "apiVersion": "meta.k8s.io/v1"}),
         }

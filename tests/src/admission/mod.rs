@@ -5,6 +5,7 @@
 pub mod cel;
 pub mod cel_compile;
 pub mod policy;
+pub mod validating_policy;
 pub mod validation;
 pub mod webhook;
 
@@ -37,6 +38,8 @@ pub struct Attributes<'a> {
     pub name: &'a str,
     pub namespace: &'a str,
     pub user: &'a str,
+    /// The user's extra (`request.userInfo.extra`).
+    pub extra: &'a users::Extra,
     pub dry_run: bool,
     /// CreateOptions / UpdateOptions / DeleteOptions, as sent to webhooks.
     pub options: Value,
@@ -682,6 +685,24 @@ impl Admission {
             object: obj,
             warnings,
         })
+    }
+
+    /// Validating admission (ValidatingAdmissionPolicies) on the object as
+    /// it would be stored: after mutation and the type's validation.
+    pub fn validate(
+        &self,
+        a: &Attributes<'_>,
+        obj: &Value,
+        old: Option<&Value>,
+    ) -> Result<Vec<String>, ApiError> {
+        let old = old.cloned().unwrap_or(Value::Null);
+        let d = validating_policy::admit(&self.store, a, obj, &old)?;
+        if !d.ignored.is_empty()
+            && let Ok(mut ignored) = self.ignored.lock()
+        {
+            ignored.extend(d.ignored);
+        }
+        Ok(d.warnings)
     }
 }
 

@@ -228,7 +228,7 @@ fn mutate(
 }
 
 /// `spec.variables`, in order; each sees the ones before it.
-fn eval_variables(
+pub(crate) fn eval_variables(
     spec: &Value,
     obj: &Value,
     old: &Value,
@@ -343,7 +343,7 @@ fn object_type_names(expression: &str) -> Vec<String> {
 /// Evaluates a policy expression to JSON. `patch_types`: the `JSONPatch` and
 /// `Object.*` types exist, as for mutations only (`compilePolicy` sets
 /// `HasPatchTypes` for the mutation evaluators alone).
-fn eval(
+pub(crate) fn eval(
     expression: &str,
     obj: &Value,
     old: &Value,
@@ -351,8 +351,12 @@ fn eval(
     variables: &Value,
     patch_types: bool,
 ) -> Result<Value, String> {
-    let mut env = cel::Env::stdlib();
-    if patch_types {
+    let (env, program) = if patch_types {
+        let mut env = cel::Env::stdlib();
+        // The API server's base environment has cel-go's strings extension
+        // (`join`, `lowerAscii`, …).
+        env.add_extension(cel::extensions::strings)
+            .map_err(|e| e.to_string())?;
         let jsonpatch = MapStruct {
             ty: Type::new_struct("JSONPatch".into()),
             fields: Some(&["op", "path", "from", "value"]),
@@ -367,11 +371,14 @@ fn eval(
             })
             .map_err(|e| e.to_string())?;
         }
-    }
-    let program = env
-        .compile(expression)
-        .map_err(|e| format!("compilation failed: {e}"))?;
-    let mut ctx = cel::Context::with_env(Arc::new(env));
+        let program = env
+            .compile(expression)
+            .map_err(|e| format!("compilation failed: {e}"))?;
+        (Arc::new(env), Arc::new(program))
+    } else {
+        nodegate_shared::match_conditions::compiled(expression)?
+    };
+    let mut ctx = cel::Context::with_env(env);
     // Nodes are cluster-scoped: `namespaceObject` is null (`Dispatch` loads
     // a namespace only for namespaced requests).
     for (name, v) in [

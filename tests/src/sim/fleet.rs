@@ -17,7 +17,7 @@ use nodegate_agent::record::NodeRecord;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-use crate::{Emulator, users};
+use crate::Emulator;
 
 /// One dispatched deletion, as the agent handed it to its handlers.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -166,7 +166,7 @@ impl Fleet {
         let client = match existing {
             Some(c) => c,
             None => {
-                let c = emu.client(users::AGENT).await?;
+                let c = emu.agent_client(node).await?;
                 super::lock(&self.clients).insert(node.to_string(), c.clone());
                 c
             }

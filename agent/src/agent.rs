@@ -168,10 +168,15 @@ pub async fn run_with_handlers(
         metrics: metrics.clone(),
     };
     let wake = Arc::new(Notify::new());
-    let probes: Vec<Probe> = args
-        .probe_specs()?
+    let specs = args.probe_specs()?;
+    let probes: Vec<Probe> = crate::probe::indexes(&specs)
         .into_iter()
-        .map(|s| Probe::new(s, Some(&client), &args.node_name, wake.clone()))
+        .zip(specs)
+        .map(|(index, s)| {
+            let mut p = Probe::new(s, Some(&client), &args.node_name, wake.clone());
+            p.index = index;
+            p
+        })
         .collect();
     if probes.is_empty() {
         tracing::warn!("no probes configured: the node counts as ready at once");

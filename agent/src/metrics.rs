@@ -7,15 +7,21 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+/// A probe as metrics name it: its kind (`http`, `tcp`, `file`, `exec`,
+/// `pod`) and its position among the flags of that kind. Never the URL or
+/// command line: those may carry tokens, and the admin port is
+/// unauthenticated.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ProbeLabels {
-    pub probe: String,
-    pub result: String,
+    pub kind: &'static str,
+    pub index: u32,
+    pub result: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ProbeName {
-    pub probe: String,
+    pub kind: &'static str,
+    pub index: u32,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -97,12 +103,12 @@ impl Metrics {
         let mut r = Registry::with_prefix("nodegate_agent");
         r.register(
             "probe_results",
-            "Probe rounds by probe and result (ok|fail)",
+            "Probe rounds by probe (kind, index among the flags of that kind) and result (ok|fail)",
             self.probe_results.clone(),
         );
         r.register(
             "probe_up",
-            "1 when the probe's last result passed",
+            "1 when the probe's (kind, index) last result passed",
             self.probe_up.clone(),
         );
         r.register(

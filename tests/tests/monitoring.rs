@@ -55,10 +55,15 @@ fn exported() -> BTreeSet<String> {
     let metrics = m::Metrics::default();
     let s = || String::from("x");
     drop(metrics.probe_results.get_or_create(&m::ProbeLabels {
-        probe: s(),
-        result: s(),
+        kind: "x",
+        index: 0,
+        result: "x",
     }));
-    drop(metrics.probe_up.get_or_create(&m::ProbeName { probe: s() }));
+    drop(
+        metrics
+            .probe_up
+            .get_or_create(&m::ProbeName { kind: "x", index: 0 }),
+    );
     drop(
         metrics
             .time_to_ready

@@ -170,7 +170,7 @@ fn prune_corrupt(dir: &Path, keep: usize) {
             Some((ts, e.path()))
         })
         .collect();
-    aside.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+    aside.sort_unstable_by_key(|a| std::cmp::Reverse(a.0));
     for (_, path) in aside.into_iter().skip(keep) {
         // A symlink is removed itself, never its target.
         let _ = fs::remove_file(path);

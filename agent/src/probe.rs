@@ -483,7 +483,10 @@ mod tests {
         }
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &m.registry()).unwrap();
-        assert!(text.contains(r#"nodegate_agent_probe_up{kind="file",index="1"} 1"#), "{text}");
+        assert!(
+            text.contains(r#"nodegate_agent_probe_up{kind="file",index="1"} 1"#),
+            "{text}"
+        );
         for secret in ["secret", "token", "Bearer", "/a", "curl"] {
             assert!(!text.contains(secret), "{secret} leaked: {text}");
         }

@@ -150,7 +150,10 @@ fn read_regular(path: &Path) -> io::Result<Vec<u8>> {
         .open(path)?;
     let meta = f.metadata()?;
     if !meta.is_file() || meta.len() > MAX_BYTES {
-        return Err(io::Error::new(io::ErrorKind::InvalidData, "not a regular file"));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "not a regular file",
+        ));
     }
     let mut bytes = Vec::with_capacity(meta.len() as usize);
     f.take(MAX_BYTES + 1).read_to_end(&mut bytes)?;
@@ -326,7 +329,10 @@ mod tests {
         let dangling = dir.path().join(format!("{TEMP_PREFIX}dangling"));
         symlink(dir.path().join("nowhere"), &dangling).unwrap();
         assert!(create_private(&dangling).is_err());
-        assert!(!dir.path().join("nowhere").exists(), "not created through the link");
+        assert!(
+            !dir.path().join("nowhere").exists(),
+            "not created through the link"
+        );
         fs::write(dir.path().join("plain"), b"x").unwrap();
         assert!(create_private(&dir.path().join("plain")).is_err());
         assert_eq!(fs::read(&victim).unwrap(), b"keep");
@@ -385,7 +391,9 @@ mod tests {
             .map(|n| fs::read_to_string(dir.path().join(n)).unwrap())
             .collect();
         contents.sort();
-        let want: Vec<String> = (4..KEEP_CORRUPT + 4).map(|i| format!("garbage {i}")).collect();
+        let want: Vec<String> = (4..KEEP_CORRUPT + 4)
+            .map(|i| format!("garbage {i}"))
+            .collect();
         assert_eq!(contents, want, "the newest ones");
     }
 

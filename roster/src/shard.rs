@@ -104,7 +104,9 @@ pub enum ShardError {
     Duplicate(String),
     #[error("{0} shards: more than the {MAX_SHARDS} a publisher writes")]
     Count(u32),
-    #[error("epoch {epoch} is not one a publisher writes (1 up to {MAX_EPOCH_AHEAD_SECS} s past now = {now})")]
+    #[error(
+        "epoch {epoch} is not one a publisher writes (1 up to {MAX_EPOCH_AHEAD_SECS} s past now = {now})"
+    )]
     Epoch { epoch: u64, now: u64 },
     #[error("record {name:?} is invalid: {reason}")]
     Record { name: String, reason: String },
@@ -157,7 +159,10 @@ pub fn record_problem(r: &NodeRecord) -> Option<String> {
     }
     if r.uid.is_empty()
         || r.uid.len() > MAX_UID
-        || !r.uid.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        || !r
+            .uid
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-')
     {
         return Some("uid is not a Kubernetes uid".into());
     }
@@ -460,25 +465,51 @@ mod tests {
         let ok = |nodes: serde_json::Value| json!({"version":1,"epoch":NOW,"shard":0,"shards":1,"nodes":nodes});
         let node = |extra: serde_json::Value| {
             let mut n = json!({"name":"n1","uid":"0b5c6a1e-7b4e-4d2f-9a0e-1c2d3e4f5a6b"});
-            n.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+            n.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
             ok(json!([n]))
         };
         assert!(decode_at(R, &raw(0, node(json!({}))), NOW).is_ok());
         let cases: Vec<(serde_json::Value, &str)> = vec![
-            (json!({"version":1,"epoch":u64::MAX,"shard":0,"shards":1,"nodes":[]}), "epoch 18446744073709551615"),
-            (json!({"version":1,"epoch":NOW + MAX_EPOCH_AHEAD_SECS + 1,"shard":0,"shards":1,"nodes":[]}), "not one a publisher writes"),
-            (json!({"version":1,"epoch":0,"shard":0,"shards":1,"nodes":[]}), "epoch 0"),
-            (json!({"version":1,"epoch":NOW,"shard":0,"shards":u32::MAX,"nodes":[]}), "4294967295 shards"),
-            (json!({"version":1,"epoch":NOW,"shard":0,"shards":MAX_SHARDS + 1,"nodes":[]}), "more than the 1024"),
+            (
+                json!({"version":1,"epoch":u64::MAX,"shard":0,"shards":1,"nodes":[]}),
+                "epoch 18446744073709551615",
+            ),
+            (
+                json!({"version":1,"epoch":NOW + MAX_EPOCH_AHEAD_SECS + 1,"shard":0,"shards":1,"nodes":[]}),
+                "not one a publisher writes",
+            ),
+            (
+                json!({"version":1,"epoch":0,"shard":0,"shards":1,"nodes":[]}),
+                "epoch 0",
+            ),
+            (
+                json!({"version":1,"epoch":NOW,"shard":0,"shards":u32::MAX,"nodes":[]}),
+                "4294967295 shards",
+            ),
+            (
+                json!({"version":1,"epoch":NOW,"shard":0,"shards":MAX_SHARDS + 1,"nodes":[]}),
+                "more than the 1024",
+            ),
             (ok(json!([{"name":"N1; rm -rf /","uid":"u"}])), "DNS-1123"),
             (ok(json!([{"name":"-n","uid":"u"}])), "DNS-1123"),
             (ok(json!([{"name":"a".repeat(254),"uid":"u"}])), "DNS-1123"),
             (node(json!({"uid":""})), "uid"),
             (node(json!({"uid":"$(reboot)"})), "uid"),
             (node(json!({"uid":"u".repeat(129)})), "uid"),
-            (node(json!({"addresses":[{"type":"InternalIP","address":"10.0.0.1 10.0.0.2"}]})), "address"),
-            (node(json!({"addresses":[{"type":"InternalIP","address":"host.example"}]})), "address"),
-            (node(json!({"addresses":[{"type":"Hostname","address":"a b"}]})), "address"),
+            (
+                node(json!({"addresses":[{"type":"InternalIP","address":"10.0.0.1 10.0.0.2"}]})),
+                "address",
+            ),
+            (
+                node(json!({"addresses":[{"type":"InternalIP","address":"host.example"}]})),
+                "address",
+            ),
+            (
+                node(json!({"addresses":[{"type":"Hostname","address":"a b"}]})),
+                "address",
+            ),
             (node(json!({"podCIDRs":["10.0.0.0/33"]})), "podCIDR"),
             (node(json!({"podCIDRs":["fd00::/129"]})), "podCIDR"),
             (node(json!({"podCIDRs":["10.0.0.0"]})), "podCIDR"),
@@ -488,7 +519,9 @@ mod tests {
             (node(json!({"bootID":"b"})), "boot ID"),
         ];
         for (body, want) in cases {
-            let err = decode_at(R, &raw(0, body.clone()), NOW).unwrap_err().to_string();
+            let err = decode_at(R, &raw(0, body.clone()), NOW)
+                .unwrap_err()
+                .to_string();
             assert!(err.contains(want), "{body}: {err} should contain {want}");
             assert!(err.len() < 400, "bounded error: {err}");
         }

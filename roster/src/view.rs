@@ -378,7 +378,9 @@ mod tests {
         let c = list(&mut v, vec![forged, shard(1, 1, 2, NODES)]);
         assert!(c.is_empty() && !v.is_complete());
         // The publisher rewrites the shard: complete again, nothing removed.
-        let c = v.apply(watcher::Event::Apply(shard(1, 0, 2, NODES))).changes;
+        let c = v
+            .apply(watcher::Event::Apply(shard(1, 0, 2, NODES)))
+            .changes;
         assert_eq!(reset_names(&c).len(), 5);
     }
 

@@ -59,11 +59,10 @@ fn exported() -> BTreeSet<String> {
         index: 0,
         result: "x",
     }));
-    drop(
-        metrics
-            .probe_up
-            .get_or_create(&m::ProbeName { kind: "x", index: 0 }),
-    );
+    drop(metrics.probe_up.get_or_create(&m::ProbeName {
+        kind: "x",
+        index: 0,
+    }));
     drop(
         metrics
             .time_to_ready

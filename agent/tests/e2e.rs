@@ -1591,6 +1591,16 @@ async fn roster_partial_view_during_agent_restart_prunes_nothing() {
     assert!(publisher.term().await.success());
 }
 
+/// Deletion-confirmation GETs the agent made so far (every result).
+async fn confirmations(agent: &Agent) -> f64 {
+    let mut n = 0.0;
+    for r in ["gone", "live", "error"] {
+        let series = format!("nodegate_agent_prune_confirmations_total{{result=\"{r}\"}}");
+        n += agent.metric(&series).await.unwrap_or(0.0);
+    }
+    n
+}
+
 /// Writes `body` into shard 0 of `roster` as `user`, the way an attacker
 /// with ConfigMap write access in the namespace would.
 async fn forge_shard(c: &Cluster, user: &str, roster: &str, body: &str) {
@@ -1675,6 +1685,7 @@ async fn roster_poisoned_shard_prunes_no_live_node() {
             metric("nodegate_agent_prune_holds_total").await,
             metric("nodegate_agent_prune_refused_total").await,
         );
+        let gets = confirmations(&agent).await;
         let epoch = now + 60 + k as u64;
         forge_shard(
             &c,
@@ -1690,6 +1701,19 @@ async fn roster_poisoned_shard_prunes_no_live_node() {
         })
         .await;
         assert!(metric("nodegate_agent_prune_confirmations_total{result=\"live\"}").await >= 1.0);
+        if !c.is_real() {
+            // Alone on the emulator: every node but its own refused, after
+            // a single GET.
+            assert_eq!(
+                confirmations(&agent).await - gets,
+                1.0,
+                "GETs for the forgery"
+            );
+            assert_eq!(
+                metric("nodegate_agent_prune_refused_total").await - refused,
+                w.len() as f64
+            );
+        }
         assert!(
             own_hook_calls(&hooks, &own).is_empty(),
             "{attacker}: a handler ran for a live node: {:?}",
@@ -1714,6 +1738,7 @@ async fn roster_poisoned_shard_prunes_no_live_node() {
     assert!(publisher.logged("leading: publishing the roster"));
 
     // A real deletion afterwards: pruned exactly once.
+    let gets = confirmations(&agent).await;
     let gone = w[3].clone();
     nodes.delete(&gone, &DeleteParams::default()).await.unwrap();
     eventually("the deleted node's hook", || async {
@@ -1734,6 +1759,13 @@ async fn roster_poisoned_shard_prunes_no_live_node() {
     );
     assert_eq!(calls[0].3["uid"], uids[&gone].as_str());
     assert!(metric("nodegate_agent_prune_confirmations_total{result=\"gone\"}").await >= 1.0);
+    if !c.is_real() {
+        assert_eq!(
+            confirmations(&agent).await - gets,
+            1.0,
+            "one GET per deletion"
+        );
+    }
     assert!(agent.term().await.success());
     assert!(publisher.term().await.success());
 }

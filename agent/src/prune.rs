@@ -772,4 +772,55 @@ mod tests {
         assert_eq!(gets, 2);
         assert_eq!(p.records().count(), 9, "handled: out of the snapshot");
     }
+
+    /// An agent restarting while the roster is forged empty: its snapshot
+    /// against the empty view is a mass deletion, held and refused; the
+    /// snapshot's nodes stay. When the roster is right again, only the node
+    /// really deleted meanwhile is handled, once, from the snapshot.
+    #[test]
+    fn a_restart_into_a_forged_roster_keeps_the_snapshot() {
+        let snap: Vec<NodeRecord> = (0..10)
+            .map(|i| rec(&format!("n{i}"), &i.to_string()))
+            .collect();
+        let mut api: HashMap<String, String> = snap
+            .iter()
+            .map(|r| (r.name.clone(), r.uid.clone()))
+            .collect();
+        api.remove("n7");
+        let cfg = ConfirmConfig {
+            qps: 200.0,
+            hold_count: 50,
+            hold_share: 0.2,
+        };
+        let t0 = Instant::now();
+        let mut c = Confirmer::new(cfg, 1, t0);
+        let mut p = Pruner::new("me", snap);
+        let mut gets = 0;
+        // Forged: complete and empty.
+        let known = p.known();
+        assert_eq!(known, 10);
+        let d = p.apply(Membership::Reset(HashMap::new()));
+        assert_eq!(d.len(), 10);
+        assert!(c.submit(d, known, t0), "held");
+        let handled = settle(&mut c, &mut p, &api, &mut gets);
+        // The batch is refused at the first live node (n7, truly gone, may
+        // come first in the random order and is then handled).
+        assert!(handled.iter().all(|(r, _)| r.name == "n7"), "{handled:?}");
+        assert!(gets <= 2, "{gets}");
+        // The publisher's roster: the live nodes.
+        let listed: HashMap<String, NodeRecord> =
+            api.iter().map(|(n, u)| (n.clone(), rec(n, u))).collect();
+        let known = p.known();
+        let d = p.apply(Membership::Reset(listed));
+        let held = c.submit(d, known, t0);
+        let mut all = handled;
+        all.extend(settle(&mut c, &mut p, &api, &mut gets));
+        assert!(!held);
+        let got: Vec<(&str, &str)> = all
+            .iter()
+            .map(|(r, _)| (r.name.as_str(), r.uid.as_str()))
+            .collect();
+        assert_eq!(got, vec![("n7", "7")], "exactly once");
+        assert_eq!(p.records().count(), 9);
+    }
 }

@@ -713,7 +713,7 @@ mod tests {
         );
         assert!(d.is_empty() && p.len() == 10);
 
-        // The shard, as a namespace editor or the roster's token writes it.
+        // The forged shard, as a namespace editor or the roster's token writes it.
         let forged = |epoch: u64| {
             config_map(
                 "nodegate",

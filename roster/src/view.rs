@@ -357,9 +357,10 @@ mod tests {
         assert!(!v.is_complete());
     }
 
-    /// The poisoned shard: a u64::MAX epoch claiming a one-shard,
-    /// empty roster. Refused, so the view is incomplete and reports nothing
-    /// (it used to be a complete, empty view: every node deleted).
+    /// The forged shard of the roster-poisoning attack: a u64::MAX epoch
+    /// claiming a one-shard, empty roster. Refused, so the view is
+    /// incomplete and reports nothing (it used to be a complete, empty view:
+    /// every node deleted).
     #[test]
     fn a_forged_epoch_is_rejected_not_an_empty_roster() {
         let mut v = RosterView::new(shard::DEFAULT_NAME);

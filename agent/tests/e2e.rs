@@ -1602,20 +1602,26 @@ async fn confirmations(agent: &Agent) -> f64 {
 }
 
 /// Writes `body` into shard 0 of `roster` as `user`, the way an attacker
-/// with ConfigMap write access in the namespace would.
+/// with ConfigMap write access in the namespace would (again on a conflict
+/// with the publisher).
 async fn forge_shard(c: &Cluster, user: &str, roster: &str, body: &str) {
     use nodegate_roster::shard;
     let api: Api<k8s_openapi::api::core::v1::ConfigMap> =
         Api::namespaced(c.client(user).await.unwrap(), "nodegate");
     let name = shard::name_of(roster, 0);
-    let mut cm = api.get(&name).await.unwrap();
-    cm.data = Some(BTreeMap::from([(
-        shard::DATA_KEY.to_string(),
-        body.to_string(),
-    )]));
-    api.replace(&name, &PostParams::default(), &cm)
-        .await
-        .unwrap();
+    for _ in 0..10 {
+        let mut cm = api.get(&name).await.unwrap();
+        cm.data = Some(BTreeMap::from([(
+            shard::DATA_KEY.to_string(),
+            body.to_string(),
+        )]));
+        match api.replace(&name, &PostParams::default(), &cm).await {
+            Ok(_) => return,
+            Err(kube::Error::Api(s)) if s.code == 409 => continue,
+            Err(e) => panic!("{user} cannot write {name}: {e}"),
+        }
+    }
+    panic!("{name}: conflicts on every attempt");
 }
 
 /// Roster poisoning, as an attacker runs it: with the publisher down, shard
@@ -1736,6 +1742,20 @@ async fn roster_poisoned_shard_prunes_no_live_node() {
     })
     .await;
     assert!(publisher.logged("leading: publishing the roster"));
+    // With the publisher leading, a forged shard is repaired at once.
+    let rejected = metric("nodegate_agent_roster_shards_rejected_total").await;
+    forge_shard(
+        &c,
+        users::ROSTER,
+        &roster,
+        r#"{"version":1,"epoch":18446744073709551615,"shard":0,"shards":1,"nodes":[]}"#,
+    )
+    .await;
+    eventually("the forged shard seen, then rewritten", || async {
+        metric("nodegate_agent_roster_shards_rejected_total").await > rejected
+            && metric("nodegate_agent_roster_complete").await == 1.0
+    })
+    .await;
 
     // A real deletion afterwards: pruned exactly once.
     let gets = confirmations(&agent).await;

@@ -97,7 +97,8 @@ pub async fn run_with_handlers(
     let (stop_tx, stop_rx) = watch::channel(false);
 
     let listed = Arc::new(AtomicBool::new(!prune));
-    let registry = Arc::new(metrics.registry());
+    let registry =
+        Arc::new(metrics.registry_for(prune && args.prune_source == PruneSource::Roster));
     let listener = nodegate_shared::admin::bind(args.admin_listen)
         .await
         .map_err(|source| Error::Bind {
@@ -136,6 +137,8 @@ pub async fn run_with_handlers(
             metrics: metrics.clone(),
             listed,
             deletions: tx,
+            nodes: Api::all(client.clone()),
+            confirm: args.confirm(),
         };
         let source = match args.prune_source {
             PruneSource::Roster => {
@@ -168,10 +171,15 @@ pub async fn run_with_handlers(
         metrics: metrics.clone(),
     };
     let wake = Arc::new(Notify::new());
-    let probes: Vec<Probe> = args
-        .probe_specs()?
+    let specs = args.probe_specs()?;
+    let probes: Vec<Probe> = crate::probe::indexes(&specs)
         .into_iter()
-        .map(|s| Probe::new(s, Some(&client), &args.node_name, wake.clone()))
+        .zip(specs)
+        .map(|(index, s)| {
+            let mut p = Probe::new(s, Some(&client), &args.node_name, wake.clone());
+            p.index = index;
+            p
+        })
         .collect();
     if probes.is_empty() {
         tracing::warn!("no probes configured: the node counts as ready at once");

@@ -100,6 +100,24 @@ pub struct Args {
     #[arg(long, env = "NODEGATE_ON_NODE_DELETE_RETRIES", default_value_t = 3)]
     pub on_node_delete_retries: u32,
 
+    /// Confirmation GETs per second for the whole cluster: every agent
+    /// confirms every deletion with one GET of the node before its handler
+    /// runs, spread over `nodes / qps` seconds and paced at `qps / nodes`
+    /// per agent (one agent per node), so the API server sees about this
+    /// many per second at any cluster size.
+    #[arg(long, env = "NODEGATE_PRUNE_CONFIRM_QPS", default_value_t = 200.0)]
+    pub prune_confirm_qps: f64,
+
+    /// A change that deletes more nodes than this at once is a mass
+    /// deletion: held, counted and confirmed one node at a time.
+    #[arg(long, env = "NODEGATE_PRUNE_HOLD_COUNT", default_value_t = 50)]
+    pub prune_hold_count: usize,
+
+    /// ... as is one that deletes more than this share of the known nodes
+    /// (from 5 nodes on).
+    #[arg(long, env = "NODEGATE_PRUNE_HOLD_SHARE", default_value_t = 0.2)]
+    pub prune_hold_share: f64,
+
     /// Where pruning learns which nodes exist: `roster` (the publisher's
     /// shard ConfigMaps; changes only on join, leave or address change) or
     /// `nodes` (a watch on every Node; for small clusters).
@@ -134,6 +152,8 @@ pub enum ConfigError {
     Taint(#[from] nodegate_shared::TaintError),
     #[error("--node-name (or NODE_NAME) must not be empty")]
     NodeName,
+    #[error("--prune-confirm-qps must be a positive number and --prune-hold-share within 0..=1")]
+    Prune,
 }
 
 impl Args {
@@ -165,7 +185,19 @@ impl Args {
         }
         check_unique(&self.taints)?;
         self.probe_specs()?;
+        let qps_ok = self.prune_confirm_qps.is_finite() && self.prune_confirm_qps > 0.0;
+        if !qps_ok || !(0.0..=1.0).contains(&self.prune_hold_share) {
+            return Err(ConfigError::Prune);
+        }
         Ok(())
+    }
+
+    pub fn confirm(&self) -> crate::confirm::ConfirmConfig {
+        crate::confirm::ConfirmConfig {
+            qps: self.prune_confirm_qps,
+            hold_count: self.prune_hold_count,
+            hold_share: self.prune_hold_share,
+        }
     }
 
     pub fn thresholds(&self) -> Thresholds {
@@ -207,6 +239,10 @@ mod tests {
         assert_eq!(a.probe_specs().unwrap().len(), 3);
         assert_eq!(a.state_dir, PathBuf::from("/var/run/nodegate"));
         assert_eq!(a.admin_listen.port(), 9091);
+        assert_eq!(
+            (a.prune_confirm_qps, a.prune_hold_count, a.prune_hold_share),
+            (200.0, 50, 0.2)
+        );
         a.validate().unwrap();
     }
 
@@ -227,5 +263,16 @@ mod tests {
         assert!(a.validate().unwrap_err().to_string().contains("twice"));
         let a = Args::try_parse_from(["a", "--node-name", "n", "--probe-tcp", "nohost"]).unwrap();
         assert!(a.validate().unwrap_err().to_string().contains("HOST:PORT"));
+        for bad in [
+            ["--prune-confirm-qps", "0"],
+            ["--prune-confirm-qps", "NaN"],
+            ["--prune-hold-share", "1.5"],
+        ] {
+            let a = Args::try_parse_from(["a", "--node-name", "n", bad[0], bad[1]]).unwrap();
+            assert!(
+                a.validate().unwrap_err().to_string().contains("qps"),
+                "{bad:?}"
+            );
+        }
     }
 }

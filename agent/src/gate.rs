@@ -182,22 +182,23 @@ impl Gate {
             futures::future::join_all(self.probes.iter().map(|p| p.check(self.cfg.timeout))).await;
         let mut all = true;
         for (p, r) in self.probes.iter().zip(results) {
-            let probe = p.spec.to_string();
             let ok = r.is_ok();
             if let Err(e) = &r {
-                tracing::debug!(%probe, error = %e, "probe failed");
+                tracing::debug!(probe = %p.spec, error = %e, "probe failed");
             }
             all &= ok;
+            let (kind, index) = (p.spec.kind(), p.index);
             self.metrics
                 .probe_results
                 .get_or_create(&ProbeLabels {
-                    probe: probe.clone(),
-                    result: if ok { "ok" } else { "fail" }.into(),
+                    kind,
+                    index,
+                    result: if ok { "ok" } else { "fail" },
                 })
                 .inc();
             self.metrics
                 .probe_up
-                .get_or_create(&ProbeName { probe })
+                .get_or_create(&ProbeName { kind, index })
                 .set(i64::from(ok));
         }
         all

@@ -11,6 +11,7 @@
 
 pub mod agent;
 pub mod config;
+pub mod confirm;
 pub mod gate;
 pub mod handler;
 pub mod metrics;

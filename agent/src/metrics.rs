@@ -7,15 +7,21 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+/// A probe as metrics name it: its kind (`http`, `tcp`, `file`, `exec`,
+/// `pod`) and its position among the flags of that kind. Never the URL or
+/// command line: those may carry tokens, and the admin port is
+/// unauthenticated.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ProbeLabels {
-    pub probe: String,
-    pub result: String,
+    pub kind: &'static str,
+    pub index: u32,
+    pub result: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ProbeName {
-    pub probe: String,
+    pub kind: &'static str,
+    pub index: u32,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -32,6 +38,11 @@ pub struct OriginLabel {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct Source {
     pub source: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabel {
+    pub result: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -59,6 +70,11 @@ pub struct Metrics {
     pub roster_complete: Gauge,
     pub roster_rejected: Counter,
     pub roster_shards: Gauge,
+    pub prune_confirmations: Family<ResultLabel, Counter>,
+    pub prune_refused: Counter,
+    pub prune_holds: Counter,
+    pub prune_pending: Gauge,
+    pub prune_held: Gauge,
 }
 
 impl Default for Metrics {
@@ -82,6 +98,11 @@ impl Default for Metrics {
             roster_complete: Gauge::default(),
             roster_rejected: Counter::default(),
             roster_shards: Gauge::default(),
+            prune_confirmations: Family::default(),
+            prune_refused: Counter::default(),
+            prune_holds: Counter::default(),
+            prune_pending: Gauge::default(),
+            prune_held: Gauge::default(),
         }
     }
 }
@@ -94,15 +115,22 @@ fn time_to_ready_histogram() -> Histogram {
 impl Metrics {
     /// A registry with every metric under the `nodegate_agent` prefix.
     pub fn registry(&self) -> Registry {
+        self.registry_for(true)
+    }
+
+    /// [`Metrics::registry`], the roster's gauges only for an agent that
+    /// prunes from the roster: a gate-only agent exporting
+    /// `roster_complete 0` would look like a roster that never completes.
+    pub fn registry_for(&self, roster: bool) -> Registry {
         let mut r = Registry::with_prefix("nodegate_agent");
         r.register(
             "probe_results",
-            "Probe rounds by probe and result (ok|fail)",
+            "Probe rounds by probe (kind, index among the flags of that kind) and result (ok|fail)",
             self.probe_results.clone(),
         );
         r.register(
             "probe_up",
-            "1 when the probe's last result passed",
+            "1 when the probe's (kind, index) last result passed",
             self.probe_up.clone(),
         );
         r.register(
@@ -165,6 +193,39 @@ impl Metrics {
             "Node deletion handler runs that failed after all retries",
             self.handler_failures.clone(),
         );
+        r.register(
+            "prune_confirmations",
+            "Deletion confirmations (GET of the node) by result: gone (404 or another uid), live (same uid: no handler runs), error (asked again later)",
+            self.prune_confirmations.clone(),
+        );
+        r.register(
+            "prune_refused",
+            "Deletions refused because the API server still has the node with that uid (a false node source, e.g. a forged roster shard)",
+            self.prune_refused.clone(),
+        );
+        r.register(
+            "prune_holds",
+            "Mass deletions held (more than --prune-hold-count nodes, or --prune-hold-share of the known nodes, in one change)",
+            self.prune_holds.clone(),
+        );
+        r.register(
+            "prune_pending",
+            "Deletions waiting for their confirmation with the API server",
+            self.prune_pending.clone(),
+        );
+        r.register(
+            "prune_held",
+            "Of those, deletions in held mass deletions",
+            self.prune_held.clone(),
+        );
+        for res in ["gone", "live", "error"] {
+            let _ = self
+                .prune_confirmations
+                .get_or_create(&ResultLabel { result: res });
+        }
+        if !roster {
+            return r;
+        }
         r.register(
             "roster_complete",
             "1 while the roster's shards form a complete set (--prune-source=roster); pruning waits while 0",

@@ -94,6 +94,33 @@ impl ProbeSpec {
     }
 }
 
+impl ProbeSpec {
+    /// The kind, as metrics label it.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ProbeSpec::Http(_) => "http",
+            ProbeSpec::Tcp(_) => "tcp",
+            ProbeSpec::File(_) => "file",
+            ProbeSpec::Exec(_) => "exec",
+            ProbeSpec::Pod { .. } => "pod",
+        }
+    }
+}
+
+/// Each spec's index among the specs of its kind, in order: how metrics
+/// name a probe without its URL or command line.
+pub fn indexes(specs: &[ProbeSpec]) -> Vec<u32> {
+    let mut seen: std::collections::HashMap<&str, u32> = Default::default();
+    specs
+        .iter()
+        .map(|s| {
+            let n = seen.entry(s.kind()).or_default();
+            *n += 1;
+            *n - 1
+        })
+        .collect()
+}
+
 impl fmt::Display for ProbeSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -178,6 +205,8 @@ impl Readiness {
 /// A probe ready to run: specs plus the state some kinds need.
 pub struct Probe {
     pub spec: ProbeSpec,
+    /// Position among the probes of its kind (its metrics label).
+    pub index: u32,
     kind: Kind,
 }
 
@@ -210,7 +239,11 @@ impl Probe {
                 None => reflector::store().0,
             }),
         };
-        Self { spec, kind }
+        Self {
+            spec,
+            index: 0,
+            kind,
+        }
     }
 
     /// One check, bounded by `timeout`. `Err` says why it failed.
@@ -425,6 +458,38 @@ mod tests {
             }
         );
         assert!(ProbeSpec::pod("k8s-app=cilium").is_err());
+    }
+
+    #[test]
+    fn metrics_name_probes_by_kind_and_index_only() {
+        let specs = vec![
+            ProbeSpec::http("http://u:secret@127.0.0.1:1/x?token=t").unwrap(),
+            ProbeSpec::File("/a".into()),
+            ProbeSpec::Exec("curl -H 'Authorization: Bearer t' x".into()),
+            ProbeSpec::File("/b".into()),
+        ];
+        assert_eq!(indexes(&specs), vec![0, 0, 0, 1]);
+        let kinds: Vec<&str> = specs.iter().map(ProbeSpec::kind).collect();
+        assert_eq!(kinds, ["http", "file", "exec", "file"]);
+        // What the admin port shows after a round.
+        let m = crate::metrics::Metrics::default();
+        for (s, i) in specs.iter().zip(indexes(&specs)) {
+            m.probe_up
+                .get_or_create(&crate::metrics::ProbeName {
+                    kind: s.kind(),
+                    index: i,
+                })
+                .set(1);
+        }
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &m.registry()).unwrap();
+        assert!(
+            text.contains(r#"nodegate_agent_probe_up{kind="file",index="1"} 1"#),
+            "{text}"
+        );
+        for secret in ["secret", "token", "Bearer", "/a", "curl"] {
+            assert!(!text.contains(secret), "{secret} leaked: {text}");
+        }
     }
 
     fn probe(spec: ProbeSpec) -> Probe {

@@ -1,6 +1,7 @@
 //! Stale-node pruning: the live set of Nodes (from the roster or a Node
-//! watch), the diff against the snapshot read at start, and the coalesced
-//! snapshot writer.
+//! watch), the diff against the snapshot read at start, the confirmation of
+//! every deletion with the API server ([`crate::confirm`]) before a handler
+//! runs, and the coalesced snapshot writer.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -9,7 +10,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::ConfigMap;
+use futures::future::BoxFuture;
+use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use kube::Api;
 use kube::runtime::{WatchStreamExt, watcher};
 use nodegate_roster::shard;
@@ -17,6 +19,7 @@ pub use nodegate_roster::view::NodeEvents;
 use nodegate_roster::view::{Membership, RosterView};
 use tokio::sync::{mpsc, watch};
 
+use crate::confirm::{ConfirmConfig, Confirmer, Lookup, Outcome};
 use crate::handler::DeleteSource;
 use crate::metrics::Metrics;
 use crate::record::{NodeRecord, SlimNode};
@@ -92,6 +95,28 @@ impl Pruner {
     /// Deletions dispatched but not yet reported done.
     pub fn unhandled(&self) -> usize {
         self.unhandled.len()
+    }
+
+    /// The nodes a change is measured against: the live set, or before the
+    /// first complete view the snapshot it will be compared with.
+    pub fn known(&self) -> usize {
+        match &self.snapshot {
+            Some(s) if !self.initialized => s.len(),
+            _ => self.live.len(),
+        }
+    }
+
+    /// Deletions the API server refused (it still has those nodes with
+    /// those uids): they are live after all. A record of a newer incarnation
+    /// already live is kept.
+    pub fn restore(&mut self, records: Vec<NodeRecord>) {
+        for r in records {
+            self.unhandled.remove(&r.uid);
+            if r.name != self.own {
+                self.live.entry(r.name.clone()).or_insert(r);
+            }
+            self.dirty = true;
+        }
     }
 
     /// The handlers are done with the node of this uid (successfully or
@@ -180,7 +205,7 @@ impl Pruner {
     }
 }
 
-/// Everything the prune loop needs besides the API.
+/// Everything the prune loop needs besides the source.
 pub struct PruneContext {
     pub state_dir: PathBuf,
     pub snapshot_interval: Duration,
@@ -188,6 +213,24 @@ pub struct PruneContext {
     /// Set after the first full list (`/readyz`).
     pub listed: Arc<AtomicBool>,
     pub deletions: mpsc::UnboundedSender<Deletion>,
+    /// Where deletions are confirmed (GET of the node by name).
+    pub nodes: Api<Node>,
+    pub confirm: ConfirmConfig,
+}
+
+/// Time limit of one confirmation GET.
+const LOOKUP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// One GET of the node's metadata (not the whole Node: a fraction of the
+/// bytes), a quorum read, so a node deleted before the source said so is
+/// never seen as live.
+async fn lookup(nodes: Api<Node>, name: String) -> Lookup {
+    match tokio::time::timeout(LOOKUP_TIMEOUT, nodes.get_metadata_opt(&name)).await {
+        Ok(Ok(None)) => Lookup::Missing,
+        Ok(Ok(Some(m))) => Lookup::Uid(m.metadata.uid.unwrap_or_default()),
+        Ok(Err(e)) => Lookup::Failed(e.to_string()),
+        Err(_) => Lookup::Failed(format!("no answer within {LOOKUP_TIMEOUT:?}")),
+    }
 }
 
 /// Where the pruner learns which nodes exist.
@@ -239,9 +282,10 @@ impl Source {
     }
 }
 
-/// Follows `source` until `shutdown` flips, writing the snapshot at most
-/// once per interval while dirty, and once more at the end. `handled`
-/// carries the uids of deletions the handlers are done with.
+/// Follows `source` until `shutdown` flips, confirming every deletion
+/// before it goes to the handlers, writing the snapshot at most once per
+/// interval while dirty, and once more at the end. `handled` carries the
+/// uids of deletions the handlers are done with.
 pub async fn run(
     source: Source,
     mut pruner: Pruner,
@@ -252,14 +296,26 @@ pub async fn run(
     let mut stream = source.changes(ctx.metrics.clone());
     let mut tick = tokio::time::interval(ctx.snapshot_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut confirmer = Confirmer::new(ctx.confirm, rand::random(), Instant::now());
+    let mut in_flight: Option<BoxFuture<'static, (String, Lookup)>> = None;
     loop {
+        let due = confirmer.next_due();
+        let wake = tokio::time::Instant::from_std(
+            due.unwrap_or_else(|| Instant::now() + Duration::from_secs(3600)),
+        );
         tokio::select! {
             ev = stream.next() => match ev {
                 Some(Ok(changes)) => {
-                    for change in changes {
-                        for d in pruner.apply(change) {
-                            let _ = ctx.deletions.send(d);
-                        }
+                    // One event's changes are one batch: a shard rewrite
+                    // that drops many nodes is a mass deletion.
+                    let known = pruner.known();
+                    let deletions: Vec<Deletion> =
+                        changes.into_iter().flat_map(|c| pruner.apply(c)).collect();
+                    confirmer.set_known(pruner.len().max(known));
+                    let n = deletions.len();
+                    if confirmer.submit(deletions, known, Instant::now()) {
+                        ctx.metrics.prune_holds.inc();
+                        tracing::warn!(deletions = n, known, "mass deletion held: confirming one node at a time with the API server; the first node it still has refuses the rest");
                     }
                     ctx.metrics.nodes_known.set(pruner.len() as i64);
                     if pruner.is_initialized() && !ctx.listed.swap(true, Ordering::SeqCst) {
@@ -269,6 +325,24 @@ pub async fn run(
                 Some(Err(e)) => tracing::warn!(error = %e, "watch failed, retrying"),
                 None => break,
             },
+            (uid, result) = async {
+                match in_flight.as_mut() {
+                    Some(f) => f.await,
+                    None => std::future::pending().await,
+                }
+            }, if in_flight.is_some() => {
+                in_flight = None;
+                conclude(&mut pruner, &mut confirmer, &ctx, &uid, result);
+            }
+            _ = tokio::time::sleep_until(wake), if due.is_some() => {
+                if let Some(r) = confirmer.start(Instant::now()) {
+                    let nodes = ctx.nodes.clone();
+                    in_flight = Some(Box::pin(async move {
+                        let result = lookup(nodes, r.name).await;
+                        (r.uid, result)
+                    }));
+                }
+            }
             Some(uid) = handled.recv() => pruner.handled(&uid),
             _ = tick.tick() => {
                 if pruner.take_dirty() {
@@ -277,9 +351,49 @@ pub async fn run(
             }
             _ = crate::stopped(&mut shutdown) => break,
         }
+        ctx.metrics.prune_pending.set(confirmer.pending() as i64);
+        ctx.metrics.prune_held.set(confirmer.held() as i64);
     }
+    // Unconfirmed deletions stay in the snapshot: confirmed after a restart.
     if pruner.is_initialized() {
         write_snapshot(&pruner, &ctx).await;
+    }
+}
+
+/// Acts on a confirmation's answer.
+fn conclude(
+    pruner: &mut Pruner,
+    confirmer: &mut Confirmer,
+    ctx: &PruneContext,
+    uid: &str,
+    result: Lookup,
+) {
+    let label = match &result {
+        Lookup::Missing => "gone",
+        Lookup::Uid(u) if u == uid => "live",
+        Lookup::Uid(u) if !u.is_empty() => "gone",
+        Lookup::Uid(_) | Lookup::Failed(_) => "error",
+    };
+    ctx.metrics
+        .prune_confirmations
+        .get_or_create(&crate::metrics::ResultLabel { result: label })
+        .inc();
+    match confirmer.finish(uid, result.clone(), Instant::now()) {
+        Outcome::Gone(d) => {
+            let _ = ctx.deletions.send(d);
+        }
+        Outcome::Live(records) => {
+            ctx.metrics.prune_refused.inc_by(records.len() as u64);
+            let names: Vec<&str> = records.iter().take(5).map(|r| r.name.as_str()).collect();
+            tracing::error!(refused = records.len(), first = ?names, "the node source reported live nodes deleted (the API server still has them with those uids): no handler runs; a forged roster shard?");
+            pruner.restore(records);
+        }
+        Outcome::Retry => {
+            if let Lookup::Failed(e) = &result {
+                tracing::warn!(%uid, error = %e, "cannot confirm a deletion with the API server; retrying later");
+            }
+        }
+        Outcome::Unknown => {}
     }
 }
 
@@ -506,5 +620,207 @@ mod tests {
         let d = p.apply(watcher::Event::InitDone);
         assert_eq!(names(&d), vec![("b", "22", DeleteSource::Watch)]);
         assert_eq!(p.len(), 1);
+    }
+
+    /// Runs every pending confirmation against an API server holding `api`
+    /// (name → uid); returns the deletions that reach the handlers.
+    fn settle(
+        c: &mut Confirmer,
+        p: &mut Pruner,
+        api: &HashMap<String, String>,
+        gets: &mut usize,
+    ) -> Vec<Deletion> {
+        let mut out = Vec::new();
+        while let Some(at) = c.next_due() {
+            let r = c.start(at).unwrap();
+            *gets += 1;
+            let answer = match api.get(&r.name) {
+                Some(u) => Lookup::Uid(u.clone()),
+                None => Lookup::Missing,
+            };
+            match c.finish(&r.uid, answer, at) {
+                Outcome::Gone(d) => {
+                    p.handled(&d.0.uid);
+                    out.push(d);
+                }
+                Outcome::Live(rs) => p.restore(rs),
+                Outcome::Retry | Outcome::Unknown => {}
+            }
+        }
+        out
+    }
+
+    /// The roster poisoning attack end to end through the pure layers
+    /// (shard ConfigMaps → view → pruner → confirmation): a forged epoch is
+    /// rejected, a plausible forged empty roster is held and refused after
+    /// one GET, and a later real deletion is pruned exactly once.
+    #[test]
+    fn a_forged_roster_runs_no_handler_and_a_later_deletion_runs_once() {
+        use nodegate_roster::shard::{config_map, encode, shard_of, unix_now};
+        const R: &str = shard::DEFAULT_NAME;
+        let now = unix_now();
+        let mut api: HashMap<String, String> = (0..10)
+            .map(|i| (format!("n{i}"), format!("uid-{i}")))
+            .collect();
+        let shard_cm = |api: &HashMap<String, String>, i: u32| {
+            let recs: Vec<NodeRecord> = api
+                .iter()
+                .filter(|(n, _)| shard_of(n, 2) == i)
+                .map(|(n, u)| rec(n, u))
+                .collect();
+            config_map("nodegate", R, i, encode(now - 100, i, 2, &recs))
+        };
+        let mut view = RosterView::new(R);
+        let mut p = Pruner::new("me", vec![]);
+        let cfg = ConfirmConfig {
+            qps: 200.0,
+            hold_count: 50,
+            hold_share: 0.2,
+        };
+        let t0 = Instant::now();
+        let mut c = Confirmer::new(cfg, 42, t0);
+        let mut gets = 0;
+        let mut handled: Vec<Deletion> = Vec::new();
+        let feed = |view: &mut RosterView,
+                    p: &mut Pruner,
+                    c: &mut Confirmer,
+                    ev: watcher::Event<ConfigMap>,
+                    api: &HashMap<String, String>,
+                    gets: &mut usize|
+         -> (bool, Vec<Deletion>) {
+            let known = p.known();
+            let dels: Vec<Deletion> = view
+                .apply(ev)
+                .changes
+                .into_iter()
+                .flat_map(|m| p.apply(m))
+                .collect();
+            c.set_known(p.len().max(known));
+            let held = c.submit(dels, known, t0);
+            (held, settle(c, p, api, gets))
+        };
+        view.apply(watcher::Event::Init);
+        for i in 0..2 {
+            view.apply(watcher::Event::InitApply(shard_cm(&api, i)));
+        }
+        let (_, d) = feed(
+            &mut view,
+            &mut p,
+            &mut c,
+            watcher::Event::InitDone,
+            &api,
+            &mut gets,
+        );
+        assert!(d.is_empty() && p.len() == 10);
+
+        // The forged shard, as a namespace editor or the roster's token writes it.
+        let forged = |epoch: u64| {
+            config_map(
+                "nodegate",
+                R,
+                0,
+                format!(r#"{{"version":1,"epoch":{epoch},"shard":0,"shards":1,"nodes":[]}}"#),
+            )
+        };
+        let (held, d) = feed(
+            &mut view,
+            &mut p,
+            &mut c,
+            watcher::Event::Apply(forged(u64::MAX)),
+            &api,
+            &mut gets,
+        );
+        assert!(!held && d.is_empty() && gets == 0, "rejected outright");
+        // An epoch a publisher could have written: a complete, empty roster.
+        let (held, d) = feed(
+            &mut view,
+            &mut p,
+            &mut c,
+            watcher::Event::Apply(forged(now + 60)),
+            &api,
+            &mut gets,
+        );
+        assert!(held, "every node at once is a mass deletion");
+        assert!(d.is_empty(), "no handler for a live node: {d:?}");
+        assert_eq!(gets, 1, "one GET refuted the whole batch");
+        assert_eq!(p.len(), 10, "refused deletions are live again");
+        assert_eq!(p.records().count(), 10);
+
+        // The publisher rewrites the shard: nothing deleted.
+        let (_, d) = feed(
+            &mut view,
+            &mut p,
+            &mut c,
+            watcher::Event::Apply(shard_cm(&api, 0)),
+            &api,
+            &mut gets,
+        );
+        assert!(d.is_empty());
+        // A real deletion later: confirmed (404) and handled exactly once.
+        api.remove("n3");
+        let (held, d) = feed(
+            &mut view,
+            &mut p,
+            &mut c,
+            watcher::Event::Apply(shard_cm(&api, shard_of("n3", 2))),
+            &api,
+            &mut gets,
+        );
+        handled.extend(d);
+        assert!(!held);
+        assert_eq!(names(&handled), vec![("n3", "uid-3", DeleteSource::Watch)]);
+        assert_eq!(gets, 2);
+        assert_eq!(p.records().count(), 9, "handled: out of the snapshot");
+    }
+
+    /// An agent restarting while the roster is forged empty: its snapshot
+    /// against the empty view is a mass deletion, held and refused; the
+    /// snapshot's nodes stay. When the roster is right again, only the node
+    /// really deleted meanwhile is handled, once, from the snapshot.
+    #[test]
+    fn a_restart_into_a_forged_roster_keeps_the_snapshot() {
+        let snap: Vec<NodeRecord> = (0..10)
+            .map(|i| rec(&format!("n{i}"), &i.to_string()))
+            .collect();
+        let mut api: HashMap<String, String> = snap
+            .iter()
+            .map(|r| (r.name.clone(), r.uid.clone()))
+            .collect();
+        api.remove("n7");
+        let cfg = ConfirmConfig {
+            qps: 200.0,
+            hold_count: 50,
+            hold_share: 0.2,
+        };
+        let t0 = Instant::now();
+        let mut c = Confirmer::new(cfg, 1, t0);
+        let mut p = Pruner::new("me", snap);
+        let mut gets = 0;
+        // Forged: complete and empty.
+        let known = p.known();
+        assert_eq!(known, 10);
+        let d = p.apply(Membership::Reset(HashMap::new()));
+        assert_eq!(d.len(), 10);
+        assert!(c.submit(d, known, t0), "held");
+        let handled = settle(&mut c, &mut p, &api, &mut gets);
+        // The batch is refused at the first live node (n7, truly gone, may
+        // come first in the random order and is then handled).
+        assert!(handled.iter().all(|(r, _)| r.name == "n7"), "{handled:?}");
+        assert!(gets <= 2, "{gets}");
+        // The publisher's roster: the live nodes.
+        let listed: HashMap<String, NodeRecord> =
+            api.iter().map(|(n, u)| (n.clone(), rec(n, u))).collect();
+        let known = p.known();
+        let d = p.apply(Membership::Reset(listed));
+        let held = c.submit(d, known, t0);
+        let mut all = handled;
+        all.extend(settle(&mut c, &mut p, &api, &mut gets));
+        assert!(!held);
+        let got: Vec<(&str, &str)> = all
+            .iter()
+            .map(|(r, _)| (r.name.as_str(), r.uid.as_str()))
+            .collect();
+        assert_eq!(got, vec![("n7", "7")], "exactly once");
+        assert_eq!(p.records().count(), 9);
     }
 }

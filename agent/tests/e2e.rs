@@ -285,14 +285,14 @@ async fn webhook_taints_agent_untaints_after_probe_file_and_after_reboot() {
     .await;
 
     // The first round ran and failed: the node must still be tainted.
-    let series = format!(
-        "nodegate_agent_probe_results_total{{probe=\"file:{}\",result=\"fail\"}}",
-        probe.display()
-    );
+    // Labelled by kind and index, never by the path.
+    let series = r#"nodegate_agent_probe_results_total{kind="file",index="0",result="fail"}"#;
     eventually("a failed probe round", || async {
-        agent.metric(&series).await.unwrap_or(0.0) >= 1.0
+        agent.metric(series).await.unwrap_or(0.0) >= 1.0
     })
     .await;
+    let (_, exposition) = agent.get("/metrics").await;
+    assert!(!exposition.contains(&probe_arg), "probe path in metrics");
     let n = node(&nodes, &node_a).await;
     assert!(our_taint(&n), "not untainted before the probe file exists");
     assert_eq!(ready_boot_id(&n), None);
@@ -1065,14 +1065,13 @@ async fn pod_probe_follows_the_ready_pod_on_this_node() {
     let probe_pod = format!("{NS}/k8s-app={app}");
     let args = ["--probe-pod", probe_pod.as_str(), "--probe-period", "1h"];
     let mut agent = Agent::start(&c, &node_p, &dir.path().join("state"), &args).await;
-    let series =
-        format!("nodegate_agent_probe_results_total{{probe=\"pod:{probe_pod}\",result=\"fail\"}}");
+    let series = r#"nodegate_agent_probe_results_total{kind="pod",index="0",result="fail"}"#;
     eventually("tainted", || async {
         our_taint(&node(&nodes, &node_p).await)
     })
     .await;
     eventually("first round failed", || async {
-        agent.metric(&series).await.unwrap_or(0.0) >= 1.0
+        agent.metric(series).await.unwrap_or(0.0) >= 1.0
     })
     .await;
 
@@ -1080,7 +1079,7 @@ async fn pod_probe_follows_the_ready_pod_on_this_node() {
     let (cilium_p, p) = pod("cilium-p", &node_p, json!({"k8s-app": app}));
     pods.create(&PostParams::default(), &p).await.unwrap();
     eventually("round on the pod event", || async {
-        agent.metric(&series).await.unwrap_or(0.0) >= 2.0
+        agent.metric(series).await.unwrap_or(0.0) >= 2.0
     })
     .await;
     assert!(our_taint(&node(&nodes, &node_p).await), "pod not Ready yet");
@@ -1620,6 +1619,206 @@ async fn roster_partial_view_during_agent_restart_prunes_nothing() {
                 .iter()
                 .all(|m| own_snapshot(&state, &own).unwrap().contains_key(m))
     );
+    assert!(agent.term().await.success());
+    assert!(publisher.term().await.success());
+}
+
+/// Deletion-confirmation GETs the agent made so far (every result).
+async fn confirmations(agent: &Agent) -> f64 {
+    let mut n = 0.0;
+    for r in ["gone", "live", "error"] {
+        let series = format!("nodegate_agent_prune_confirmations_total{{result=\"{r}\"}}");
+        n += agent.metric(&series).await.unwrap_or(0.0);
+    }
+    n
+}
+
+/// Writes `body` into shard 0 of `roster` as `user`, the way an attacker
+/// with ConfigMap write access in the namespace would (again on a conflict
+/// with the publisher).
+async fn forge_shard(c: &Cluster, user: &str, roster: &str, body: &str) {
+    use nodegate_roster::shard;
+    let api: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(c.client(user).await.unwrap(), "nodegate");
+    let name = shard::name_of(roster, 0);
+    for _ in 0..10 {
+        let mut cm = api.get(&name).await.unwrap();
+        cm.data = Some(BTreeMap::from([(
+            shard::DATA_KEY.to_string(),
+            body.to_string(),
+        )]));
+        match api.replace(&name, &PostParams::default(), &cm).await {
+            Ok(_) => return,
+            Err(kube::Error::Api(s)) if s.code == 409 => continue,
+            Err(e) => panic!("{user} cannot write {name}: {e}"),
+        }
+    }
+    panic!("{name}: conflicts on every attempt");
+}
+
+/// Roster poisoning, as an attacker runs it: with the publisher down, shard
+/// 0 is overwritten with the one-shard empty roster — with the u64::MAX
+/// epoch, then with an epoch a publisher could have written (a complete,
+/// empty roster) — by the roster's own service account and by a namespace
+/// editor (the agent cannot tell writers apart; the emulator has no `edit`
+/// role, so the admin makes the editor's request). No handler runs for a
+/// live node; the mass deletion is held and refused after a GET. The
+/// publisher restarted recovers from the forged epochs, and a later real
+/// deletion is pruned exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn roster_poisoned_shard_prunes_no_live_node() {
+    let (c, nodes) = cluster().await;
+    let roster = roster(&c);
+    let w: Vec<String> = (0..8).map(|i| c.node_name(&format!("x{i}"))).collect();
+    let own_node = c.node_name("xself");
+    let own: BTreeSet<String> = w.iter().chain([&own_node]).cloned().collect();
+    let mut uids = BTreeMap::new();
+    for (i, name) in w.iter().enumerate() {
+        uids.insert(name.clone(), create(&nodes, name, 500 + i).await);
+    }
+    create(&nodes, &own_node, 600).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (hooks, state) = (dir.path().join("hooks"), dir.path().join("state"));
+    std::fs::create_dir_all(&hooks).unwrap();
+    let hook_cmd = hook(&hooks);
+    let mut publisher = Agent::publisher(&c, &roster, 0, dir.path()).await;
+    let mut agent = Agent::start(
+        &c,
+        &own_node,
+        &state,
+        &roster_agent_args(&hook_cmd, &roster),
+    )
+    .await;
+    eventually("first snapshot from the roster", || async {
+        own_snapshot(&state, &own).as_ref() == Some(&uids)
+    })
+    .await;
+    // The publisher down: nobody repairs the shard while the attack runs.
+    assert!(publisher.term().await.success());
+
+    let metric = |name: &'static str| {
+        let agent = &agent;
+        async move { agent.metric(name).await.unwrap_or(0.0) }
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    for (k, attacker) in [users::ROSTER, users::ADMIN].into_iter().enumerate() {
+        let rejected = metric("nodegate_agent_roster_shards_rejected_total").await;
+        forge_shard(
+            &c,
+            attacker,
+            &roster,
+            r#"{"version":1,"epoch":18446744073709551615,"shard":0,"shards":1,"nodes":[]}"#,
+        )
+        .await;
+        // Both metrics: one event updates them one after the other.
+        eventually("the forged epoch rejected: roster incomplete", || async {
+            metric("nodegate_agent_roster_shards_rejected_total").await > rejected
+                && metric("nodegate_agent_roster_complete").await == 0.0
+        })
+        .await;
+
+        let (holds, refused) = (
+            metric("nodegate_agent_prune_holds_total").await,
+            metric("nodegate_agent_prune_refused_total").await,
+        );
+        let gets = confirmations(&agent).await;
+        let epoch = now + 60 + k as u64;
+        forge_shard(
+            &c,
+            attacker,
+            &roster,
+            &format!(r#"{{"version":1,"epoch":{epoch},"shard":0,"shards":1,"nodes":[]}}"#),
+        )
+        .await;
+        eventually("the empty roster held and refused", || async {
+            metric("nodegate_agent_prune_holds_total").await > holds
+                && metric("nodegate_agent_prune_refused_total").await > refused
+                && metric("nodegate_agent_prune_pending").await == 0.0
+        })
+        .await;
+        assert!(metric("nodegate_agent_prune_confirmations_total{result=\"live\"}").await >= 1.0);
+        if !c.is_real() {
+            // Alone on the emulator: every node but its own refused, after
+            // a single GET.
+            assert_eq!(
+                confirmations(&agent).await - gets,
+                1.0,
+                "GETs for the forgery"
+            );
+            assert_eq!(
+                metric("nodegate_agent_prune_refused_total").await - refused,
+                w.len() as f64
+            );
+        }
+        assert!(
+            own_hook_calls(&hooks, &own).is_empty(),
+            "{attacker}: a handler ran for a live node: {:?}",
+            own_hook_calls(&hooks, &own)
+        );
+        // The refused nodes are live again in the snapshot.
+        eventually("snapshot still holds every live node", || async {
+            own_snapshot(&state, &own).as_ref() == Some(&uids)
+        })
+        .await;
+    }
+
+    // The publisher comes back and replaces the forged epoch with its own.
+    let mut publisher = Agent::publisher(&c, &roster, 0, dir.path()).await;
+    eventually("the roster complete again", || async {
+        metric("nodegate_agent_roster_complete").await == 1.0
+            && roster_members(&nodes, &roster, &own)
+                .await
+                .is_some_and(|m| m.len() == own.len())
+    })
+    .await;
+    assert!(publisher.logged("leading: publishing the roster"));
+    // With the publisher leading, a forged shard is repaired at once.
+    let rejected = metric("nodegate_agent_roster_shards_rejected_total").await;
+    forge_shard(
+        &c,
+        users::ROSTER,
+        &roster,
+        r#"{"version":1,"epoch":18446744073709551615,"shard":0,"shards":1,"nodes":[]}"#,
+    )
+    .await;
+    eventually("the forged shard seen, then rewritten", || async {
+        metric("nodegate_agent_roster_shards_rejected_total").await > rejected
+            && metric("nodegate_agent_roster_complete").await == 1.0
+    })
+    .await;
+
+    // A real deletion afterwards: pruned exactly once.
+    let gets = confirmations(&agent).await;
+    let gone = w[3].clone();
+    nodes.delete(&gone, &DeleteParams::default()).await.unwrap();
+    eventually("the deleted node's hook", || async {
+        !own_hook_calls(&hooks, &own).is_empty()
+    })
+    .await;
+    let mut want = uids.clone();
+    want.remove(&gone);
+    eventually("snapshot equals the live set", || async {
+        own_snapshot(&state, &own).as_ref() == Some(&want)
+    })
+    .await;
+    let calls = own_hook_calls(&hooks, &own);
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    assert_eq!(
+        (calls[0].0.as_str(), calls[0].1.as_str()),
+        (gone.as_str(), "watch")
+    );
+    assert_eq!(calls[0].3["uid"], uids[&gone].as_str());
+    assert!(metric("nodegate_agent_prune_confirmations_total{result=\"gone\"}").await >= 1.0);
+    if !c.is_real() {
+        assert_eq!(
+            confirmations(&agent).await - gets,
+            1.0,
+            "one GET per deletion"
+        );
+    }
     assert!(agent.term().await.success());
     assert!(publisher.term().await.success());
 }

@@ -47,6 +47,12 @@ pub struct Opts {
     /// `nodes`, `roster` or `both`.
     #[arg(long, default_value = "both")]
     pub source: String,
+    /// The agents' `--prune-confirm-qps`: each agent confirms a deletion
+    /// with a GET started within `nodes / qps` s, which the deletion →
+    /// handler latency then includes. The agent's default is 200; a large
+    /// value measures the roster's propagation alone.
+    #[arg(long, default_value_t = 200.0)]
+    pub confirm_qps: f64,
 }
 
 /// Deletion handler that records when each node's deletion reached it.
@@ -185,6 +191,7 @@ pub async fn run(o: &Opts, source: &str) -> anyhow::Result<Report> {
             format!("--node-name={own}"),
             format!("--state-dir={}", state.display()),
             format!("--prune-source={source}"),
+            format!("--prune-confirm-qps={}", o.confirm_qps),
             "--snapshot-interval=1s".into(),
             "--taint-on-shutdown=false".into(),
             "--admin-listen=127.0.0.1:0".into(),
@@ -211,6 +218,7 @@ pub async fn run(o: &Opts, source: &str) -> anyhow::Result<Report> {
             format!("--node-name={}", names[o.agents]),
             format!("--state-dir={}", proc_state.display()),
             format!("--prune-source={source}"),
+            format!("--prune-confirm-qps={}", o.confirm_qps),
             "--on-node-delete=true".into(),
             "--taint-on-shutdown=false".into(),
             "--admin-listen=127.0.0.1:0".into(),
@@ -298,10 +306,12 @@ pub async fn run(o: &Opts, source: &str) -> anyhow::Result<Report> {
     let window = pub_cpu0.map(|_| 2.0 * o.phase.as_secs_f64());
     let pub_cpu1 = pub_pid.and_then(|p| procfs::usage(p).ok());
 
-    // Every deletion must reach every in-process agent.
+    // Every deletion must reach every in-process agent, after its
+    // confirmation (spread over nodes / qps seconds).
+    let spread = Duration::try_from_secs_f64(o.nodes as f64 / o.confirm_qps).unwrap_or_default();
     let _ = wait_for(
         "deletions handled everywhere",
-        Duration::from_secs(30),
+        Duration::from_secs(30) + spread,
         || {
             stamps.iter().all(|s| {
                 s.0.lock()

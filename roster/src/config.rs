@@ -24,8 +24,9 @@ pub struct Args {
 
     /// Number of shards. A node's record lives in shard `fnv1a64(name) % N`;
     /// keep each under 256 KiB (~700 nodes per shard). Changing it starts a
-    /// new epoch: agents prune nothing until every shard is rewritten.
-    #[arg(long, env = "NODEGATE_ROSTER_SHARDS", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    /// new epoch: agents prune nothing until every shard is rewritten. At
+    /// most 1024: readers refuse shards of larger rosters.
+    #[arg(long, env = "NODEGATE_ROSTER_SHARDS", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=i64::from(crate::shard::MAX_SHARDS)))]
     pub shards: u32,
 
     /// At most one round of shard writes per interval (coalesces bursts).
@@ -142,6 +143,8 @@ mod tests {
                 .contains("shorter than")
         );
         assert!(Args::try_parse_from(["r", "--shards", "0"]).is_err());
+        assert!(Args::try_parse_from(["r", "--shards", "1025"]).is_err());
+        assert!(Args::try_parse_from(["r", "--shards", "1024"]).is_ok());
         assert!(Args::try_parse_from(["r", "--interval", "soon"]).is_err());
         let a = Args::try_parse_from(["r", "--name", "Roster_1"]).unwrap();
         assert!(a.validate().unwrap_err().to_string().contains("DNS-1123"));

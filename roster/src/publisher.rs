@@ -139,19 +139,32 @@ impl Roster {
     }
 }
 
-/// The epoch to write under, from the shards found: keep the newest epoch
-/// when it is complete with this shard count (a restart or failover
-/// rewrites only what changed, and readers stay complete throughout).
-/// Otherwise start a new one: a first install, a new `--shards`, or an
-/// epoch that is not complete — a rebuild someone left half done, whose
-/// missing shards this publisher did not write and cannot vouch for.
-/// Adopting it would let readers see it complete as soon as the others are
-/// rewritten, before a half-written shard is. Readers see a new epoch as
-/// incomplete until every shard of it is written.
-pub fn choose_epoch(existing: &[shard::Shard], count: u32) -> u64 {
-    match shard::complete_epoch(existing) {
+/// The epoch to write under, from the shards found, at Unix time `now`:
+/// keep the newest epoch when it is complete with this shard count (a
+/// restart or failover rewrites only what changed, and readers stay
+/// complete throughout). Otherwise start a new one: a first install, a new
+/// `--shards`, or an epoch that is not complete — a rebuild someone left
+/// half done, whose missing shards this publisher did not write and cannot
+/// vouch for. Adopting it would let readers see it complete as soon as the
+/// others are rewritten, before a half-written shard is. Readers see a new
+/// epoch as incomplete until every shard of it is written.
+///
+/// A new epoch is `now` (or one past the newest epoch found, if that is
+/// later), so every epoch a publisher writes is at most
+/// [`shard::PUBLISHER_EPOCH_AHEAD_SECS`] ahead of its clock. Shards of a
+/// later epoch were not written by a publisher: they are ignored (and
+/// overwritten), so a forged epoch cannot lock the publisher out.
+pub fn choose_epoch(existing: &[shard::Shard], count: u32, now: u64) -> u64 {
+    let limit = now.saturating_add(shard::PUBLISHER_EPOCH_AHEAD_SECS);
+    let ours: Vec<&shard::Shard> = existing.iter().filter(|s| s.epoch < limit).collect();
+    match shard::complete_epoch(ours.iter().copied()) {
         Some((e, c)) if c == count => e,
-        _ => existing.iter().map(|s| s.epoch).max().map_or(1, |e| e + 1),
+        _ => ours
+            .iter()
+            .map(|s| s.epoch.saturating_add(1))
+            .max()
+            .unwrap_or(1)
+            .max(now),
     }
 }
 
@@ -275,7 +288,7 @@ impl Publisher {
                     if dirty && *leader.borrow() && roster.is_listed() && observed.listed {
                         if !epoch_chosen {
                             let found: Vec<shard::Shard> = observed.by_name.values().filter_map(|s| s.decoded.clone()).collect();
-                            let epoch = choose_epoch(&found, roster.count());
+                            let epoch = choose_epoch(&found, roster.count(), shard::unix_now());
                             tracing::info!(epoch, shards = roster.count(), existing = found.len(), "leading: publishing the roster");
                             roster.set_epoch(epoch);
                             epoch_chosen = true;
@@ -479,24 +492,54 @@ mod tests {
         assert!(!all.contains("labels") && !all.contains("bootID"), "{all}");
     }
 
-    #[test]
-    fn epoch_kept_on_failover_new_on_first_install_or_reshard() {
-        let s = |epoch, index, count| shard::Shard {
+    const NOW: u64 = 1_800_000_000;
+
+    fn s(epoch: u64, index: u32, count: u32) -> shard::Shard {
+        shard::Shard {
             epoch,
             index,
             count,
             nodes: Default::default(),
-        };
-        let all = |epoch, count| (0..count).map(move |i| s(epoch, i, count));
-        assert_eq!(choose_epoch(&[], 4), 1);
-        // Failover: a complete epoch with this count is kept.
-        assert_eq!(choose_epoch(&all(3, 4).collect::<Vec<_>>(), 4), 3);
+        }
+    }
+
+    fn all(epoch: u64, count: u32) -> Vec<shard::Shard> {
+        (0..count).map(|i| s(epoch, i, count)).collect()
+    }
+
+    #[test]
+    fn epoch_kept_on_failover_new_on_first_install_or_reshard() {
+        assert_eq!(choose_epoch(&[], 4, NOW), NOW);
+        // Failover: a complete epoch with this count is kept, old counters too.
+        assert_eq!(choose_epoch(&all(3, 4), 4, NOW), 3);
+        assert_eq!(choose_epoch(&all(NOW - 50, 4), 4, NOW), NOW - 50);
         // A new shard count.
-        assert_eq!(choose_epoch(&all(3, 2).collect::<Vec<_>>(), 4), 4);
+        assert_eq!(choose_epoch(&all(3, 2), 4, NOW), NOW);
         // A rebuild left half done (epoch 4 has 1 of 4 shards): not adopted,
         // since completing it would make its unwritten shards look trusted.
-        let mut half: Vec<_> = all(3, 4).collect();
+        let mut half = all(3, 4);
         half[2] = s(4, 2, 4);
-        assert_eq!(choose_epoch(&half, 4), 5);
+        assert_eq!(choose_epoch(&half, 4, NOW), NOW);
+        // A clock behind the last epoch: still a newer one.
+        let mut half = all(NOW + 10, 4);
+        half[2] = s(NOW + 20, 2, 4);
+        assert_eq!(choose_epoch(&half, 4, NOW), NOW + 21);
+    }
+
+    /// A forged epoch (u64::MAX, or anywhere a publisher never writes) used
+    /// to lock the publisher out (`max + 1` overflowed); now it is ignored.
+    #[test]
+    fn a_forged_future_epoch_does_not_lock_the_publisher_out() {
+        let limit = NOW + shard::PUBLISHER_EPOCH_AHEAD_SECS;
+        for forged in [u64::MAX, u64::MAX - 1, limit, NOW + 100_000] {
+            // A forged shard next to a complete epoch: the epoch is kept.
+            let mut found = all(NOW - 5, 4);
+            found.push(s(forged, 4, 5));
+            assert_eq!(choose_epoch(&found, 4, NOW), NOW - 5, "{forged}");
+            // A complete forged epoch: a new epoch of our own.
+            assert_eq!(choose_epoch(&all(forged, 4), 4, NOW), NOW, "{forged}");
+        }
+        // Shortly ahead (a skewed clock of another replica) is still ours.
+        assert_eq!(choose_epoch(&all(limit - 1, 4), 4, NOW), limit - 1);
     }
 }

@@ -10,8 +10,19 @@
 //! every shard `0..S` exists with that epoch and that `S`. A publisher that
 //! builds a roster from nothing or changes `S` writes a new epoch; until it
 //! has written every shard, readers see an incomplete view and prune nothing.
+//!
+//! Anyone who can write a ConfigMap in the namespace can write a shard, so
+//! decoding refuses whatever no publisher writes: more than [`MAX_SHARDS`]
+//! shards, an epoch ahead of the reader's clock by more than
+//! [`MAX_EPOCH_AHEAD_SECS`] (a publisher's new epoch is its Unix time, see
+//! `publisher::choose_epoch`), records whose name, uid, addresses or CIDRs
+//! are not what the API server accepts, and labels or boot IDs (dropped by
+//! `NodeRecord::for_roster`). Decoding is not trust: a valid shard can still
+//! lie, which is why an agent confirms every deletion with the API server.
 
 use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -29,6 +40,22 @@ pub const VERSION: u64 = 1;
 /// A ConfigMap's data may hold 1 MiB (`ValidateConfigMap`); the publisher
 /// warns well before, at a quarter of it.
 pub const WARN_BYTES: usize = 256 * 1024;
+/// Most shards a roster may have (`--shards` is bounded by it): ~700 nodes
+/// per shard fit 700,000 nodes, and a reader allocates per shard index.
+pub const MAX_SHARDS: u32 = 1024;
+/// How far ahead of a reader's clock an epoch may be. A publisher starts an
+/// epoch at its own Unix time (never more than half of this ahead, see
+/// [`PUBLISHER_EPOCH_AHEAD_SECS`]), so the rest is room for clock skew.
+pub const MAX_EPOCH_AHEAD_SECS: u64 = 600;
+/// A publisher builds only on epochs at most this far ahead of its clock;
+/// anything later was not written by a publisher and is replaced.
+pub const PUBLISHER_EPOCH_AHEAD_SECS: u64 = MAX_EPOCH_AHEAD_SECS / 2;
+/// Longest uid accepted (the API server's are 36-character UUIDs).
+const MAX_UID: usize = 128;
+/// Longest providerID accepted.
+const MAX_PROVIDER_ID: usize = 1024;
+/// Most addresses or podCIDRs per record (a Node has a handful).
+const MAX_LIST: usize = 32;
 
 /// One decoded shard.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -75,6 +102,95 @@ pub enum ShardError {
     Misplaced(String),
     #[error("node {0:?} appears twice")]
     Duplicate(String),
+    #[error("{0} shards: more than the {MAX_SHARDS} a publisher writes")]
+    Count(u32),
+    #[error(
+        "epoch {epoch} is not one a publisher writes (1 up to {MAX_EPOCH_AHEAD_SECS} s past now = {now})"
+    )]
+    Epoch { epoch: u64, now: u64 },
+    #[error("record {name:?} is invalid: {reason}")]
+    Record { name: String, reason: String },
+}
+
+/// Seconds since the Unix epoch (0 if the clock is before it).
+pub fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// True for an epoch a publisher could have written, as seen at `now`.
+pub fn epoch_plausible(epoch: u64, now: u64) -> bool {
+    epoch >= 1 && epoch <= now.saturating_add(MAX_EPOCH_AHEAD_SECS)
+}
+
+/// A DNS-1123 subdomain, as the API server requires of Node names.
+pub fn is_dns_subdomain(s: &str) -> bool {
+    let label_ok = |l: &str| {
+        !l.is_empty()
+            && l.len() <= 63
+            && l.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+    };
+    !s.is_empty() && s.len() <= 253 && s.split('.').all(label_ok)
+}
+
+fn is_cidr(s: &str) -> bool {
+    let Some((ip, bits)) = s.split_once('/') else {
+        return false;
+    };
+    let Ok(ip) = ip.parse::<IpAddr>() else {
+        return false;
+    };
+    let max = if ip.is_ipv4() { 32 } else { 128 };
+    !bits.is_empty()
+        && bits.len() <= 3
+        && bits.bytes().all(|b| b.is_ascii_digit())
+        && bits.parse::<u8>().is_ok_and(|b| b <= max)
+}
+
+/// Why a record could not have come from a publisher (its fields end up in a
+/// deletion handler's environment and arguments), or `None`.
+pub fn record_problem(r: &NodeRecord) -> Option<String> {
+    if !is_dns_subdomain(&r.name) {
+        return Some("name is not a DNS-1123 subdomain".into());
+    }
+    if r.uid.is_empty()
+        || r.uid.len() > MAX_UID
+        || !r
+            .uid
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+    {
+        return Some("uid is not a Kubernetes uid".into());
+    }
+    if r.addresses.len() > MAX_LIST || r.pod_cidrs.len() > MAX_LIST {
+        return Some("too many addresses or podCIDRs".into());
+    }
+    for a in &r.addresses {
+        let kind_ok = !a.kind.is_empty()
+            && a.kind.len() <= 32
+            && a.kind.bytes().all(|b| b.is_ascii_alphanumeric());
+        let addr_ok = a.address.parse::<IpAddr>().is_ok()
+            || (!a.kind.ends_with("IP") && is_dns_subdomain(&a.address.to_ascii_lowercase()));
+        if !kind_ok || !addr_ok {
+            return Some(format!("address {:?} ({:?}) is invalid", a.address, a.kind));
+        }
+    }
+    if let Some(c) = r.pod_cidrs.iter().find(|c| !is_cidr(c)) {
+        return Some(format!("podCIDR {c:?} is not a CIDR"));
+    }
+    if let Some(p) = &r.provider_id
+        && (p.is_empty() || p.len() > MAX_PROVIDER_ID || p.chars().any(char::is_control))
+    {
+        return Some("providerID is empty, too long or has control characters".into());
+    }
+    if r.boot_id.is_some() || !r.labels.is_empty() {
+        return Some("carries a boot ID or labels, which a publisher drops".into());
+    }
+    None
 }
 
 /// `(epoch, count)` of the newest epoch among `shards` when every shard
@@ -169,15 +285,24 @@ pub fn text_of(cm: &ConfigMap) -> Option<&str> {
     cm.data.as_ref()?.get(DATA_KEY).map(String::as_str)
 }
 
-/// Decodes and checks a shard: its name, version, index and that every
-/// record belongs in it, once. Anything off makes it untrusted.
+/// Decodes and checks a shard against the clock: [`decode_at`] now.
 pub fn decode(roster: &str, cm: &ConfigMap) -> Result<Shard, ShardError> {
+    decode_at(roster, cm, unix_now())
+}
+
+/// Decodes and checks a shard: its name, version, shard count, index and
+/// epoch (as seen at Unix time `now`), and that every record is valid and
+/// belongs in it, once. Anything off makes it untrusted.
+pub fn decode_at(roster: &str, cm: &ConfigMap, now: u64) -> Result<Shard, ShardError> {
     let name = cm.metadata.name.clone().unwrap_or_default();
     let named = index_of(roster, &name).ok_or_else(|| ShardError::Name(name.clone()))?;
     let text = text_of(cm).ok_or(ShardError::NoData)?;
     let body: BodyIn = serde_json::from_str(text).map_err(|e| ShardError::Json(e.to_string()))?;
     if body.version != VERSION {
         return Err(ShardError::Version(body.version));
+    }
+    if body.shards > MAX_SHARDS {
+        return Err(ShardError::Count(body.shards));
     }
     if body.count_invalid(named) {
         return Err(ShardError::Index {
@@ -186,8 +311,19 @@ pub fn decode(roster: &str, cm: &ConfigMap) -> Result<Shard, ShardError> {
             named,
         });
     }
+    if !epoch_plausible(body.epoch, now) {
+        return Err(ShardError::Epoch {
+            epoch: body.epoch,
+            now,
+        });
+    }
     let mut nodes = BTreeMap::new();
     for n in body.nodes {
+        if let Some(reason) = record_problem(&n) {
+            // Bounded: the name itself may be the attack.
+            let name = n.name.chars().take(64).collect();
+            return Err(ShardError::Record { name, reason });
+        }
         if shard_of(&n.name, body.shards) != body.shard {
             return Err(ShardError::Misplaced(n.name));
         }
@@ -313,6 +449,100 @@ mod tests {
             decode(R, &cm(0, &text)).unwrap_err(),
             ShardError::Duplicate(n.clone())
         );
+    }
+
+    const NOW: u64 = 1_800_000_000;
+
+    fn raw(index: u32, body: serde_json::Value) -> ConfigMap {
+        cm(index, &body.to_string())
+    }
+
+    /// What a namespace editor (or the roster's own token) can write, and
+    /// why each is refused.
+    #[test]
+    fn poisoned_shards_are_refused() {
+        use serde_json::json;
+        let ok = |nodes: serde_json::Value| json!({"version":1,"epoch":NOW,"shard":0,"shards":1,"nodes":nodes});
+        let node = |extra: serde_json::Value| {
+            let mut n = json!({"name":"n1","uid":"0b5c6a1e-7b4e-4d2f-9a0e-1c2d3e4f5a6b"});
+            n.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            ok(json!([n]))
+        };
+        assert!(decode_at(R, &raw(0, node(json!({}))), NOW).is_ok());
+        let cases: Vec<(serde_json::Value, &str)> = vec![
+            (
+                json!({"version":1,"epoch":u64::MAX,"shard":0,"shards":1,"nodes":[]}),
+                "epoch 18446744073709551615",
+            ),
+            (
+                json!({"version":1,"epoch":NOW + MAX_EPOCH_AHEAD_SECS + 1,"shard":0,"shards":1,"nodes":[]}),
+                "not one a publisher writes",
+            ),
+            (
+                json!({"version":1,"epoch":0,"shard":0,"shards":1,"nodes":[]}),
+                "epoch 0",
+            ),
+            (
+                json!({"version":1,"epoch":NOW,"shard":0,"shards":u32::MAX,"nodes":[]}),
+                "4294967295 shards",
+            ),
+            (
+                json!({"version":1,"epoch":NOW,"shard":0,"shards":MAX_SHARDS + 1,"nodes":[]}),
+                "more than the 1024",
+            ),
+            (ok(json!([{"name":"N1; rm -rf /","uid":"u"}])), "DNS-1123"),
+            (ok(json!([{"name":"-n","uid":"u"}])), "DNS-1123"),
+            (ok(json!([{"name":"a".repeat(254),"uid":"u"}])), "DNS-1123"),
+            (node(json!({"uid":""})), "uid"),
+            (node(json!({"uid":"$(reboot)"})), "uid"),
+            (node(json!({"uid":"u".repeat(129)})), "uid"),
+            (
+                node(json!({"addresses":[{"type":"InternalIP","address":"10.0.0.1 10.0.0.2"}]})),
+                "address",
+            ),
+            (
+                node(json!({"addresses":[{"type":"InternalIP","address":"host.example"}]})),
+                "address",
+            ),
+            (
+                node(json!({"addresses":[{"type":"Hostname","address":"a b"}]})),
+                "address",
+            ),
+            (node(json!({"podCIDRs":["10.0.0.0/33"]})), "podCIDR"),
+            (node(json!({"podCIDRs":["fd00::/129"]})), "podCIDR"),
+            (node(json!({"podCIDRs":["10.0.0.0"]})), "podCIDR"),
+            (node(json!({"podCIDRs":["10.0.0.0/+8"]})), "podCIDR"),
+            (node(json!({"providerID":"aws:///i-1\nx"})), "providerID"),
+            (node(json!({"labels":{"a":"b"}})), "labels"),
+            (node(json!({"bootID":"b"})), "boot ID"),
+        ];
+        for (body, want) in cases {
+            let err = decode_at(R, &raw(0, body.clone()), NOW)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(want), "{body}: {err} should contain {want}");
+            assert!(err.len() < 400, "bounded error: {err}");
+        }
+        // What the publisher writes passes, IPv6, DNS addresses and all.
+        let good = node(json!({
+            "addresses":[{"type":"InternalIP","address":"fd00::1"},{"type":"Hostname","address":"Node-1.example"}],
+            "podCIDRs":["10.0.1.0/24","fd00:1::/64"],"providerID":"kind://docker/kind/n1"}));
+        assert!(decode_at(R, &raw(0, good), NOW).is_ok());
+        // An epoch from the old counter scheme (small) is still valid.
+        assert!(epoch_plausible(3, NOW));
+        assert!(epoch_plausible(NOW + MAX_EPOCH_AHEAD_SECS, NOW));
+    }
+
+    #[test]
+    fn dns_subdomains() {
+        for ok in ["a", "n-1", "ip-10-0-0-1.ec2.internal", &"a".repeat(63)] {
+            assert!(is_dns_subdomain(ok), "{ok}");
+        }
+        for bad in ["", "A", "a..b", "a.", ".a", "a_b", &"a".repeat(64), "é"] {
+            assert!(!is_dns_subdomain(bad), "{bad}");
+        }
     }
 
     trait TapName {

@@ -357,6 +357,34 @@ mod tests {
         assert!(!v.is_complete());
     }
 
+    /// The forged shard of the roster-poisoning attack: a u64::MAX epoch
+    /// claiming a one-shard, empty roster. Refused, so the view is
+    /// incomplete and reports nothing (it used to be a complete, empty view:
+    /// every node deleted).
+    #[test]
+    fn a_forged_epoch_is_rejected_not_an_empty_roster() {
+        let mut v = RosterView::new(shard::DEFAULT_NAME);
+        list(&mut v, (0..2).map(|i| shard(1, i, 2, NODES)).collect());
+        let forged = config_map(
+            "nodegate",
+            shard::DEFAULT_NAME,
+            0,
+            r#"{"version":1,"epoch":18446744073709551615,"shard":0,"shards":1,"nodes":[]}"#.into(),
+        );
+        let step = v.apply(watcher::Event::Apply(forged.clone()));
+        assert!(step.changes.is_empty(), "{:?}", step.changes);
+        assert_eq!(step.rejected.len(), 1);
+        assert!(!v.is_complete());
+        // Also when it comes in a relist.
+        let c = list(&mut v, vec![forged, shard(1, 1, 2, NODES)]);
+        assert!(c.is_empty() && !v.is_complete());
+        // The publisher rewrites the shard: complete again, nothing removed.
+        let c = v
+            .apply(watcher::Event::Apply(shard(1, 0, 2, NODES)))
+            .changes;
+        assert_eq!(reset_names(&c).len(), 5);
+    }
+
     #[test]
     fn shards_disagreeing_on_the_count_are_incomplete() {
         let mut v = RosterView::new(shard::DEFAULT_NAME);

@@ -1,6 +1,6 @@
 //! The monitoring component refers only to metrics that exist: every metric
-//! name in the PrometheusRule and the Grafana dashboard is one the webhook or
-//! the agent registers, or one kube-apiserver serves (as the emulator names
+//! name in the PrometheusRule and the Grafana dashboard is one the webhook,
+//! the agent or the roster publisher registers, or one kube-apiserver serves (as the emulator names
 //! them after `k8s.io/apiserver/pkg/admission/metrics`), or `up`. And every
 //! alert has its runbook section in docs/alerts.md.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -55,10 +55,14 @@ fn exported() -> BTreeSet<String> {
     let metrics = m::Metrics::default();
     let s = || String::from("x");
     drop(metrics.probe_results.get_or_create(&m::ProbeLabels {
-        probe: s(),
-        result: s(),
+        kind: "x",
+        index: 0,
+        result: "x",
     }));
-    drop(metrics.probe_up.get_or_create(&m::ProbeName { probe: s() }));
+    drop(metrics.probe_up.get_or_create(&m::ProbeName {
+        kind: "x",
+        index: 0,
+    }));
     drop(
         metrics
             .time_to_ready
@@ -78,6 +82,13 @@ fn exported() -> BTreeSet<String> {
     let mut agent = String::new();
     prometheus_client::encoding::text::encode(&mut agent, &metrics.registry()).unwrap();
     names.extend(series_names(&agent));
+    let mut roster = String::new();
+    prometheus_client::encoding::text::encode(
+        &mut roster,
+        &nodegate_roster::metrics::Metrics::default().registry(),
+    )
+    .unwrap();
+    names.extend(series_names(&roster));
     names.extend(
         [
             MATCH_CONDITION_ERRORS,
@@ -213,6 +224,11 @@ fn rules_and_dashboard_use_only_metrics_that_exist() {
         "nodegate_agent_time_to_ready_seconds_bucket",
         MATCH_CONDITION_ERRORS,
         WEBHOOK_FAIL_OPEN,
+        // Pruning's alarms: a forged roster, a mass deletion, the roster.
+        "nodegate_agent_prune_refused_total",
+        "nodegate_agent_prune_holds_total",
+        "nodegate_agent_roster_complete",
+        "nodegate_roster_leader",
     ] {
         assert!(used.contains(must), "{must} unused");
     }

@@ -179,9 +179,9 @@ pub async fn handle(
             "serviceaccounts",
             sa,
             "token",
-        ] if parts.method == Method::POST => {
-            crate::token_request::create(&st, ns, sa, &user, &body).map(IntoResponse::into_response)
-        }
+        ] if parts.method == Method::POST => parse_body(&body, &parts.headers).and_then(|req| {
+            crate::token_request::create(&st, ns, sa, &user, req).map(IntoResponse::into_response)
+        }),
         ["api", "v1", rest @ ..] if !rest.is_empty() => match target("", "v1", rest) {
             Some(t) => resource(&st, &parts.method, &parts.headers, &q, &user, t, body).await,
             None => Err(not_found()),

@@ -33,7 +33,7 @@ pub fn create(
     ns: &str,
     sa: &str,
     caller: &Identity,
-    body: &[u8],
+    req: Value,
 ) -> Result<Response, ApiError> {
     if users::node_name_of(caller).is_some() {
         // Kubelets ask for tokens of their own pods only; nodegate's
@@ -57,8 +57,6 @@ pub fn create(
             })
             .map_err(|why| ApiError::forbidden("serviceaccounts", "", sa, &why))?;
     }
-    let req: Value = serde_json::from_slice(body)
-        .map_err(|e| ApiError::bad_request(format!("TokenRequest: {e}")))?;
     let mut extra = Extra::new();
     let bound = &req["spec"]["boundObjectRef"];
     if !bound.is_null() {

@@ -198,6 +198,41 @@ enum Attempt {
     NotStoredYet,
 }
 
+/// A kubelet's create of an existing Node after a reboot: re-taint the stored
+/// node before the create is answered. The kubelet sends its status write
+/// (the new boot ID) only after that answer, so a patch stored now is in the
+/// first stored version with the new boot; left to the background it can
+/// lose that race. One GET per Node create (a brand-new node: a 404); a
+/// guarded patch only after a reboot. Conflicts are retried at once a few
+/// times; the caller bounds the whole by the request's deadline.
+pub async fn retaint_reregistered(
+    api: &Api<SlimNode>,
+    rules: &Rules,
+    job: &crate::rules::Reregistration,
+) -> Result<PatchOutcome, KubeError> {
+    const ATTEMPTS: u32 = 3;
+    let name = job.node.as_str();
+    let mut attempt = 1;
+    loop {
+        let Some(node) = api.get_opt(name).await? else {
+            return Ok(PatchOutcome::Unneeded);
+        };
+        let missing = rules.reregistration_taints_needed(&node.view, &job.boot_id);
+        if missing.is_empty() {
+            return Ok(PatchOutcome::Unneeded);
+        }
+        let patch = add_taints(&node.view, &missing, Guard::Current);
+        match api
+            .patch(name, &PatchParams::default(), &Patch::Json::<()>(patch))
+            .await
+        {
+            Ok(_) => return Ok(PatchOutcome::Patched(missing.len())),
+            Err(err) if attempt < ATTEMPTS && retryable(&err) => attempt += 1,
+            Err(err) => return Err(err),
+        }
+    }
+}
+
 /// One job: read, re-check, guarded patch; retried with exponential backoff,
 /// also while the write that triggered it is not stored yet.
 pub async fn patch_node(

@@ -45,6 +45,11 @@ pub struct Decision<'r> {
     /// A status write after a reboot: this node needs a background patch of
     /// its main resource (rule 3). `None` on dry-run.
     pub reboot_patch: Option<RebootJob>,
+    /// A Node create (not dry-run): if the name already exists this is a
+    /// kubelet re-registering, and the stored node may need its taints back
+    /// before the create is answered (the kubelet's status write follows the
+    /// answer).
+    pub reregistration: Option<Reregistration>,
     /// One short phrase for the log line.
     pub why: &'static str,
 }
@@ -55,9 +60,18 @@ impl Decision<'_> {
             patch: None,
             added: None,
             reboot_patch: None,
+            reregistration: None,
             why,
         }
     }
+}
+
+/// A kubelet's create of a Node that may already exist: its name and the boot
+/// ID the create carries (`initialNode` fills the status before the create).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reregistration {
+    pub node: String,
+    pub boot_id: String,
 }
 
 /// The configured taints with everything per-request work can reuse.
@@ -108,7 +122,18 @@ impl Rules {
         let sub = req.sub_resource.as_deref().unwrap_or("");
         match (&req.operation, sub) {
             // Rule 1: a pure mutation, so dry-run gets it too.
-            (Operation::Create, "") => self.patch(node, Reason::Create, "create"),
+            (Operation::Create, "") => {
+                let mut d = self.patch(node, Reason::Create, "create");
+                if !req.dry_run
+                    && let (Some(name), Some(boot)) = (node.name(), node.boot_id())
+                {
+                    d.reregistration = Some(Reregistration {
+                        node: name.to_owned(),
+                        boot_id: boot.to_owned(),
+                    });
+                }
+                d
+            }
             (Operation::Update, "") => {
                 // Rule 2: NodeRestriction refuses a kubelet update that changes
                 // taints, and it runs again after a mutation.
@@ -162,8 +187,30 @@ impl Rules {
             added: Some((reason, patch.added())),
             patch: Some(patch),
             reboot_patch: None,
+            reregistration: None,
             why,
         }
+    }
+
+    /// A kubelet re-registering (its create of an existing Node): the taints
+    /// the stored node needs back. The create's boot ID shows a reboot when
+    /// the agent recorded another boot as ready, or the stored node runs
+    /// another boot; the same boot (a kubelet restart) changes nothing, and an
+    /// excluded node stays excluded.
+    pub fn reregistration_taints_needed<'a>(
+        &'a self,
+        stored: &NodeView,
+        create_boot: &str,
+    ) -> Vec<&'a TaintSpec> {
+        if stored.is_excluded() || create_boot.is_empty() {
+            return Vec::new();
+        }
+        let rebooted = rebooted_since_ready(stored.ready_boot_id(), Some(create_boot))
+            || boot_id_changed(stored.boot_id(), Some(create_boot));
+        if !rebooted || stored.ready_boot_id() == Some(create_boot) {
+            return Vec::new();
+        }
+        stored.missing(&self.taints)
     }
 
     /// The background re-check (rule 3) on a freshly read node: taints to add,

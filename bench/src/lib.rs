@@ -19,4 +19,5 @@ pub mod micro;
 pub mod process;
 pub mod procfs;
 pub mod schedule;
+pub mod siege;
 pub mod stats;

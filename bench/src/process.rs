@@ -23,6 +23,8 @@ pub struct Server {
     child: Child,
     pub pid: u32,
     pub https: SocketAddr,
+    /// The admin address, when the listening line names one (the webhook's).
+    pub admin: Option<SocketAddr>,
     pub name: String,
     log: Arc<Mutex<VecDeque<String>>>,
 }
@@ -83,7 +85,7 @@ impl Server {
         let https = tokio::time::timeout(START_TIMEOUT, async {
             while let Some(line) = rx.recv().await {
                 if let Some(addr) = listening_addr(&line, "https") {
-                    return Some(addr);
+                    return Some((addr, listening_addr(&line, "admin")));
                 }
             }
             None
@@ -93,12 +95,14 @@ impl Server {
             child,
             pid,
             https: SocketAddr::from(([0, 0, 0, 0], 0)),
+            admin: None,
             name,
             log,
         };
         match https {
-            Ok(Some(addr)) => {
+            Ok(Some((addr, admin))) => {
                 server.https = addr;
+                server.admin = admin;
                 Ok(server)
             }
             Ok(None) => bail!(

@@ -1,25 +1,30 @@
-//! The HTTP routes: `POST /mutate` on the TLS port, `/livez`, `/readyz` and
-//! `/metrics` on the plain admin port.
+//! The HTTP routes: `POST /mutate` on the TLS port (within
+//! [`RequestLimits`]), `/livez`, `/readyz` and `/metrics` on the plain admin
+//! port (GET only, nothing else).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use axum::Router;
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, State};
+use axum::extract::{Request, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
-use crate::metrics::{Metrics, Op, Outcome};
+use prometheus_client::metrics::gauge::Gauge;
+use tokio::sync::Semaphore;
+
+use crate::body::{self, BodyBudget, BodyError};
+use crate::limits::RequestLimits;
+use crate::metrics::{Metrics, Op, Outcome, Port, Refusal};
 use crate::patcher::{Enqueued, RebootPatcher};
+use crate::refusal;
 use crate::rules::Rules;
 use crate::wire::{self, BadInput};
 
-/// Largest AdmissionReview accepted (a Node is far smaller; this bounds memory).
-pub const BODY_LIMIT: usize = 4 * 1024 * 1024;
+/// Largest AdmissionReview read (see [`crate::limits`] for why).
+pub const BODY_LIMIT: usize = crate::limits::DEFAULT_MAX_BODY_BYTES;
 
 /// Shared by the admission handler.
 #[derive(Debug)]
@@ -96,17 +101,61 @@ impl Webhook {
     }
 }
 
-async fn mutate(State(hook): State<Arc<Webhook>>, body: Result<Bytes, BytesRejection>) -> Response {
-    let body = match body {
+/// The admission route's state: the decision maker and the limits around it.
+#[derive(Debug)]
+struct Route {
+    hook: Arc<Webhook>,
+    limits: RequestLimits,
+    inflight: Arc<Semaphore>,
+    budget: BodyBudget,
+}
+
+async fn mutate(State(route): State<Arc<Route>>, req: Request) -> Response {
+    let start = Instant::now();
+    let deadline = tokio::time::Instant::from_std(start + route.limits.request_timeout);
+    match tokio::time::timeout_at(deadline, admit(&route, req, deadline)).await {
+        Ok(resp) => resp,
+        Err(_) => {
+            tracing::debug!(timeout = ?route.limits.request_timeout, "admission request past its deadline");
+            route
+                .hook
+                .metrics
+                .refused(Port::Https, Refusal::RequestTimeout);
+            refusal::plain(StatusCode::SERVICE_UNAVAILABLE, "request deadline exceeded")
+        }
+    }
+}
+
+/// Waits for an in-flight slot, reads the body within its bounds, decides.
+async fn admit(route: &Route, req: Request, deadline: tokio::time::Instant) -> Response {
+    let Ok(_slot) = route.inflight.clone().acquire_owned().await else {
+        return refusal::plain(StatusCode::SERVICE_UNAVAILABLE, "shutting down");
+    };
+    let metrics = &route.hook.metrics;
+    metrics.inflight().inc();
+    let _gauge = DecOnDrop(metrics.inflight());
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    let limits = &route.limits;
+    let body_deadline = deadline.min(tokio::time::Instant::now() + limits.body_read_timeout);
+    let read = body::read(
+        req.into_body(),
+        declared,
+        limits.max_body_bytes,
+        body_deadline,
+        &route.budget,
+    )
+    .await;
+    let body = match read {
         Ok(b) => b,
-        Err(rejection) => {
-            // Too large, or the body broke off: nothing to answer for.
-            tracing::warn!(%rejection, "unreadable admission request body");
-            hook.metrics.unreadable_request();
-            return rejection.into_response();
+        Err(err) => {
+            metrics.unreadable_request();
+            return refused(metrics, err, limits.max_body_bytes);
         }
     };
-    let (status, bytes) = hook.handle(&body);
+    let (status, bytes) = route.hook.handle(&body.bytes);
     let ctype = if status == StatusCode::OK {
         "application/json"
     } else {
@@ -115,12 +164,60 @@ async fn mutate(State(hook): State<Arc<Webhook>>, body: Result<Bytes, BytesRejec
     (status, [(header::CONTENT_TYPE, ctype)], bytes).into_response()
 }
 
-/// The TLS port's routes.
-pub fn webhook_router(hook: Arc<Webhook>) -> Router {
+/// The answer to a body that was not read in full.
+fn refused(metrics: &Metrics, err: BodyError, max: usize) -> Response {
+    match err {
+        BodyError::TooLarge { prefix } => {
+            metrics.refused(Port::Https, Refusal::BodyTooLarge);
+            let uid = refusal::sniff_uid(&prefix);
+            match uid {
+                // Looks like the API server's: worth a line (see `refusal`).
+                Some(uid) => {
+                    tracing::warn!(%uid, max, "AdmissionReview over the body limit; allowing untouched")
+                }
+                None => tracing::debug!(max, "request body over the limit, no review uid in it"),
+            }
+            refusal::too_large(uid, max)
+        }
+        BodyError::Timeout => {
+            metrics.refused(Port::Https, Refusal::BodyTimeout);
+            tracing::debug!("request body not complete before its timeout");
+            refusal::plain(StatusCode::REQUEST_TIMEOUT, "request body too slow")
+        }
+        BodyError::Busy => {
+            metrics.refused(Port::Https, Refusal::BodyBudget);
+            tracing::debug!("request body budget spent");
+            refusal::plain(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "too many request bodies in flight",
+            )
+        }
+        BodyError::Broken(err) => {
+            tracing::debug!(%err, "request body broke off");
+            refusal::plain(StatusCode::BAD_REQUEST, "request body broke off")
+        }
+    }
+}
+
+struct DecOnDrop<'a>(&'a Gauge);
+
+impl Drop for DecOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+/// The TLS port's routes, within `limits`.
+pub fn webhook_router(hook: Arc<Webhook>, limits: RequestLimits) -> Router {
+    let route = Route {
+        hook,
+        limits,
+        inflight: Arc::new(Semaphore::new(limits.max_inflight.max(1))),
+        budget: BodyBudget::new(limits.body_buffer_bytes),
+    };
     Router::new()
         .route("/mutate", post(mutate))
-        .layer(DefaultBodyLimit::max(BODY_LIMIT))
-        .with_state(hook)
+        .with_state(Arc::new(route))
 }
 
 /// Liveness/readiness and metrics state for the admin port.

@@ -1,7 +1,7 @@
 //! Command-line flags (each with an environment fallback) and the validated
 //! configuration [`crate::start`] takes.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -9,18 +9,25 @@ use nodegate_shared::TaintSpec;
 use nodegate_shared::keys::DEFAULT_TAINT;
 use nodegate_shared::taint::check_unique;
 
+use crate::limits::RequestLimits;
 use crate::patcher::PatcherOptions;
 
 /// `nodegate-webhook` flags.
 #[derive(Debug, Clone, clap::Parser)]
 #[command(name = "nodegate-webhook", version, about)]
 pub struct Args {
-    /// HTTPS address serving POST /mutate.
+    /// HTTPS address serving POST /mutate. An unspecified IP (0.0.0.0, ::)
+    /// is replaced by --bind-address when that is set.
     #[arg(long, env = "NODEGATE_LISTEN", default_value = "0.0.0.0:9443")]
     pub listen: SocketAddr,
-    /// Plain-HTTP address serving /livez, /readyz and /metrics.
+    /// Plain-HTTP address serving /livez, /readyz and /metrics; an
+    /// unspecified IP is replaced by --bind-address as for --listen.
     #[arg(long, env = "NODEGATE_ADMIN_LISTEN", default_value = "0.0.0.0:9090")]
     pub admin_listen: SocketAddr,
+    /// The pod's IP (downward API `status.podIP`): listeners given with an
+    /// unspecified IP bind this one instead of every address of the host.
+    #[arg(long, env = "POD_IP")]
+    pub bind_address: Option<IpAddr>,
     /// Serving certificate (PEM, leaf first); re-read when it changes.
     #[arg(
         long,
@@ -46,6 +53,39 @@ pub struct Args {
     /// idle connection first, or a webhook call can race the close and fail.
     #[arg(long, env = "NODEGATE_HEADER_READ_TIMEOUT", default_value = "120s", value_parser = parse_duration)]
     pub header_read_timeout: Duration,
+    /// A client must finish the TLS handshake within this.
+    #[arg(long, env = "NODEGATE_TLS_HANDSHAKE_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
+    pub tls_handshake_timeout: Duration,
+    /// A request body must arrive in full within this after its headers.
+    #[arg(long, env = "NODEGATE_BODY_READ_TIMEOUT", default_value = "3s", value_parser = parse_duration)]
+    pub body_read_timeout: Duration,
+    /// Deadline of one admission request, headers to answer (waiting for an
+    /// in-flight slot included); keep it at or above the webhook
+    /// configuration's timeoutSeconds.
+    #[arg(long, env = "NODEGATE_REQUEST_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
+    pub request_timeout: Duration,
+    /// Largest request body read (`Ki`/`Mi` suffixes accepted); a larger
+    /// review is allowed untouched with a 413 status and a warning.
+    #[arg(long, env = "NODEGATE_MAX_BODY_BYTES", default_value = "2Mi", value_parser = parse_bytes)]
+    pub max_body_bytes: usize,
+    /// Request body bytes held at once across all requests; past it a
+    /// request is answered 503.
+    #[arg(long, env = "NODEGATE_BODY_BUFFER_BYTES", default_value = "32Mi", value_parser = parse_bytes)]
+    pub body_buffer_bytes: usize,
+    /// Admission requests past their headers at once; more wait.
+    #[arg(long, env = "NODEGATE_MAX_INFLIGHT", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_inflight: u32,
+    /// Connections open at once on the HTTPS port; more are closed as soon
+    /// as accepted (16 more are kept for peers on this host).
+    #[arg(long, env = "NODEGATE_MAX_CONNECTIONS", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections: u32,
+    /// HTTP/2 streams open at once per connection.
+    #[arg(long, env = "NODEGATE_H2_MAX_CONCURRENT_STREAMS", default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..))]
+    pub h2_max_concurrent_streams: u32,
+    /// Connections open at once on the admin port (plus 16 for peers on
+    /// this host, such as the kubelet's probes).
+    #[arg(long, env = "NODEGATE_ADMIN_MAX_CONNECTIONS", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
+    pub admin_max_connections: u32,
     /// On SIGTERM, /readyz turns 503 and requests are still served for this
     /// long, so the Service's endpoints drop the pod before it stops accepting
     /// (with failurePolicy Ignore a refused call is a node left untainted).
@@ -129,6 +169,11 @@ pub struct Config {
     pub taints: Vec<TaintSpec>,
     pub tls_reload_interval: Duration,
     pub header_read_timeout: Duration,
+    pub tls_handshake_timeout: Duration,
+    pub limits: RequestLimits,
+    pub max_connections: usize,
+    pub h2_max_concurrent_streams: u32,
+    pub admin_max_connections: usize,
     pub shutdown_delay: Duration,
     pub shutdown_timeout: Duration,
     pub kube: KubeMode,
@@ -148,6 +193,11 @@ impl Config {
             taints: vec![DEFAULT_TAINT.parse().expect("the default taint is valid")],
             tls_reload_interval: Duration::from_secs(10),
             header_read_timeout: Duration::from_secs(120),
+            tls_handshake_timeout: Duration::from_secs(5),
+            limits: RequestLimits::default(),
+            max_connections: 1024,
+            h2_max_concurrent_streams: 32,
+            admin_max_connections: 64,
             shutdown_delay: Duration::ZERO,
             shutdown_timeout: Duration::from_secs(20),
             kube: KubeMode::Disabled,
@@ -167,14 +217,32 @@ impl TryFrom<Args> for Config {
         if a.tls_reload_interval.is_zero() {
             anyhow::bail!("--tls-reload-interval must be positive");
         }
+        if a.request_timeout.is_zero() || a.body_read_timeout.is_zero() {
+            anyhow::bail!("--request-timeout and --body-read-timeout must be positive");
+        }
+        let bind = |addr: SocketAddr| match a.bind_address {
+            Some(ip) if addr.ip().is_unspecified() => SocketAddr::new(ip, addr.port()),
+            _ => addr,
+        };
         Ok(Self {
-            listen: a.listen,
-            admin_listen: a.admin_listen,
+            listen: bind(a.listen),
+            admin_listen: bind(a.admin_listen),
             tls_cert: a.tls_cert,
             tls_key: a.tls_key,
             taints: a.taints.taints,
             tls_reload_interval: a.tls_reload_interval,
             header_read_timeout: a.header_read_timeout,
+            tls_handshake_timeout: a.tls_handshake_timeout,
+            limits: RequestLimits {
+                max_body_bytes: a.max_body_bytes,
+                body_buffer_bytes: a.body_buffer_bytes,
+                max_inflight: a.max_inflight as usize,
+                body_read_timeout: a.body_read_timeout,
+                request_timeout: a.request_timeout,
+            },
+            max_connections: a.max_connections as usize,
+            h2_max_concurrent_streams: a.h2_max_concurrent_streams,
+            admin_max_connections: a.admin_max_connections as usize,
             shutdown_delay: a.shutdown_delay,
             shutdown_timeout: a.shutdown_timeout,
             kube: if a.disable_reboot_patches {
@@ -189,6 +257,23 @@ impl TryFrom<Args> for Config {
 
 /// One parser for every nodegate binary's durations.
 pub use nodegate_shared::duration::parse as parse_duration;
+
+/// Bytes: a plain number, or with a `Ki` / `Mi` suffix.
+pub fn parse_bytes(s: &str) -> Result<usize, String> {
+    let (num, unit) = match s.strip_suffix("Mi") {
+        Some(n) => (n, 1024 * 1024),
+        None => match s.strip_suffix("Ki") {
+            Some(n) => (n, 1024),
+            None => (s, 1),
+        },
+    };
+    num.trim()
+        .parse::<usize>()
+        .ok()
+        .and_then(|n| n.checked_mul(unit))
+        .filter(|n| *n > 0)
+        .ok_or_else(|| format!("{s:?}: expected a positive byte count such as 65536, 64Ki or 2Mi"))
+}
 
 #[cfg(test)]
 mod tests {
@@ -205,6 +290,40 @@ mod tests {
         assert_eq!(a.taints.taints[0].to_string(), DEFAULT_TAINT);
         let c = Config::try_from(a).unwrap();
         assert!(matches!(c.kube, KubeMode::Infer));
+        assert_eq!(c.limits.max_body_bytes, 2 * 1024 * 1024);
+        assert_eq!(c.limits.body_buffer_bytes, 32 * 1024 * 1024);
+        assert_eq!(c.max_connections, 1024);
+    }
+
+    #[test]
+    fn bind_address_replaces_only_unspecified_ips() {
+        let a = Args::try_parse_from([
+            "x",
+            "--bind-address",
+            "10.1.2.3",
+            "--admin-listen",
+            "127.0.0.1:9444",
+        ])
+        .unwrap();
+        let c = Config::try_from(a).unwrap();
+        assert_eq!(c.listen.to_string(), "10.1.2.3:9443");
+        assert_eq!(c.admin_listen.to_string(), "127.0.0.1:9444");
+        let a = Args::try_parse_from(["x", "--bind-address", "fd00::7", "--listen", "[::]:9443"])
+            .unwrap();
+        assert_eq!(
+            Config::try_from(a).unwrap().listen.to_string(),
+            "[fd00::7]:9443"
+        );
+    }
+
+    #[test]
+    fn byte_counts() {
+        assert_eq!(parse_bytes("65536"), Ok(65536));
+        assert_eq!(parse_bytes("64Ki"), Ok(65536));
+        assert_eq!(parse_bytes("2Mi"), Ok(2 * 1024 * 1024));
+        assert!(parse_bytes("0").is_err());
+        assert!(parse_bytes("2MB").is_err());
+        assert!(parse_bytes("-1").is_err());
     }
 
     #[test]

@@ -4,17 +4,23 @@
 //! (borrowed, only what the rules read; `scan` is its fast reader for compact
 //! JSON, serde_json the fallback), [`patches`] holds the answers built once,
 //! [`app`] holds the HTTP routes, [`serve`] the TLS/HTTP stack (reused by the
-//! performance harness), [`tls`] reloads the serving certificate, [`patcher`]
-//! does the background reboot patches, [`metrics`] exports Prometheus metrics.
+//! performance harness) with [`gate`] capping connections, [`limits`],
+//! [`body`] and [`refusal`] bound what one request may cost, [`tls`] reloads
+//! the serving certificate, [`patcher`] does the background reboot patches,
+//! [`metrics`] exports Prometheus metrics.
 
 pub mod app;
+pub mod body;
 pub mod config;
 pub mod confinement;
 pub mod fixtures;
+pub mod gate;
+pub mod limits;
 pub mod metrics;
 pub mod patcher;
 pub mod patches;
 pub mod policy;
+pub mod refusal;
 pub mod rules;
 mod scan;
 pub mod serve;
@@ -25,6 +31,7 @@ pub mod wire;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
 use tokio::net::TcpListener;
@@ -33,11 +40,17 @@ use tokio::sync::watch;
 pub use config::{Args, Config, KubeMode};
 
 use crate::app::{Health, Webhook, admin_router, webhook_router};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, Port};
 use crate::patcher::RebootPatcher;
 use crate::rules::Rules;
-use crate::serve::{ServeOptions, crypto_provider, serve_https_with, tls_server_config};
+use crate::serve::{
+    ServeOptions, crypto_provider, serve_http_with, serve_https_with, tls_server_config,
+};
 use crate::tls::CertReloader;
+
+/// The admin port's header read (and idle) timeout: Prometheus and the
+/// kubelet send a small GET at once; an idle scrape connection is reopened.
+const ADMIN_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A started webhook.
 #[derive(Debug)]
@@ -80,6 +93,14 @@ pub async fn start(
     let admin = TcpListener::bind(config.admin_listen)
         .await
         .with_context(|| format!("binding --admin-listen {}", config.admin_listen))?;
+    for (flag, addr) in [
+        ("--listen", config.listen),
+        ("--admin-listen", config.admin_listen),
+    ] {
+        if addr.ip().is_unspecified() {
+            tracing::warn!(%addr, "{flag} binds every address of the host; set POD_IP (--bind-address) to bind only the pod's");
+        }
+    }
     let https_addr = listener.local_addr()?;
     let admin_addr = admin.local_addr()?;
 
@@ -125,26 +146,35 @@ pub async fn start(
         metrics: metrics.clone(),
     });
     let opts = ServeOptions {
+        handshake_timeout: config.tls_handshake_timeout,
         header_read_timeout: config.header_read_timeout,
         drain_timeout: config.shutdown_timeout,
+        max_connections: config.max_connections,
+        h2_max_concurrent_streams: config.h2_max_concurrent_streams,
+        metrics: Some((metrics.clone(), Port::Https)),
         ..ServeOptions::default()
     };
     let https = tokio::spawn(serve_https_with(
         listener,
         tls,
-        webhook_router(hook),
+        webhook_router(hook, config.limits),
         stopped(),
         opts,
     ));
-    let admin_task = {
-        let router = admin_router(health.clone(), metrics.clone());
-        let stop = stopped();
-        tokio::spawn(async move {
-            axum::serve(admin, router)
-                .with_graceful_shutdown(stop)
-                .await
-        })
+    // Scrapers and probes send a GET and read a few KB: short timeouts.
+    let admin_opts = ServeOptions {
+        header_read_timeout: ADMIN_HEADER_READ_TIMEOUT,
+        drain_timeout: config.shutdown_timeout,
+        max_connections: config.admin_max_connections,
+        metrics: Some((metrics.clone(), Port::Admin)),
+        ..ServeOptions::default()
     };
+    let admin_task = tokio::spawn(serve_http_with(
+        admin,
+        admin_router(health.clone(), metrics.clone()),
+        stopped(),
+        admin_opts,
+    ));
     health.set_ready(true);
     let shutdown_delay = config.shutdown_delay;
     tracing::info!("listening https={https_addr} admin={admin_addr}");

@@ -7,6 +7,7 @@
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
@@ -66,6 +67,45 @@ pub enum Background {
 
 const BACKGROUND: [&str; 4] = ["ok", "failed", "skipped", "unneeded"];
 
+/// A limit that refused a connection or a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// The connection cap was reached: the new connection was closed at once.
+    ConnectionLimit,
+    /// No TLS handshake within the handshake timeout.
+    HandshakeTimeout,
+    /// No complete request head within the header read timeout (HTTP/1.1;
+    /// also an idle keep-alive connection).
+    HeaderTimeout,
+    /// A body over the size cap.
+    BodyTooLarge,
+    /// A body not complete within the body read timeout.
+    BodyTimeout,
+    /// The shared body budget was spent.
+    BodyBudget,
+    /// No answer within the request deadline (waiting for a slot included).
+    RequestTimeout,
+}
+
+const REFUSALS: [&str; 7] = [
+    "connection_limit",
+    "handshake_timeout",
+    "header_timeout",
+    "body_too_large",
+    "body_timeout",
+    "body_budget",
+    "request_timeout",
+];
+
+/// Which port a connection came in on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Port {
+    Https,
+    Admin,
+}
+
+const PORTS: [&str; 2] = ["https", "admin"];
+
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RequestLabels {
     operation: &'static str,
@@ -83,6 +123,17 @@ struct ReasonLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RefusalLabels {
+    port: &'static str,
+    reason: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PortLabels {
+    port: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResultLabels {
     result: &'static str,
 }
@@ -97,6 +148,9 @@ pub struct Metrics {
     background: [Counter; 4],
     tls_reloads: [Counter; 2],
     decodes: [Counter; 2],
+    refused: [[Counter; 7]; 2],
+    connections: [Gauge; 2],
+    inflight: Gauge,
 }
 
 impl Default for Metrics {
@@ -164,6 +218,32 @@ impl Metrics {
              (anything else, including bad input); a growing serde share costs CPU, not correctness",
             paths,
         );
+        let refusals = Family::<RefusalLabels, Counter>::default();
+        let refused = PORTS.map(|port| {
+            REFUSALS.map(|reason| {
+                refusals
+                    .get_or_create(&RefusalLabels { port, reason })
+                    .clone()
+            })
+        });
+        registry.register(
+            "refused",
+            "Connections and requests refused by a limit, by port and reason",
+            refusals,
+        );
+        let open = Family::<PortLabels, Gauge>::default();
+        let connections = PORTS.map(|port| open.get_or_create(&PortLabels { port }).clone());
+        registry.register(
+            "open_connections",
+            "Connections open now (TLS handshake included), by port",
+            open,
+        );
+        let inflight = Gauge::default();
+        registry.register(
+            "inflight_requests",
+            "Admission requests past their headers now (reading the body or being decided)",
+            inflight.clone(),
+        );
         Self {
             registry,
             requests,
@@ -172,7 +252,24 @@ impl Metrics {
             background,
             tls_reloads,
             decodes,
+            refused,
+            connections,
+            inflight,
         }
+    }
+
+    pub fn refused(&self, port: Port, why: Refusal) {
+        self.refused[port as usize][why as usize].inc();
+    }
+
+    /// Open connections on `port`: the gauge to move.
+    pub fn connections(&self, port: Port) -> &Gauge {
+        &self.connections[port as usize]
+    }
+
+    /// Requests past their headers: the gauge to move.
+    pub fn inflight(&self) -> &Gauge {
+        &self.inflight
     }
 
     pub fn request(&self, op: Op, outcome: Outcome, seconds: f64) {
@@ -232,6 +329,8 @@ mod tests {
         m.background(Background::Skipped);
         m.tls_reload(false);
         m.decoded(Decoder::Serde);
+        m.refused(Port::Https, Refusal::BodyTooLarge);
+        m.connections(Port::Admin).inc();
         let text = m.encode();
         for line in [
             r#"nodegate_webhook_requests_total{operation="CREATE",result="patched"} 1"#,
@@ -244,6 +343,10 @@ mod tests {
             r#"nodegate_webhook_tls_reloads_total{result="failed"} 1"#,
             r#"nodegate_webhook_decodes_total{path="serde"} 1"#,
             r#"nodegate_webhook_decodes_total{path="fast"} 0"#,
+            r#"nodegate_webhook_refused_total{port="https",reason="body_too_large"} 1"#,
+            r#"nodegate_webhook_refused_total{port="admin",reason="connection_limit"} 0"#,
+            r#"nodegate_webhook_open_connections{port="admin"} 1"#,
+            "nodegate_webhook_inflight_requests 0",
         ] {
             assert!(text.contains(line), "missing {line} in\n{text}");
         }

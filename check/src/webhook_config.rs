@@ -120,7 +120,9 @@ pub fn evaluate_as(
 }
 
 /// `policy_mode`: a MutatingAdmissionPolicy admits Node CREATE and UPDATE
-/// (the admission-policy overlay), so the webhook needs only `nodes/status`.
+/// (the admission-policy overlay), so the webhook needs only `nodes/status`
+/// and Node CREATE (to see a kubelet re-registering after a reboot; the
+/// policy already tainted the create, so its answer adds nothing).
 pub async fn check(
     client: &Client,
     args: &Args,
@@ -170,11 +172,15 @@ pub async fn check(
     let rules = hook.rules.as_deref().unwrap_or_default();
     let mut problems = Vec::new();
     for (op, sub, what) in [
-        ("CREATE", "", "Node CREATE (rule 1)"),
+        (
+            "CREATE",
+            "",
+            "Node CREATE (rule 1, and the re-taint when a kubelet re-registers after a reboot)",
+        ),
         ("UPDATE", "", "Node UPDATE (rule 2)"),
         ("UPDATE", "status", "nodes/status UPDATE (rule 3)"),
     ] {
-        if policy_mode && sub.is_empty() {
+        if policy_mode && op == "UPDATE" && sub.is_empty() {
             continue;
         }
         if !covers(rules, op, sub) {
@@ -218,7 +224,7 @@ pub async fn check(
                 args.webhook_config,
                 hook.name,
                 if policy_mode {
-                    "nodes/status UPDATE (the admission policy admits Node CREATE/UPDATE)"
+                    "Node CREATE (re-registrations) and nodes/status UPDATE (the admission policy admits Node CREATE/UPDATE)"
                 } else {
                     "Node CREATE/UPDATE and nodes/status UPDATE"
                 },
@@ -299,7 +305,7 @@ pub async fn check(
             format!(
                 "{n} condition(s): call on {}a reboot's status write; skip a heartbeat",
                 if policy_mode {
-                    ""
+                    "a Node CREATE and "
                 } else {
                     "a Node CREATE, a Node UPDATE and "
                 }

@@ -70,8 +70,8 @@ pub fn shipped_policy() -> anyhow::Result<String> {
     std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))
 }
 
-/// The webhook configuration as the admission-policy overlay renders it: only
-/// the `nodes/status` rule (its kustomize patch removes the first rule).
+/// The webhook configuration as the admission-policy overlay renders it:
+/// Node CREATE only (re-registrations) and the `nodes/status` rule.
 pub fn policy_mode_webhook_config() -> anyhow::Result<String> {
     let mut cfg: serde_json::Value = serde_yaml::from_str(&shipped_webhook_config()?)?;
     let rules = cfg["webhooks"][0]["rules"]
@@ -81,7 +81,7 @@ pub fn policy_mode_webhook_config() -> anyhow::Result<String> {
         rules.first().map(|r| &r["resources"]) == Some(&serde_json::json!(["nodes"])),
         "the shipped webhook's first rule is no longer the main-resource one"
     );
-    rules.remove(0);
+    rules[0]["operations"] = serde_json::json!(["CREATE"]);
     Ok(serde_yaml::to_string(&cfg)?)
 }
 

@@ -118,6 +118,11 @@ pub struct ScenarioReport {
     pub reboot_window_binds: usize,
     /// Longest time from the kubelet's new-bootID status write to the taint being seen.
     pub max_reboot_taint_lag: Option<Duration>,
+    /// Reboots whose first stored version with the new bootID had no taint,
+    /// and the longest such window (as a watch saw it). 0 with the webhook:
+    /// it re-taints when the kubelet re-registers, before its status write.
+    pub reboots_stored_untainted: usize,
+    pub max_untainted_new_boot_window: Option<Duration>,
     pub p50_reboot_taint_lag: Option<Duration>,
     pub webhook_calls: usize,
     pub webhook_p50: Option<Duration>,
@@ -181,6 +186,10 @@ struct Truth {
     boot_written: Option<Instant>,
     /// When the taint was seen after the reboot (closes the window).
     retainted: Option<Instant>,
+    /// The bootID of the last version seen.
+    last_boot: Option<String>,
+    /// Since when versions with a new bootID are stored without the taint.
+    new_boot_untainted_since: Option<Instant>,
 }
 
 const REBOOT_WINDOW: Duration = Duration::from_secs(1);
@@ -261,6 +270,10 @@ struct Seen {
     reboot_retaints: usize,
     early_untaints: usize,
     untaint_lags: Vec<Duration>,
+    /// Reboots whose first stored version with the new bootID lacked the
+    /// taint, and how long (as watched) until a version had it.
+    new_boot_untainted: usize,
+    new_boot_windows: Vec<Duration>,
 }
 
 /// Watches nodes: closes a rebooting node's window when its taint shows,
@@ -282,6 +295,26 @@ async fn observer(client: kube::Client, truths: Truths, taint_key: String, seen:
             continue;
         };
         let mut s = lock(&seen);
+        let boot = n
+            .status
+            .as_ref()
+            .and_then(|s| s.node_info.as_ref())
+            .map(|i| i.boot_id.as_str())
+            .unwrap_or_default()
+            .to_string();
+        // The first stored version with a new bootID: tainted already, or the
+        // window a scheduler could bind into opens here.
+        if !boot.is_empty() {
+            if t.last_boot.as_deref().is_some_and(|b| b != boot) && !has {
+                s.new_boot_untainted += 1;
+                t.new_boot_untainted_since = Some(now);
+            }
+            t.last_boot = Some(boot);
+        }
+        if has && let Some(since) = t.new_boot_untainted_since.take() {
+            s.new_boot_windows
+                .push(now.saturating_duration_since(since));
+        }
         if has {
             if t.reboot_started.is_some() && t.retainted.is_none() {
                 t.retainted = Some(now);
@@ -838,6 +871,13 @@ async fn drive(
         let s = lock(&seen);
         (s.reboot_retaints, s.early_untaints, s.untaint_lags.clone())
     };
+    let (reboots_stored_untainted, max_untainted_new_boot_window) = {
+        let s = lock(&seen);
+        (
+            s.new_boot_untainted,
+            s.new_boot_windows.iter().max().copied(),
+        )
+    };
     untaint_lags.sort();
     let webhook_reported = match webhook {
         Some(w) => w
@@ -856,6 +896,8 @@ async fn drive(
         violations,
         reboot_window_binds: window,
         max_reboot_taint_lag: lags.last().copied(),
+        reboots_stored_untainted,
+        max_untainted_new_boot_window,
         p50_reboot_taint_lag: percentile(&lags, 0.5),
         webhook_calls: lat.len(),
         webhook_p50: percentile(&lat, 0.50),
@@ -917,6 +959,16 @@ pub fn render_table(reports: &[ScenarioReport]) -> String {
         (
             "taint back after reboot",
             Box::new(|r| r.tainted_at_reboot.to_string()),
+        ),
+        (
+            "rebooted nodes stored untainted on the new boot",
+            Box::new(|r| {
+                format!(
+                    "{} ({} max)",
+                    r.reboots_stored_untainted,
+                    ms(r.max_untainted_new_boot_window)
+                )
+            }),
         ),
         (
             "status write→taint lag p50",
@@ -1057,6 +1109,13 @@ pub fn broken_guarantees(reports: &[ScenarioReport]) -> Vec<String> {
             broken.push(format!(
                 "only {}/{} rebooted nodes got the taint back",
                 r.tainted_at_reboot, r.reboots
+            ));
+        }
+        if r.reboots_stored_untainted > 0 {
+            broken.push(format!(
+                "{} rebooted nodes were stored with their new bootID and without the taint (window up to {})",
+                r.reboots_stored_untainted,
+                ms(r.max_untainted_new_boot_window)
             ));
         }
         if r.max_reboot_taint_lag.is_some_and(|l| l > REBOOT_WINDOW) {

@@ -541,3 +541,68 @@ async fn stale_reboot_patch_must_not_retaint_a_node_ready_on_its_boot() {
     );
     no_ignored_failures(&c);
 }
+
+/// A crash reboot: the kubelet's first write on the new boot is its create
+/// of the existing Node (409), then its status write with the new bootID.
+/// The webhook re-taints the stored node while it answers that create, so the
+/// first stored version that carries the new bootID already carries the
+/// taint: no window in which a scheduler could bind a pod to it. A kubelet
+/// restart on the same boot changes nothing.
+#[tokio::test]
+async fn first_stored_version_with_a_new_boot_is_tainted() {
+    use kube::api::{WatchEvent, WatchParams};
+    let c = Cluster::start().await.unwrap();
+    let (name, mut kubelet, _agent) = registered_and_ready(&c, "reregister").await;
+    let api: Api<Node> = Api::all(c.client(users::ADMIN).await.unwrap());
+    let before = api.get(&name).await.unwrap();
+    assert!(!has_taint(&before), "ready before the crash");
+    let boot = |n: &Node| {
+        n.status
+            .as_ref()
+            .and_then(|s| s.node_info.as_ref())
+            .map(|i| i.boot_id.clone())
+            .unwrap_or_default()
+    };
+    let old_boot = boot(&before);
+
+    // A restart on the same boot: no taint, nothing stored by nodegate.
+    kubelet.restart().await.unwrap();
+    throughout(
+        "a kubelet restart adds no taint",
+        Duration::from_millis(1500),
+        async || !has_taint(&api.get(&name).await.unwrap()),
+    )
+    .await;
+
+    let rv = api
+        .get(&name)
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
+    let wp = WatchParams::default()
+        .fields(&format!("metadata.name={name}"))
+        .timeout(10);
+    let mut versions = api.watch(&wp, &rv).await.unwrap().boxed();
+    kubelet.reboot().await.unwrap();
+    let first_on_new_boot = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(ev) = versions.try_next().await.unwrap() {
+            if let WatchEvent::Added(n) | WatchEvent::Modified(n) = ev
+                && boot(&n) != old_boot
+            {
+                return n;
+            }
+        }
+        panic!("the watch ended before a version with the new bootID");
+    })
+    .await
+    .expect("a stored version with the new bootID");
+    assert!(
+        has_taint(&first_on_new_boot),
+        "first stored version with bootID {} has taints {:?}",
+        boot(&first_on_new_boot),
+        taint_keys(&first_on_new_boot)
+    );
+    no_ignored_failures(&c);
+}

@@ -34,9 +34,25 @@ pub struct Webhook {
     pub metrics: Arc<Metrics>,
 }
 
+/// The answer to one body, and the re-registration check to make before
+/// sending it.
+#[derive(Debug)]
+pub struct Handled {
+    pub status: StatusCode,
+    pub bytes: Vec<u8>,
+    pub reregistration: Option<crate::rules::Reregistration>,
+}
+
 impl Webhook {
     /// Answers one body: the response bytes and the HTTP status.
     pub fn handle(&self, body: &[u8]) -> (StatusCode, Vec<u8>) {
+        let h = self.handle_review(body);
+        (h.status, h.bytes)
+    }
+
+    /// [`Webhook::handle`], with the re-registration check a Node create asks for.
+    pub fn handle_review(&self, body: &[u8]) -> Handled {
+        let mut reregistration = None;
         let start = Instant::now();
         let (decoded, decoder) = wire::decode_request_with(body);
         self.metrics.decoded(decoder);
@@ -64,6 +80,7 @@ impl Webhook {
                         q => tracing::debug!(uid = %req.uid, %node, queued = ?q, "{}", d.why),
                     }
                 }
+                reregistration = d.reregistration.clone();
                 let outcome = if d.added.is_some() {
                     Outcome::Patched
                 } else {
@@ -97,7 +114,11 @@ impl Webhook {
         };
         self.metrics
             .request(op, outcome, start.elapsed().as_secs_f64());
-        (status, bytes)
+        Handled {
+            status,
+            bytes,
+            reregistration,
+        }
     }
 }
 
@@ -155,7 +176,23 @@ async fn admit(route: &Route, req: Request, deadline: tokio::time::Instant) -> R
             return refused(metrics, err, limits.max_body_bytes);
         }
     };
-    let (status, bytes) = route.hook.handle(&body.bytes);
+    let Handled {
+        status,
+        bytes,
+        reregistration,
+    } = route.hook.handle_review(&body.bytes);
+    if let Some(job) = reregistration {
+        // Before the answer: the kubelet's status write (the new boot ID)
+        // only follows it. At most a second, well inside the API server's
+        // timeout; past it the status write still gets rule 3.
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let budget = (left / 2).min(std::time::Duration::from_secs(1));
+        route
+            .hook
+            .patcher
+            .retaint_now(&job, tokio::time::Instant::now() + budget)
+            .await;
+    }
     let ctype = if status == StatusCode::OK {
         "application/json"
     } else {

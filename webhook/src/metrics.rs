@@ -146,6 +146,7 @@ pub struct Metrics {
     duration: Histogram,
     taints_added: [Counter; 2],
     background: [Counter; 4],
+    reregistrations: [Counter; 4],
     tls_reloads: [Counter; 2],
     decodes: [Counter; 2],
     refused: [[Counter; 7]; 2],
@@ -201,6 +202,14 @@ impl Metrics {
             "Background reboot patches of the main Node resource after a status write, by result",
             bg,
         );
+        let rereg = Family::<ResultLabels, Counter>::default();
+        let reregistrations =
+            BACKGROUND.map(|result| rereg.get_or_create(&ResultLabels { result }).clone());
+        registry.register(
+            "reregistration_patches",
+            "Re-taints of a stored Node when its kubelet re-registers after a reboot, done before the create is answered, by result",
+            rereg,
+        );
         let tls = Family::<ResultLabels, Counter>::default();
         let tls_reloads =
             ["ok", "failed"].map(|result| tls.get_or_create(&ResultLabels { result }).clone());
@@ -250,6 +259,7 @@ impl Metrics {
             duration,
             taints_added,
             background,
+            reregistrations,
             tls_reloads,
             decodes,
             refused,
@@ -289,6 +299,12 @@ impl Metrics {
             Reason::Reboot => 1,
         };
         self.taints_added[i].inc_by(n as u64);
+    }
+
+    /// A re-registration check (same results as background patches; `ok`
+    /// when taints were added).
+    pub fn reregistration(&self, result: Background) {
+        self.reregistrations[result as usize].inc();
     }
 
     pub fn background(&self, result: Background) {

@@ -79,6 +79,8 @@ pub struct RebootPatcher {
     tx: Option<mpsc::Sender<RebootJob>>,
     pending: Arc<Mutex<HashSet<String>>>,
     metrics: Arc<Metrics>,
+    /// For the re-registration check, made on the admission path.
+    direct: Option<(Api<SlimNode>, Arc<Rules>)>,
 }
 
 /// What one background job did.
@@ -97,6 +99,7 @@ impl RebootPatcher {
             tx: None,
             pending: Arc::default(),
             metrics,
+            direct: None,
         }
     }
 
@@ -109,12 +112,13 @@ impl RebootPatcher {
     ) -> (Self, tokio::task::JoinHandle<()>) {
         let (tx, mut rx) = mpsc::channel::<RebootJob>(opts.queue_capacity.max(1));
         let pending: Arc<Mutex<HashSet<String>>> = Arc::default();
+        let api: Api<SlimNode> = Api::all(client);
         let handle = Self {
             tx: Some(tx),
             pending: pending.clone(),
             metrics: metrics.clone(),
+            direct: Some((api.clone(), rules.clone())),
         };
-        let api: Api<SlimNode> = Api::all(client);
         let permits = Arc::new(Semaphore::new(opts.concurrency.max(1)));
         let worker = tokio::spawn(async move {
             loop {
@@ -155,6 +159,37 @@ impl RebootPatcher {
             }
         });
         (handle, worker)
+    }
+
+    /// The re-registration check ([`retaint_reregistered`]), bounded by
+    /// `until`; the caller answers the create after it. Failures are logged
+    /// and counted: the status write that follows still gets rule 3.
+    pub async fn retaint_now(
+        &self,
+        job: &crate::rules::Reregistration,
+        until: tokio::time::Instant,
+    ) {
+        let Some((api, rules)) = &self.direct else {
+            self.metrics.reregistration(Background::Skipped);
+            return;
+        };
+        let node = &job.node;
+        match tokio::time::timeout_at(until, retaint_reregistered(api, rules, job)).await {
+            Ok(Ok(PatchOutcome::Patched(n))) => {
+                self.metrics.reregistration(Background::Ok);
+                self.metrics.taints_added(Reason::Reboot, n);
+                tracing::info!(%node, boot = %job.boot_id, taints = n, "kubelet re-registered after a reboot: taints added before answering its create");
+            }
+            Ok(Ok(PatchOutcome::Unneeded)) => self.metrics.reregistration(Background::Unneeded),
+            Ok(Err(err)) => {
+                self.metrics.reregistration(Background::Failed);
+                tracing::warn!(%node, %err, "re-registration re-taint failed; the status write will queue it");
+            }
+            Err(_) => {
+                self.metrics.reregistration(Background::Failed);
+                tracing::warn!(%node, "re-registration re-taint timed out; the status write will queue it");
+            }
+        }
     }
 
     /// Queues a background reboot patch; never waits.

@@ -694,4 +694,68 @@ mod tests {
         excluded["metadata"]["labels"][EXCLUDE_LABEL] = json!("true");
         assert!(r.reboot_taints_needed(&view(excluded)).is_empty());
     }
+
+    /// A kubelet's create of an existing Node: the stored node gets its
+    /// taints back only after a reboot, never for a restart on the same boot,
+    /// never when excluded or already tainted.
+    #[test]
+    fn reregistration_retaints_only_after_a_reboot() {
+        let r = rules();
+        let view = |v: Value| -> NodeView { serde_json::from_value(v).unwrap() };
+        let ready_on = |boot: &str| with_annotation(kubelet_node("n1", "boot-1", 1), ANN, boot);
+        let excluded = {
+            let mut n = ready_on("boot-1");
+            n["metadata"]["labels"][EXCLUDE_LABEL] = json!("true");
+            n
+        };
+        let tainted = with_taints(
+            ready_on("boot-1"),
+            json!([{"key": CILIUM, "value": "true", "effect": "NoSchedule"}]),
+        );
+        let never_ready = kubelet_node("n1", "boot-1", 1);
+        let cases: Vec<(&str, Value, &str, usize)> = vec![
+            ("reboot after ready", ready_on("boot-1"), "boot-2", 1),
+            (
+                "kubelet restart, same boot",
+                ready_on("boot-1"),
+                "boot-1",
+                0,
+            ),
+            ("create without a boot ID", ready_on("boot-1"), "", 0),
+            ("excluded node", excluded, "boot-2", 0),
+            ("taint still on", tainted, "boot-2", 0),
+            ("never ready, stored boot differs", never_ready, "boot-2", 1),
+            (
+                "agent ready on the create's boot",
+                ready_on("boot-2"),
+                "boot-2",
+                0,
+            ),
+        ];
+        for (name, stored, boot, want) in cases {
+            let got = r.reregistration_taints_needed(&view(stored), boot);
+            assert_eq!(got.len(), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn only_a_real_create_asks_for_the_reregistration_check() {
+        let r = rules();
+        let node = kubelet_node("n1", "boot-2", 1);
+        for (dry_run, want) in [(false, true), (true, false)] {
+            let review =
+                fixtures::review("u", "CREATE", None, KUBELET, node.clone(), None, dry_run);
+            let body = serde_json::to_vec(&review).unwrap();
+            let req = wire::decode_request(&body).unwrap();
+            let d = r.review(&req);
+            assert_eq!(
+                d.reregistration,
+                want.then(|| Reregistration {
+                    node: "n1".into(),
+                    boot_id: "boot-2".into()
+                }),
+                "dry-run {dry_run}"
+            );
+        }
+    }
 }

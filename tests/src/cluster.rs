@@ -158,20 +158,7 @@ impl Cluster {
                 // read_from makes file references absolute, so the copy works anywhere.
                 let mut kc = kube::config::Kubeconfig::read_from(kubeconfig)?;
                 if user != users::ADMIN {
-                    let context = kc.current_context.clone().context("no current-context")?;
-                    let auth = kc
-                        .contexts
-                        .iter()
-                        .find(|c| c.name == context)
-                        .and_then(|c| c.context.as_ref())
-                        .and_then(|c| c.user.clone())
-                        .context("current context has no user")?;
-                    let info = kc
-                        .auth_infos
-                        .iter_mut()
-                        .find(|a| a.name == auth)
-                        .and_then(|a| a.auth_info.as_mut())
-                        .context("the context's user is not in the kubeconfig")?;
+                    let info = current_auth_info(&mut kc)?;
                     info.impersonate = Some(user.to_string());
                     info.impersonate_groups = Some(groups(user));
                 }
@@ -244,24 +231,11 @@ impl Cluster {
             Cluster::Real { kubeconfig, .. } => kube::config::Kubeconfig::read_from(kubeconfig)?,
         };
         let mut kc = source;
-        let context = kc.current_context.clone().context("no current-context")?;
-        let auth = kc
-            .contexts
-            .iter()
-            .find(|c| c.name == context)
-            .and_then(|c| c.context.as_ref())
-            .and_then(|c| c.user.clone())
-            .context("current context has no user")?;
-        let entry = kc
-            .auth_infos
-            .iter_mut()
-            .find(|a| a.name == auth)
-            .context("the context's user is not in the kubeconfig")?;
         // Only the token: no client certificate, plugin or impersonation.
-        entry.auth_info = Some(kube::config::AuthInfo {
+        *current_auth_info(&mut kc)? = kube::config::AuthInfo {
             token: Some(token.into()),
             ..Default::default()
-        });
+        };
         let file = self.scratch().join(format!("kubeconfig-agent-{node}"));
         let mut f = std::fs::OpenOptions::new()
             .write(true)
@@ -321,6 +295,26 @@ impl Cluster {
         }
         Ok(cmd)
     }
+}
+
+/// The credentials of the kubeconfig's current context.
+fn current_auth_info(
+    kc: &mut kube::config::Kubeconfig,
+) -> anyhow::Result<&mut kube::config::AuthInfo> {
+    let context = kc.current_context.clone().context("no current-context")?;
+    let auth = kc
+        .contexts
+        .iter()
+        .find(|c| c.name == context)
+        .and_then(|c| c.context.as_ref())
+        .and_then(|c| c.user.clone())
+        .context("current context has no user")?;
+    let entry = kc
+        .auth_infos
+        .iter_mut()
+        .find(|a| a.name == auth)
+        .context("the context's user is not in the kubeconfig")?;
+    Ok(entry.auth_info.get_or_insert_with(Default::default))
 }
 
 impl Drop for Cluster {

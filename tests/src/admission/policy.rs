@@ -121,8 +121,14 @@ pub enum Outcome {
 
 /// `matchConstraints`: resource rules and objectSelector, as for a webhook
 /// (`matching.Matcher`; the selector matches the old or the new object).
-fn matches(inv: &Invocation, a: &Attributes<'_>, obj: &Value, old: &Value) -> Result<bool, String> {
-    let constraints = &inv.spec["matchConstraints"];
+/// Shared by mutating and validating policies.
+pub(crate) fn matches(
+    spec: &Value,
+    a: &Attributes<'_>,
+    obj: &Value,
+    old: &Value,
+) -> Result<bool, String> {
+    let constraints = &spec["matchConstraints"];
     let rules: Vec<RuleWithOperations> = constraints
         .get("resourceRules")
         .map(|r| serde_json::from_value(r.clone()))
@@ -163,7 +169,7 @@ pub fn run(
                 .into(),
         ]);
     }
-    match matches(inv, a, obj, old) {
+    match matches(&inv.spec, a, obj, old) {
         Ok(true) => {}
         Ok(false) => return skipped(Vec::new()),
         Err(e) => return skipped(vec![e]),

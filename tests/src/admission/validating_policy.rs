@@ -21,10 +21,9 @@
 //! configuration errors under the failurePolicy: `paramKind`, binding
 //! `matchResources`, `excludeResourceRules`, `auditAnnotations`.
 
-use k8s_openapi::api::admissionregistration::v1::{MutatingWebhook, RuleWithOperations};
 use serde_json::Value;
 
-use super::{Attributes, cel as admission_cel, policy, webhook};
+use super::{Attributes, cel as admission_cel, policy};
 use crate::resources;
 use crate::status::ApiError;
 use crate::store::Store;
@@ -89,26 +88,6 @@ fn namespace_matches(store: &Store, spec: &Value, a: &Attributes<'_>) -> Result<
         .unwrap_or_default();
     labels.insert("kubernetes.io/metadata.name".into(), a.namespace.into());
     Ok(selector.matches(&labels))
-}
-
-fn matches(spec: &Value, a: &Attributes<'_>, obj: &Value, old: &Value) -> Result<bool, String> {
-    let constraints = &spec["matchConstraints"];
-    let rules: Vec<RuleWithOperations> = constraints
-        .get("resourceRules")
-        .map(|r| serde_json::from_value(r.clone()))
-        .transpose()
-        .map_err(|e| format!("matchConstraints.resourceRules: {e}"))?
-        .unwrap_or_default();
-    let as_hook = MutatingWebhook {
-        rules: Some(rules),
-        object_selector: constraints
-            .get("objectSelector")
-            .map(|s| serde_json::from_value(s.clone()))
-            .transpose()
-            .map_err(|e| format!("matchConstraints.objectSelector: {e}"))?,
-        ..Default::default()
-    };
-    webhook::matches(&as_hook, a, obj, old)
 }
 
 /// One validation's outcome: `Ok(None)` passed, `Ok(Some(msg))` denied,
@@ -215,7 +194,7 @@ pub fn admit(
             );
             continue;
         }
-        match matches(&inv.spec, a, obj, old)
+        match policy::matches(&inv.spec, a, obj, old)
             .and_then(|m| Ok(m && namespace_matches(store, &inv.spec, a)?))
         {
             Ok(true) => {}

@@ -280,7 +280,16 @@ async fn webhook_taints_agent_untaints_after_probe_file_and_after_reboot() {
         &c,
         &node_a,
         &dir.path().join("state"),
-        &["--probe-file", &probe_arg, "--probe-period", "1h"],
+        // One failed round is not-ready: the agent on the old boot must not be
+        // ready when the simulated reboot happens (on a real crash it is dead).
+        &[
+            "--probe-file",
+            &probe_arg,
+            "--probe-period",
+            "1h",
+            "--failure-threshold",
+            "1",
+        ],
     )
     .await;
 
@@ -336,8 +345,14 @@ async fn webhook_taints_agent_untaints_after_probe_file_and_after_reboot() {
         "no webhook-missed alarm when the webhook tainted the node"
     );
 
-    // Reboot: the network agent is not up yet on the new boot.
+    // Reboot: the network agent is not up yet on the new boot. (A crash
+    // reboot kills the agent too; this one keeps running, so it is made to
+    // see its probe fail first, as it would before a reboot it survives.)
     std::fs::remove_file(&probe).unwrap();
+    eventually("the agent sees its probe fail", || async {
+        agent.metric("nodegate_agent_ready").await == Some(0.0)
+    })
+    .await;
     let old_boot = kubelet.boot_id().to_string();
     kubelet.reboot().await.unwrap();
     assert_ne!(kubelet.boot_id(), old_boot);

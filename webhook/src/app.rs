@@ -15,9 +15,9 @@ use axum::routing::{get, post};
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::Semaphore;
 
+use crate::admission::{Handled, Webhook};
 use crate::body::{self, BodyBudget, BodyError};
 use crate::limits::RequestLimits;
-use crate::admission::{Handled, Webhook};
 use crate::metrics::{Metrics, Port, Refusal};
 use crate::refusal;
 

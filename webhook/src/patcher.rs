@@ -154,11 +154,7 @@ impl RebootPatcher {
     /// The re-registration check ([`retaint_reregistered`]), bounded by
     /// `until`; the caller answers the create after it. Failures are logged
     /// and counted: the status write that follows still queues a background patch.
-    pub async fn retaint_now(
-        &self,
-        job: &Reregistration,
-        until: tokio::time::Instant,
-    ) {
+    pub async fn retaint_now(&self, job: &Reregistration, until: tokio::time::Instant) {
         let Some((api, rules)) = &self.direct else {
             self.metrics.reregistration(Background::Skipped);
             return;

@@ -349,7 +349,11 @@ mod tests {
         let mut again = review_json.clone();
         again["request"]["object"] = patched.clone();
         let a = answer(rules, &again);
-        assert!(a.patched.is_none(), "second call patched again: {:?}", a.decision);
+        assert!(
+            a.patched.is_none(),
+            "second call patched again: {:?}",
+            a.decision
+        );
     }
 
     #[test]

@@ -597,16 +597,16 @@ mod tests {
     /// and the loadgen's answer check accepts what the webhook encodes.
     #[test]
     fn webhook_rules_patch_both_fixtures() {
+        use nodegate_webhook::review;
         use nodegate_webhook::rules::Rules;
-        use nodegate_webhook::wire;
         let rules = Rules::new(vec![DEFAULT_TAINT.parse().unwrap()]).unwrap();
         for f in workload(Workload::Mix) {
             let id = uid(5, 42);
             let body = f.body(&id);
-            let req = wire::decode_request(&body).expect("webhook decodes the fixture");
+            let req = review::decode(&body).expect("webhook decodes the fixture");
             let d = rules.review(&req);
             assert!(d.added.is_some(), "{}: {}", f.name, d.why);
-            let out = wire::encode_response(&req.uid, d.patch.as_deref());
+            let out = review::encode(&req.uid, d.added.as_ref());
             assert_eq!(
                 crate::stats::check_review(
                     &out,
@@ -618,10 +618,9 @@ mod tests {
                 f.name
             );
             // The patch applies to the object and appends nodegate's taint after the others.
-            let patch: json_patch::Patch =
-                serde_json::from_slice(d.patch.as_deref().unwrap().patch()).unwrap();
+            let patch = &d.added.as_ref().unwrap().patch;
             let mut obj = parsed(&f, &id)["request"]["object"].clone();
-            json_patch::patch(&mut obj, &patch).unwrap();
+            json_patch::patch(&mut obj, patch).unwrap();
             let taints = obj["spec"]["taints"].as_array().unwrap();
             assert_eq!(taints.len(), 2, "{}", f.name);
             assert_eq!(taints[1]["key"], "node.cilium.io/agent-not-ready");
@@ -629,7 +628,7 @@ mod tests {
             let mut again = parsed(&f, &id);
             again["request"]["object"] = obj;
             let again = serde_json::to_vec(&again).unwrap();
-            let req = wire::decode_request(&again).unwrap();
+            let req = review::decode(&again).unwrap();
             assert!(rules.review(&req).added.is_none(), "{}", f.name);
         }
     }

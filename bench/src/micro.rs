@@ -7,11 +7,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nodegate_shared::keys::DEFAULT_TAINT;
-use nodegate_webhook::app::Webhook;
+use nodegate_webhook::admission::Webhook;
 use nodegate_webhook::metrics::Metrics;
 use nodegate_webhook::patcher::RebootPatcher;
+use nodegate_webhook::review;
 use nodegate_webhook::rules::Rules;
-use nodegate_webhook::wire;
 use serde::de::IgnoredAny;
 
 use crate::fixtures::{Fixture, uid};
@@ -21,11 +21,11 @@ use crate::fixtures::{Fixture, uid};
 pub enum Step {
     /// serde_json skipping the whole body: the floor for any JSON decoder.
     Scan,
-    /// `wire::decode_request`: the webhook's borrowed decoder of only what the rules read.
+    /// `review::decode`: kube's AdmissionReview with the Node as `NodeView`.
     Decode,
     /// `Rules::review` on a decoded request.
     Review,
-    /// `wire::encode_response` of the decision.
+    /// `review::encode` of the decision.
     Encode,
     /// `Webhook::handle`: decode + review + encode + metrics, as per request.
     Handle,
@@ -49,7 +49,7 @@ pub fn measure(step: Step, fixture: &Fixture, iterations: u32) -> anyhow::Result
         patcher: RebootPatcher::disabled(metrics.clone()),
         metrics,
     };
-    let req = wire::decode_request(&body).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let req = review::decode(&body).map_err(|e| anyhow::anyhow!("{e}"))?;
     let decision = rules.review(&req);
     let iterations = iterations.max(1);
     let start = Instant::now();
@@ -59,15 +59,15 @@ pub fn measure(step: Step, fixture: &Fixture, iterations: u32) -> anyhow::Result
                 let _ = black_box(serde_json::from_slice::<IgnoredAny>(black_box(&body)));
             }
             Step::Decode => {
-                let _ = black_box(wire::decode_request(black_box(&body)));
+                let _ = black_box(review::decode(black_box(&body)));
             }
             Step::Review => {
                 black_box(rules.review(black_box(&req)));
             }
             Step::Encode => {
-                black_box(wire::encode_response(
+                black_box(review::encode(
                     black_box(&req.uid),
-                    black_box(decision.patch.as_deref()),
+                    black_box(decision.added.as_ref()),
                 ));
             }
             Step::Handle => {

@@ -2,9 +2,13 @@
 //!
 //! Decoding into this instead of a full typed `Node` skips images, conditions
 //! and everything else in the (often 25 KB+) object; serde ignores the rest.
+//! It is a `kube` resource (core `v1` `Node`), so kube's admission types and
+//! `Api` decode straight into it.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
+use kube_core::{ClusterResourceScope, ObjectMeta, Resource};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -12,14 +16,70 @@ use crate::keys::{EXCLUDE_LABEL, READY_BOOT_ID_ANNOTATION};
 use crate::taint::TaintSpec;
 
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(from = "Fields")]
 pub struct NodeView {
-    #[serde(default)]
     pub metadata: MetaView,
-    #[serde(default)]
     pub spec: Option<SpecView>,
-    #[serde(default)]
     pub status: Option<StatusView>,
+    /// Name, uid and resourceVersion as `kube::Resource::meta` hands them
+    /// out (labels and annotations stay in `metadata` only).
+    meta: ObjectMeta,
+}
+
+/// What is decoded; [`NodeView`] adds the `ObjectMeta` kube asks for.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Fields {
+    #[serde(default)]
+    metadata: MetaView,
+    #[serde(default)]
+    spec: Option<SpecView>,
+    #[serde(default)]
+    status: Option<StatusView>,
+}
+
+impl From<Fields> for NodeView {
+    fn from(f: Fields) -> Self {
+        let meta = ObjectMeta {
+            name: f.metadata.name.clone(),
+            uid: f.metadata.uid.clone(),
+            resource_version: f.metadata.resource_version.clone(),
+            ..ObjectMeta::default()
+        };
+        Self {
+            metadata: f.metadata,
+            spec: f.spec,
+            status: f.status,
+            meta,
+        }
+    }
+}
+
+impl Resource for NodeView {
+    type DynamicType = ();
+    type Scope = ClusterResourceScope;
+
+    fn kind(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed("Node")
+    }
+    fn group(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed("")
+    }
+    fn version(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed("v1")
+    }
+    fn api_version(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed("v1")
+    }
+    fn plural(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed("nodes")
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.meta
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.meta
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
@@ -142,6 +202,19 @@ mod tests {
         assert_eq!(v.ready_boot_id(), Some("b1"));
         assert_eq!(v.boot_id(), Some("b2"));
         assert_eq!(v.taints().len(), 1);
+    }
+
+    #[test]
+    fn is_the_core_v1_node_resource() {
+        assert_eq!(NodeView::url_path(&(), None), "/api/v1/nodes");
+        let v: NodeView = serde_json::from_value(json!({
+            "metadata": {"name": "n1", "uid": "u1", "resourceVersion": "7", "labels": {"a": "b"}},
+        }))
+        .unwrap();
+        assert_eq!(v.meta().name.as_deref(), Some("n1"));
+        assert_eq!(v.meta().uid.as_deref(), Some("u1"));
+        assert_eq!(v.meta().resource_version.as_deref(), Some("7"));
+        assert_eq!(v.metadata.labels["a"], "b");
     }
 
     #[test]

@@ -15,8 +15,8 @@ use nodegate_tests::admission::{Attributes, Operation};
 use nodegate_tests::resources;
 use nodegate_webhook::fixtures::{self, RuleCase};
 use nodegate_webhook::policy::{ApiVersion, render};
+use nodegate_webhook::review;
 use nodegate_webhook::rules::Rules;
-use nodegate_webhook::wire;
 use serde_json::{Value, json};
 
 /// The Node after the webhook's decision (its JSON patch applied).
@@ -32,11 +32,10 @@ fn through_webhook(taints: &[TaintSpec], c: &RuleCase) -> Value {
         c.dry_run,
     );
     let body = serde_json::to_vec(&review).unwrap();
-    let req = wire::decode_request(&body).unwrap();
+    let req = review::decode(&body).unwrap();
     let decision = rules.review(&req);
     let answer: Value =
-        serde_json::from_slice(&wire::encode_response(&req.uid, decision.patch.as_deref()))
-            .unwrap();
+        serde_json::from_slice(&review::encode(&req.uid, decision.added.as_ref())).unwrap();
     let mut obj = c.object.clone();
     if let Some(p) = answer["response"]["patch"].as_str() {
         let bytes = base64::engine::general_purpose::STANDARD.decode(p).unwrap();

@@ -15,112 +15,14 @@ use axum::routing::{get, post};
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::Semaphore;
 
+use crate::admission::{Handled, Webhook};
 use crate::body::{self, BodyBudget, BodyError};
 use crate::limits::RequestLimits;
-use crate::metrics::{Metrics, Op, Outcome, Port, Refusal};
-use crate::patcher::{Enqueued, RebootPatcher};
+use crate::metrics::{Metrics, Port, Refusal};
 use crate::refusal;
-use crate::rules::Rules;
-use crate::wire::{self, BadInput};
 
 /// Largest AdmissionReview read (see [`crate::limits`] for why).
 pub const BODY_LIMIT: usize = crate::limits::DEFAULT_MAX_BODY_BYTES;
-
-/// Shared by the admission handler.
-#[derive(Debug)]
-pub struct Webhook {
-    pub rules: Arc<Rules>,
-    pub patcher: RebootPatcher,
-    pub metrics: Arc<Metrics>,
-}
-
-/// The answer to one body, and the re-registration check to make before
-/// sending it.
-#[derive(Debug)]
-pub struct Handled {
-    pub status: StatusCode,
-    pub bytes: Vec<u8>,
-    pub reregistration: Option<crate::rules::Reregistration>,
-}
-
-impl Webhook {
-    /// Answers one body: the response bytes and the HTTP status.
-    pub fn handle(&self, body: &[u8]) -> (StatusCode, Vec<u8>) {
-        let h = self.handle_review(body);
-        (h.status, h.bytes)
-    }
-
-    /// [`Webhook::handle`], with the re-registration check a Node create asks for.
-    pub fn handle_review(&self, body: &[u8]) -> Handled {
-        let mut reregistration = None;
-        let start = Instant::now();
-        let (decoded, decoder) = wire::decode_request_with(body);
-        self.metrics.decoded(decoder);
-        let (op, outcome, status, bytes) = match decoded {
-            Ok(req) => {
-                let op = Op::from(&req.operation);
-                let d = self.rules.review(&req);
-                // Per-request lines are debug: a burst of thousands of node
-                // writes must not turn into blocking stderr writes.
-                if let Some((reason, n)) = d.added {
-                    self.metrics.taints_added(reason, n);
-                    tracing::debug!(
-                        uid = %req.uid, node = %req.name, operation = ?req.operation,
-                        dry_run = req.dry_run, taints = n, "{}", d.why
-                    );
-                } else {
-                    tracing::debug!(uid = %req.uid, node = %req.name, operation = ?req.operation, "{}", d.why);
-                }
-                if let Some(job) = &d.reboot_patch {
-                    let node = &job.node;
-                    // Info only for a new job: a node without the taint keeps
-                    // sending reboot-looking status writes until it is patched.
-                    match self.patcher.enqueue(job) {
-                        Enqueued::Queued => tracing::info!(uid = %req.uid, %node, "{}", d.why),
-                        q => tracing::debug!(uid = %req.uid, %node, queued = ?q, "{}", d.why),
-                    }
-                }
-                reregistration = d.reregistration.clone();
-                let outcome = if d.added.is_some() {
-                    Outcome::Patched
-                } else {
-                    Outcome::Allowed
-                };
-                (
-                    op,
-                    outcome,
-                    StatusCode::OK,
-                    wire::encode_response(&req.uid, d.patch.as_deref()),
-                )
-            }
-            Err(BadInput::Answer { uid, reason }) => {
-                tracing::warn!(%uid, "{reason}; allowing untouched");
-                (
-                    Op::Unknown,
-                    Outcome::Invalid,
-                    StatusCode::OK,
-                    wire::encode_response(&uid, None),
-                )
-            }
-            Err(BadInput::Reject(reason)) => {
-                tracing::warn!("{reason}; answering 400");
-                (
-                    Op::Unknown,
-                    Outcome::Invalid,
-                    StatusCode::BAD_REQUEST,
-                    format!("{reason}\n").into_bytes(),
-                )
-            }
-        };
-        self.metrics
-            .request(op, outcome, start.elapsed().as_secs_f64());
-        Handled {
-            status,
-            bytes,
-            reregistration,
-        }
-    }
-}
 
 /// The admission route's state: the decision maker and the limits around it.
 #[derive(Debug)]
@@ -184,7 +86,8 @@ async fn admit(route: &Route, req: Request, deadline: tokio::time::Instant) -> R
     if let Some(job) = reregistration {
         // Before the answer: the kubelet's status write (the new boot ID)
         // only follows it. At most a second, well inside the API server's
-        // timeout; past it the status write still gets rule 3.
+        // timeout; past it the status write that follows still queues the
+        // background patch.
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
         let budget = (left / 2).min(std::time::Duration::from_secs(1));
         route

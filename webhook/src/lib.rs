@@ -1,14 +1,23 @@
 //! Mutating admission webhook that taints Nodes until their network agent is ready.
 //!
-//! Modules: [`rules`] decides (pure), [`wire`] decodes/encodes AdmissionReviews
-//! (borrowed, only what the rules read; `scan` is its fast reader for compact
-//! JSON, serde_json the fallback), [`patches`] holds the answers built once,
-//! [`app`] holds the HTTP routes, [`serve`] the TLS/HTTP stack (reused by the
-//! performance harness) with [`gate`] capping connections, [`limits`],
-//! [`body`] and [`refusal`] bound what one request may cost, [`tls`] reloads
-//! the serving certificate, [`patcher`] does the background reboot patches,
-//! [`metrics`] exports Prometheus metrics.
+//! The modules form layers; each uses only the ones above it in this list:
+//!
+//! * [`rules`]: the decision, pure (kube's `AdmissionRequest` and the shared
+//!   `NodeView` in, taints, patch and follow-up jobs out).
+//! * [`review`]: AdmissionReview bytes in (kube's types, serde) and out.
+//! * [`metrics`]: Prometheus metrics.
+//! * [`patcher`]: the background reboot patches and the re-registration check.
+//! * [`admission`]: one review start to end (decode, decide, count, encode).
+//! * [`limits`], [`body`], [`refusal`]: what one request may cost;
+//!   [`app`]: the HTTP routes within those limits.
+//! * [`gate`], [`tls`], [`serve`]: connections, the reloading certificate,
+//!   the TLS/HTTP stack (reused by the performance harness).
+//! * [`config`] and this crate root: flags, and starting it all.
+//!
+//! [`policy`] and [`confinement`] render manifests; [`fixtures`] holds the
+//! realistic Nodes and reviews the tests and benches share.
 
+pub mod admission;
 pub mod app;
 pub mod body;
 pub mod config;
@@ -18,15 +27,12 @@ pub mod gate;
 pub mod limits;
 pub mod metrics;
 pub mod patcher;
-pub mod patches;
 pub mod policy;
 pub mod refusal;
+pub mod review;
 pub mod rules;
-mod scan;
 pub mod serve;
-pub mod slim;
 pub mod tls;
-pub mod wire;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -39,7 +45,8 @@ use tokio::sync::watch;
 
 pub use config::{Args, Config, KubeMode};
 
-use crate::app::{Health, Webhook, admin_router, webhook_router};
+use crate::admission::Webhook;
+use crate::app::{Health, admin_router, webhook_router};
 use crate::metrics::{Metrics, Port};
 use crate::patcher::RebootPatcher;
 use crate::rules::Rules;

@@ -12,7 +12,6 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use crate::rules::Reason;
-use crate::wire::Decoder;
 
 /// `operation` label values, in [`Op`] order.
 const OPERATIONS: [&str; 5] = ["CREATE", "UPDATE", "DELETE", "CONNECT", "UNKNOWN"];
@@ -52,7 +51,8 @@ pub enum Outcome {
     Invalid,
 }
 
-/// Result of one background reboot patch (rule 3).
+/// Result of one background reboot patch (after a status write showed a
+/// reboot) or of one re-registration check.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Background {
     /// Taints added to the main resource.
@@ -113,11 +113,6 @@ struct RequestLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct PathLabels {
-    path: &'static str,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReasonLabels {
     reason: &'static str,
 }
@@ -148,7 +143,6 @@ pub struct Metrics {
     background: [Counter; 4],
     reregistrations: [Counter; 4],
     tls_reloads: [Counter; 2],
-    decodes: [Counter; 2],
     refused: [[Counter; 7]; 2],
     connections: [Gauge; 2],
     inflight: Gauge,
@@ -218,15 +212,6 @@ impl Metrics {
             "Serving certificate reloads after the files changed, by result",
             tls,
         );
-        let paths = Family::<PathLabels, Counter>::default();
-        let decodes =
-            ["fast", "serde"].map(|path| paths.get_or_create(&PathLabels { path }).clone());
-        registry.register(
-            "decodes",
-            "Request bodies by decoder: fast (compact JSON as the API server writes it) or serde \
-             (anything else, including bad input); a growing serde share costs CPU, not correctness",
-            paths,
-        );
         let refusals = Family::<RefusalLabels, Counter>::default();
         let refused = PORTS.map(|port| {
             REFUSALS.map(|reason| {
@@ -261,7 +246,6 @@ impl Metrics {
             background,
             reregistrations,
             tls_reloads,
-            decodes,
             refused,
             connections,
             inflight,
@@ -311,15 +295,6 @@ impl Metrics {
         self.background[result as usize].inc();
     }
 
-    /// Which decoder read a request body.
-    pub fn decoded(&self, decoder: Decoder) {
-        let i = match decoder {
-            Decoder::Fast => 0,
-            Decoder::Serde => 1,
-        };
-        self.decodes[i].inc();
-    }
-
     pub fn tls_reload(&self, ok: bool) {
         self.tls_reloads[usize::from(!ok)].inc();
     }
@@ -344,7 +319,6 @@ mod tests {
         m.taints_added(Reason::Reboot, 2);
         m.background(Background::Skipped);
         m.tls_reload(false);
-        m.decoded(Decoder::Serde);
         m.refused(Port::Https, Refusal::BodyTooLarge);
         m.connections(Port::Admin).inc();
         let text = m.encode();
@@ -357,8 +331,6 @@ mod tests {
             r#"nodegate_webhook_background_patches_total{result="skipped"} 1"#,
             r#"nodegate_webhook_background_patches_total{result="ok"} 0"#,
             r#"nodegate_webhook_tls_reloads_total{result="failed"} 1"#,
-            r#"nodegate_webhook_decodes_total{path="serde"} 1"#,
-            r#"nodegate_webhook_decodes_total{path="fast"} 0"#,
             r#"nodegate_webhook_refused_total{port="https",reason="body_too_large"} 1"#,
             r#"nodegate_webhook_refused_total{port="admin",reason="connection_limit"} 0"#,
             r#"nodegate_webhook_open_connections{port="admin"} 1"#,
@@ -366,5 +338,7 @@ mod tests {
         ] {
             assert!(text.contains(line), "missing {line} in\n{text}");
         }
+        // One decoder now: no per-decoder series.
+        assert!(!text.contains("decodes"), "{text}");
     }
 }

@@ -1,4 +1,4 @@
-//! Background reboot patches (rule 3).
+//! Background reboot patches, and the re-registration check.
 //!
 //! A `nodes/status` write cannot carry taints (the API server keeps the
 //! stored spec), so when one shows a reboot the webhook queues the node here
@@ -18,12 +18,12 @@ use std::time::Duration;
 
 use kube::api::{Api, Patch, PatchParams};
 use kube::{Client, Error as KubeError};
+use nodegate_shared::NodeView;
 use nodegate_shared::patch::{Guard, add_taints};
 use tokio::sync::{Semaphore, mpsc};
 
 use crate::metrics::{Background, Metrics};
-use crate::rules::{Reason, Rules};
-use crate::slim::SlimNode;
+use crate::rules::{Reason, RebootJob, Reregistration, Rules};
 
 /// Tuning of the background patcher.
 #[derive(Debug, Clone, Copy)]
@@ -51,16 +51,6 @@ impl Default for PatcherOptions {
     }
 }
 
-/// A node whose status write showed a reboot.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RebootJob {
-    pub node: String,
-    /// When the write changes the bootID: the one it replaces (empty when
-    /// there was none). Until the stored node moves off it, the write that
-    /// triggered the job is not stored yet.
-    pub previous_boot: Option<String>,
-}
-
 /// What happened to a node handed to [`RebootPatcher::enqueue`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Enqueued {
@@ -80,7 +70,7 @@ pub struct RebootPatcher {
     pending: Arc<Mutex<HashSet<String>>>,
     metrics: Arc<Metrics>,
     /// For the re-registration check, made on the admission path.
-    direct: Option<(Api<SlimNode>, Arc<Rules>)>,
+    direct: Option<(Api<NodeView>, Arc<Rules>)>,
 }
 
 /// What one background job did.
@@ -112,7 +102,7 @@ impl RebootPatcher {
     ) -> (Self, tokio::task::JoinHandle<()>) {
         let (tx, mut rx) = mpsc::channel::<RebootJob>(opts.queue_capacity.max(1));
         let pending: Arc<Mutex<HashSet<String>>> = Arc::default();
-        let api: Api<SlimNode> = Api::all(client);
+        let api: Api<NodeView> = Api::all(client);
         let handle = Self {
             tx: Some(tx),
             pending: pending.clone(),
@@ -163,12 +153,8 @@ impl RebootPatcher {
 
     /// The re-registration check ([`retaint_reregistered`]), bounded by
     /// `until`; the caller answers the create after it. Failures are logged
-    /// and counted: the status write that follows still gets rule 3.
-    pub async fn retaint_now(
-        &self,
-        job: &crate::rules::Reregistration,
-        until: tokio::time::Instant,
-    ) {
+    /// and counted: the status write that follows still queues a background patch.
+    pub async fn retaint_now(&self, job: &Reregistration, until: tokio::time::Instant) {
         let Some((api, rules)) = &self.direct else {
             self.metrics.reregistration(Background::Skipped);
             return;
@@ -241,9 +227,9 @@ enum Attempt {
 /// guarded patch only after a reboot. Conflicts are retried at once a few
 /// times; the caller bounds the whole by the request's deadline.
 pub async fn retaint_reregistered(
-    api: &Api<SlimNode>,
+    api: &Api<NodeView>,
     rules: &Rules,
-    job: &crate::rules::Reregistration,
+    job: &Reregistration,
 ) -> Result<PatchOutcome, KubeError> {
     const ATTEMPTS: u32 = 3;
     let name = job.node.as_str();
@@ -252,11 +238,11 @@ pub async fn retaint_reregistered(
         let Some(node) = api.get_opt(name).await? else {
             return Ok(PatchOutcome::Unneeded);
         };
-        let missing = rules.reregistration_taints_needed(&node.view, &job.boot_id);
+        let missing = rules.reregistration_taints_needed(&node, &job.boot_id);
         if missing.is_empty() {
             return Ok(PatchOutcome::Unneeded);
         }
-        let patch = add_taints(&node.view, &missing, Guard::Current);
+        let patch = add_taints(&node, &missing, Guard::Current);
         match api
             .patch(name, &PatchParams::default(), &Patch::Json::<()>(patch))
             .await
@@ -271,7 +257,7 @@ pub async fn retaint_reregistered(
 /// One job: read, re-check, guarded patch; retried with exponential backoff,
 /// also while the write that triggered it is not stored yet.
 pub async fn patch_node(
-    api: &Api<SlimNode>,
+    api: &Api<NodeView>,
     rules: &Rules,
     job: &RebootJob,
     opts: &PatcherOptions,
@@ -284,15 +270,15 @@ pub async fn patch_node(
             let Some(node) = api.get_opt(name).await? else {
                 return Ok(Attempt::Done(PatchOutcome::Unneeded));
             };
-            let stored_boot = node.view.boot_id().unwrap_or("");
+            let stored_boot = node.boot_id().unwrap_or("");
             if job.previous_boot.as_deref() == Some(stored_boot) {
                 return Ok(Attempt::NotStoredYet);
             }
-            let missing = rules.reboot_taints_needed(&node.view);
+            let missing = rules.reboot_taints_needed(&node);
             if missing.is_empty() {
                 return Ok(Attempt::Done(PatchOutcome::Unneeded));
             }
-            let patch = add_taints(&node.view, &missing, Guard::Current);
+            let patch = add_taints(&node, &missing, Guard::Current);
             api.patch(name, &PatchParams::default(), &Patch::Json::<()>(patch))
                 .await?;
             Ok(Attempt::Done(PatchOutcome::Patched(missing.len())))
@@ -397,7 +383,7 @@ mod tests {
     #[tokio::test]
     async fn guarded_json_patch_retried_after_conflict() {
         let (svc, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
-        let api: Api<SlimNode> = Api::all(Client::new(svc, "default"));
+        let api: Api<NodeView> = Api::all(Client::new(svc, "default"));
         let server = tokio::spawn(async move {
             let (_, send) = expect(&mut handle, Method::GET, "/api/v1/nodes/n1").await;
             send.send_response(json_response(StatusCode::OK, &rebooted_node("5")));
@@ -445,7 +431,7 @@ mod tests {
     #[tokio::test]
     async fn recheck_skips_ready_or_missing_nodes_and_gives_up_on_errors() {
         let (svc, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
-        let api: Api<SlimNode> = Api::all(Client::new(svc, "default"));
+        let api: Api<NodeView> = Api::all(Client::new(svc, "default"));
         let server = tokio::spawn(async move {
             // Agent already ready on the current boot: no PATCH.
             let (_, send) = expect(&mut handle, Method::GET, "/api/v1/nodes/n1").await;
@@ -506,7 +492,7 @@ mod tests {
     #[tokio::test]
     async fn waits_until_the_status_write_is_stored() {
         let (svc, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
-        let api: Api<SlimNode> = Api::all(Client::new(svc, "default"));
+        let api: Api<NodeView> = Api::all(Client::new(svc, "default"));
         let before_reboot = with_annotation(kubelet_node("n1", "boot-1", 0), ANN, "boot-1");
         let server = tokio::spawn(async move {
             // Not stored yet, then stored: one read more, then the patch.

@@ -1,26 +1,30 @@
-//! The admission decision: which requests get which taints (issue 2, rules 1–6).
+//! The admission decision: which Node writes get which taints, and why.
 //!
 //! Pure and synchronous: no I/O, so it is table-tested directly and runs on
-//! the runtime threads without blocking them.
+//! the runtime threads without blocking them. It reads kube's
+//! `AdmissionRequest` with the Node as the workspace's [`NodeView`], and owns
+//! everything a decision carries: the taints to add and why, the patch that
+//! adds them (shaped by `nodegate_shared::patch::add_taints`, the same builder
+//! the agent and the background patcher use), and the follow-up jobs.
+//! Nothing here knows about bytes, HTTP or metrics.
 
-use std::borrow::Cow;
-
-use kube::core::admission::Operation;
+use json_patch::Patch;
+use kube::core::admission::{AdmissionRequest, Operation};
 use nodegate_shared::keys::NODE_USER_PREFIX;
 use nodegate_shared::node::{boot_id_changed, rebooted_since_ready};
+use nodegate_shared::patch::{Guard, add_taints};
 use nodegate_shared::taint::check_unique;
 use nodegate_shared::{NodeView, TaintError, TaintSpec};
 
-use crate::patcher::RebootJob;
-use crate::patches::{Patches, Prepared, Shape};
-use crate::wire::{Node, Request};
+/// An admission request for a Node, as kube decodes it.
+pub type Request = AdmissionRequest<NodeView>;
 
 /// Why taints were added; also the `reason` label of the taints metric.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Reason {
-    /// A Node create (rule 1).
+    /// A new Node: its network agent cannot be ready yet.
     Create,
-    /// A write after the node rebooted since its agent was last ready (rules 2, 3).
+    /// A write after the node rebooted since its agent was last ready.
     Reboot,
 }
 
@@ -31,39 +35,45 @@ impl Reason {
             Reason::Reboot => "reboot",
         }
     }
-}
 
-/// The outcome of one review. The answer is always allowed; see
-/// [`crate::wire::encode_response`].
-#[derive(Debug)]
-pub struct Decision<'r> {
-    /// The patch and warnings when taints are added (usually borrowed from
-    /// the answers prepared in [`Rules::new`]).
-    pub patch: Option<Cow<'r, Prepared>>,
-    /// Taints added by the patch and why.
-    pub added: Option<(Reason, usize)>,
-    /// A status write after a reboot: this node needs a background patch of
-    /// its main resource (rule 3). `None` on dry-run.
-    pub reboot_patch: Option<RebootJob>,
-    /// A Node create (not dry-run): if the name already exists this is a
-    /// kubelet re-registering, and the stored node may need its taints back
-    /// before the create is answered (the kubelet's status write follows the
-    /// answer).
-    pub reregistration: Option<Reregistration>,
-    /// One short phrase for the log line.
-    pub why: &'static str,
-}
-
-impl Decision<'_> {
-    fn allow(why: &'static str) -> Self {
-        Decision {
-            patch: None,
-            added: None,
-            reboot_patch: None,
-            reregistration: None,
-            why,
+    /// The end of the warning the requester sees for each added taint.
+    fn explanation(self) -> &'static str {
+        match self {
+            Reason::Create => "new node, its network agent is not ready yet",
+            Reason::Reboot => "node rebooted since its network agent was last ready",
         }
     }
+}
+
+/// Taints added by the answer: which, why, and the JSON patch adding them to
+/// the object under review.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Added {
+    pub reason: Reason,
+    pub taints: Vec<TaintSpec>,
+    pub patch: Patch,
+}
+
+impl Added {
+    /// One warning per added taint, shown to the client that made the write.
+    pub fn warnings(&self) -> Vec<String> {
+        let why = self.reason.explanation();
+        self.taints
+            .iter()
+            .map(|t| format!("nodegate: added taint {t}: {why}"))
+            .collect()
+    }
+}
+
+/// A node whose status write showed a reboot: its main resource needs the
+/// taints, patched in the background (a status write cannot carry them).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RebootJob {
+    pub node: String,
+    /// When the write changes the bootID: the one it replaces (empty when
+    /// there was none). Until the stored node moves off it, the write that
+    /// triggered the job is not stored yet.
+    pub previous_boot: Option<String>,
 }
 
 /// A kubelet's create of a Node that may already exist: its name and the boot
@@ -74,12 +84,39 @@ pub struct Reregistration {
     pub boot_id: String,
 }
 
-/// The configured taints with everything per-request work can reuse.
+/// The outcome of one review. The answer is always allowed: nodegate only
+/// adds taints, and never blocks a write.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decision {
+    /// Taints the answer adds, with its patch.
+    pub added: Option<Added>,
+    /// A status write after a reboot: this node needs a background patch of
+    /// its main resource. `None` on dry-run.
+    pub reboot_job: Option<RebootJob>,
+    /// A Node create (not dry-run): if the name already exists this is a
+    /// kubelet re-registering, and the stored node may need its taints back
+    /// before the create is answered (the kubelet's status write follows the
+    /// answer).
+    pub reregistration: Option<Reregistration>,
+    /// One short phrase for the log line.
+    pub why: &'static str,
+}
+
+impl Decision {
+    fn allow(why: &'static str) -> Self {
+        Decision {
+            added: None,
+            reboot_job: None,
+            reregistration: None,
+            why,
+        }
+    }
+}
+
+/// The configured taints and the decisions made with them.
 #[derive(Debug, Clone)]
 pub struct Rules {
     taints: Vec<TaintSpec>,
-    /// Patches, warnings and answers, serialized once.
-    patches: Patches,
 }
 
 /// `system:node:<name>`: the kubelet of that node.
@@ -98,8 +135,7 @@ impl Rules {
     /// a Node carrying both.
     pub fn new(taints: Vec<TaintSpec>) -> Result<Self, TaintError> {
         check_unique(&taints)?;
-        let patches = Patches::new(&taints);
-        Ok(Self { taints, patches })
+        Ok(Self { taints })
     }
 
     pub fn taints(&self) -> &[TaintSpec] {
@@ -107,9 +143,9 @@ impl Rules {
     }
 
     /// Decides one admission request. Never denies: nodegate only adds taints.
-    pub fn review(&self, req: &Request<'_>) -> Decision<'_> {
+    pub fn review(&self, req: &Request) -> Decision {
         let allow = Decision::allow;
-        // Rule 4: other kinds are not ours.
+        // Only core v1 Nodes are ours, whatever the configuration sends.
         if !req.kind.group.is_empty() || req.kind.version != "v1" || req.kind.kind != "Node" {
             return allow("not a v1 Node");
         }
@@ -121,9 +157,10 @@ impl Rules {
         }
         let sub = req.sub_resource.as_deref().unwrap_or("");
         match (&req.operation, sub) {
-            // Rule 1: a pure mutation, so dry-run gets it too.
+            // A new node cannot have a ready agent. A pure mutation of the
+            // object under review, so a dry-run gets it too.
             (Operation::Create, "") => {
-                let mut d = self.patch(node, Reason::Create, "create");
+                let mut d = self.taint(node, Reason::Create, "create");
                 if !req.dry_run
                     && let (Some(name), Some(boot)) = (node.name(), node.boot_id())
                 {
@@ -135,22 +172,26 @@ impl Rules {
                 d
             }
             (Operation::Update, "") => {
-                // Rule 2: NodeRestriction refuses a kubelet update that changes
-                // taints, and it runs again after a mutation.
+                // The kubelet's own update: NodeRestriction refuses a kubelet
+                // update that changes taints, and it runs again after a
+                // mutation, so patching it would fail the kubelet's write.
                 if is_node_itself(req.user_info.username.as_deref(), node.name()) {
                     return allow("update by the node itself");
                 }
-                let old_boot = req.old_object.as_ref().and_then(Node::boot_id);
+                // The stored object says whether the node rebooted since its
+                // agent was last ready: the update carries the taints back.
+                let old_boot = req.old_object.as_ref().and_then(NodeView::boot_id);
                 if !rebooted_since_ready(node.ready_boot_id(), old_boot) {
                     return allow("update: no reboot since ready");
                 }
-                self.patch(node, Reason::Reboot, "update after reboot")
+                self.taint(node, Reason::Reboot, "update after reboot")
             }
             (Operation::Update, "status") => {
-                // Rule 3: spec changes are dropped on a status write, so never
-                // patch here; fix the main resource in the background instead.
+                // A status write keeps the stored spec, so a patch of its
+                // taints would be dropped: fix the main resource in the
+                // background instead.
                 let old = req.old_object.as_ref();
-                let old_boot = old.and_then(Node::boot_id);
+                let old_boot = old.and_then(NodeView::boot_id);
                 let new_boot = node.boot_id();
                 let rebooted = boot_id_changed(old_boot, new_boot)
                     || rebooted_since_ready(node.ready_boot_id(), new_boot);
@@ -159,14 +200,14 @@ impl Rules {
                 }
                 // The stored spec is what a status write keeps.
                 let stored = old.filter(|o| o.has_spec()).unwrap_or(node);
-                if self.taints.iter().all(|t| stored.has_taint(t)) {
+                if stored.missing(&self.taints).is_empty() {
                     return allow("status: rebooted, taints present");
                 }
                 if req.dry_run {
                     return allow("status: rebooted, dry-run");
                 }
                 let mut d = allow("status: rebooted, background patch");
-                d.reboot_patch = node.name().map(|name| RebootJob {
+                d.reboot_job = node.name().map(|name| RebootJob {
                     node: name.to_owned(),
                     previous_boot: (old_boot != new_boot)
                         .then(|| old_boot.unwrap_or("").to_owned()),
@@ -177,16 +218,22 @@ impl Rules {
         }
     }
 
-    fn patch(&self, node: &Node<'_>, reason: Reason, why: &'static str) -> Decision<'_> {
-        let missing = |i: usize| !node.has_taint(&self.taints[i]);
-        if !(0..self.taints.len()).any(missing) {
+    /// Adds the configured taints `node` lacks. Taints already there are
+    /// left alone, so a second call on the patched object (the API server
+    /// may reinvoke webhooks) adds nothing.
+    fn taint(&self, node: &NodeView, reason: Reason, why: &'static str) -> Decision {
+        let missing = node.missing(&self.taints);
+        if missing.is_empty() {
             return Decision::allow("taints already present");
         }
-        let patch = self.patches.get(reason, Shape::of(node), missing);
+        let patch = add_taints(node, &missing, Guard::None);
         Decision {
-            added: Some((reason, patch.added())),
-            patch: Some(patch),
-            reboot_patch: None,
+            added: Some(Added {
+                reason,
+                taints: missing.into_iter().cloned().collect(),
+                patch,
+            }),
+            reboot_job: None,
             reregistration: None,
             why,
         }
@@ -213,9 +260,9 @@ impl Rules {
         stored.missing(&self.taints)
     }
 
-    /// The background re-check (rule 3) on a freshly read node: taints to add,
-    /// or none when the node is excluded or its agent already recorded the
-    /// current boot as ready.
+    /// The background re-check after a status write showed a reboot, on a
+    /// freshly read node: taints to add, or none when the node is excluded or
+    /// its agent already recorded the current boot as ready.
     pub fn reboot_taints_needed<'a>(&'a self, node: &NodeView) -> Vec<&'a TaintSpec> {
         if node.is_excluded() {
             return Vec::new();
@@ -230,19 +277,15 @@ impl Rules {
 
 #[cfg(test)]
 mod tests {
-    use base64::Engine;
     use serde_json::{Value, json};
 
     use kube::core::admission::AdmissionReview;
-    use nodegate_shared::patch::{Guard, add_taints};
 
     use super::*;
     use crate::fixtures::{
         self, CILIUM, KUBELET, NOT_READY, kubelet_node, node_with_not_ready, review,
         with_annotation, with_taints,
     };
-    use crate::slim::SlimNode;
-    use crate::wire;
     use nodegate_shared::keys::{DEFAULT_TAINT, EXCLUDE_LABEL, READY_BOOT_ID_ANNOTATION as ANN};
 
     /// (name, user, new object, old object, expected taint keys or None).
@@ -252,133 +295,41 @@ mod tests {
         Rules::new(vec![DEFAULT_TAINT.parse().unwrap()]).unwrap()
     }
 
-    /// What the API server would see: the wire answer, and the object after
-    /// applying the (base64) patch with json-patch.
+    /// The request as kube decodes the API server's AdmissionReview.
+    fn request(review: &Value) -> Request {
+        serde_json::from_value::<AdmissionReview<NodeView>>(review.clone())
+            .unwrap()
+            .request
+            .unwrap()
+    }
+
+    /// What the API server would do with the decision: the object after
+    /// applying its JSON patch, and the warnings it passes on.
     struct Answer {
-        wire: Value,
+        decision: Decision,
         added: Option<(Reason, usize)>,
+        warnings: Vec<String>,
         reboot_patch: Option<RebootJob>,
         patched: Option<Value>,
     }
 
-    /// The decision as nodegate made it with kube's decoder: the request as
-    /// `AdmissionReview<SlimNode>` (the contract), the node as the shared
-    /// `NodeView`, the patch from the shared `add_taints`. Returns the patch
-    /// bytes, warnings, added taints and background patch.
-    type Reference = (
-        Option<Vec<u8>>,
-        Option<Vec<String>>,
-        Option<(Reason, usize)>,
-        Option<RebootJob>,
-    );
-
-    fn reference(rules: &Rules, body: &[u8]) -> Reference {
-        let review: AdmissionReview<SlimNode> = serde_json::from_slice(body).unwrap();
-        let req = review.request.unwrap();
-        let none = (None, None, None, None);
-        if !req.kind.group.is_empty() || req.kind.version != "v1" || req.kind.kind != "Node" {
-            return none;
-        }
-        let Some(node) = req.object.as_ref().map(|o| &o.view) else {
-            return none;
-        };
-        if node.is_excluded() {
-            return none;
-        }
-        let patch = |reason: Reason| {
-            let missing = node.missing(rules.taints());
-            if missing.is_empty() {
-                return (None, None, None, None);
-            }
-            let why = match reason {
-                Reason::Create => "new node, its network agent is not ready yet",
-                Reason::Reboot => "node rebooted since its network agent was last ready",
-            };
-            let warnings = missing
-                .iter()
-                .map(|t| format!("nodegate: added taint {t}: {why}"))
-                .collect();
-            let bytes = serde_json::to_vec(&add_taints(node, &missing, Guard::None)).unwrap();
-            (
-                Some(bytes),
-                Some(warnings),
-                Some((reason, missing.len())),
-                None,
-            )
-        };
-        match (&req.operation, req.sub_resource.as_deref().unwrap_or("")) {
-            (Operation::Create, "") => patch(Reason::Create),
-            (Operation::Update, "") => {
-                if is_node_itself(req.user_info.username.as_deref(), node.name()) {
-                    return none;
-                }
-                let old_boot = req.old_object.as_ref().and_then(|o| o.view.boot_id());
-                if !rebooted_since_ready(node.ready_boot_id(), old_boot) {
-                    return none;
-                }
-                patch(Reason::Reboot)
-            }
-            (Operation::Update, "status") => {
-                let old = req.old_object.as_ref().map(|o| &o.view);
-                let new_boot = node.boot_id();
-                let rebooted = boot_id_changed(old.and_then(NodeView::boot_id), new_boot)
-                    || rebooted_since_ready(node.ready_boot_id(), new_boot);
-                let stored = old.filter(|o| o.has_spec()).unwrap_or(node);
-                if rebooted && !stored.missing(rules.taints()).is_empty() && !req.dry_run {
-                    let old_boot = old.and_then(NodeView::boot_id);
-                    let job = node.name().map(|name| RebootJob {
-                        node: name.to_owned(),
-                        previous_boot: (old_boot != new_boot)
-                            .then(|| old_boot.unwrap_or("").to_owned()),
-                    });
-                    return (None, None, None, job);
-                }
-                none
-            }
-            _ => none,
-        }
-    }
-
     fn answer(rules: &Rules, review: &Value) -> Answer {
-        let body = serde_json::to_vec(review).unwrap();
-        let req = wire::decode_request(&body).unwrap();
-        let decision = rules.review(&req);
-        let bytes = wire::encode_response(&req.uid, decision.patch.as_deref());
-        let wire: Value = serde_json::from_slice(&bytes).unwrap();
-        // Same decision as with kube's decoder and the shared patch builder.
-        let (patch, warnings, added, reboot_patch) = reference(rules, &body);
-        assert_eq!(decision.patch.as_ref().map(|p| p.patch().to_vec()), patch);
-        assert_eq!(
-            wire["response"]
-                .get("warnings")
-                .map(|w| serde_json::from_value::<Vec<String>>(w.clone()).unwrap()),
-            warnings
-        );
-        assert_eq!(decision.added, added);
-        assert_eq!(decision.reboot_patch, reboot_patch);
-        assert_eq!(wire["apiVersion"], "admission.k8s.io/v1");
-        assert_eq!(wire["kind"], "AdmissionReview");
-        assert_eq!(wire["response"]["uid"], review["request"]["uid"]);
-        assert_eq!(wire["response"]["allowed"], true);
-        let patched = wire["response"].get("patch").map(|p| {
-            assert_eq!(wire["response"]["patchType"], "JSONPatch");
-            let bytes = base64::engine::general_purpose::STANDARD
-                .decode(p.as_str().expect("patch is a base64 string"))
-                .unwrap();
-            let patch: json_patch::Patch = serde_json::from_slice(&bytes).unwrap();
+        let decision = rules.review(&request(review));
+        let patched = decision.added.as_ref().map(|a| {
             let mut obj = review["request"]["object"].clone();
-            json_patch::patch(&mut obj, &patch).expect("patch applies to the object");
+            json_patch::patch(&mut obj, &a.patch).expect("patch applies to the object");
             obj
         });
-        if patched.is_none() {
-            assert!(wire["response"].get("patchType").is_none());
-            assert!(wire["response"].get("warnings").is_none());
-        }
         Answer {
-            wire,
-            added: decision.added,
-            reboot_patch: decision.reboot_patch,
+            added: decision.added.as_ref().map(|a| (a.reason, a.taints.len())),
+            warnings: decision
+                .added
+                .as_ref()
+                .map(Added::warnings)
+                .unwrap_or_default(),
+            reboot_patch: decision.reboot_job.clone(),
             patched,
+            decision,
         }
     }
 
@@ -393,12 +344,16 @@ mod tests {
             .unwrap_or_default()
     }
 
-    /// Rule 5: the API server may call again with the mutated object.
+    /// The API server may call again with the mutated object (reinvocation).
     fn assert_idempotent(rules: &Rules, review_json: &Value, patched: &Value) {
         let mut again = review_json.clone();
         again["request"]["object"] = patched.clone();
         let a = answer(rules, &again);
-        assert!(a.patched.is_none(), "second call patched again: {}", a.wire);
+        assert!(
+            a.patched.is_none(),
+            "second call patched again: {:?}",
+            a.decision
+        );
     }
 
     #[test]
@@ -454,9 +409,8 @@ mod tests {
                         orig["spec"] = json!({});
                     }
                     assert_eq!(without, orig, "{name}: other fields changed");
-                    let warnings = a.wire["response"]["warnings"].as_array().unwrap();
-                    assert_eq!(warnings.len(), 1, "{name}");
-                    let w = warnings[0].as_str().unwrap();
+                    assert_eq!(a.warnings.len(), 1, "{name}");
+                    let w = &a.warnings[0];
                     assert!(
                         w.contains(DEFAULT_TAINT) && w.contains("new node"),
                         "{name}: {w}"
@@ -464,7 +418,7 @@ mod tests {
                     assert_eq!(a.added, Some((Reason::Create, 1)), "{name}");
                     assert_idempotent(&r, &rv, out);
                 }
-                _ => panic!("{name}: expected {want:?}, got {}", a.wire),
+                _ => panic!("{name}: expected {want:?}, got {:?}", a.decision),
             }
             assert_eq!(a.reboot_patch, None, "{name}");
         }
@@ -486,14 +440,8 @@ mod tests {
         let a = answer(&r, &rv);
         let out = a.patched.unwrap();
         assert_eq!(taint_keys(&out), ["a", CILIUM, "b", "example.com/gate"]);
-        let warnings = a.wire["response"]["warnings"].as_array().unwrap();
-        assert_eq!(warnings.len(), 1);
-        assert!(
-            warnings[0]
-                .as_str()
-                .unwrap()
-                .contains("example.com/gate:NoExecute")
-        );
+        assert_eq!(a.warnings.len(), 1);
+        assert!(a.warnings[0].contains("example.com/gate:NoExecute"));
         assert_idempotent(&r, &rv, &out);
     }
 
@@ -524,12 +472,12 @@ mod tests {
                         out["spec"]["taints"][0]["timeAdded"],
                         "2025-01-01T00:01:00Z"
                     );
-                    let w = a.wire["response"]["warnings"][0].as_str().unwrap();
+                    let w = &a.warnings[0];
                     assert!(w.contains("rebooted"), "{name}: {w}");
                     assert_eq!(a.added, Some((Reason::Reboot, 1)));
                     assert_idempotent(&r, &rv, out);
                 }
-                _ => panic!("{name}: expected {want:?}, got {}", a.wire),
+                _ => panic!("{name}: expected {want:?}, got {:?}", a.decision),
             }
             assert_eq!(a.reboot_patch, None, "{name}");
         }
@@ -627,8 +575,8 @@ mod tests {
             let a = answer(&r, &rv);
             assert!(
                 a.patched.is_none(),
-                "{name}: status write patched: {}",
-                a.wire
+                "{name}: status write patched: {:?}",
+                a.decision
             );
             let want = queued.map(|prev| RebootJob {
                 node: "n1".into(),
@@ -667,7 +615,7 @@ mod tests {
         no_object["request"]["object"] = Value::Null;
         for rv in [pod, delete, connect, proxy, no_object] {
             let a = answer(&r, &rv);
-            assert!(a.patched.is_none(), "{}", a.wire);
+            assert!(a.patched.is_none(), "{:?}", a.decision);
             assert_eq!(a.added, None);
         }
     }
@@ -745,9 +693,7 @@ mod tests {
         for (dry_run, want) in [(false, true), (true, false)] {
             let review =
                 fixtures::review("u", "CREATE", None, KUBELET, node.clone(), None, dry_run);
-            let body = serde_json::to_vec(&review).unwrap();
-            let req = wire::decode_request(&body).unwrap();
-            let d = r.review(&req);
+            let d = r.review(&request(&review));
             assert_eq!(
                 d.reregistration,
                 want.then(|| Reregistration {

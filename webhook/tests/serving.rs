@@ -206,15 +206,6 @@ async fn bad_input_gets_a_clear_answer_and_the_next_request_is_served() {
         text.contains(r#"nodegate_webhook_requests_total{operation="UNKNOWN",result="invalid"} 4"#),
         "{text}"
     );
-    // Only the truncated body needed serde_json; well-formed JSON, even a
-    // review refused for its content, is read by the fast reader (the
-    // oversized body is never decoded).
-    for line in [
-        r#"nodegate_webhook_decodes_total{path="serde"} 1"#,
-        r#"nodegate_webhook_decodes_total{path="fast"} 5"#,
-    ] {
-        assert!(text.contains(line), "missing {line} in\n{text}");
-    }
     h.stop.send(()).unwrap();
     h.running.wait().await.unwrap();
 }

@@ -148,6 +148,17 @@ pub async fn check(
         );
         return Outcome::Missing;
     }
+    // With the admission-policy install the webhook still sees Node creates
+    // (for re-registrations) and taints what the policy left untainted: its
+    // warning on every taint means the policy did not apply.
+    if !want_warning && !warnings.is_empty() && unwarned.is_empty() {
+        report.add(
+            CHECK,
+            Status::Fail,
+            format!("Node {name} came back tainted by the webhook, not the admission policy (warnings: {warnings:?}): the policy did not apply, so new nodes depend on the webhook again"),
+        );
+        return Outcome::Missing;
+    }
     let keys: Vec<String> = taints.iter().map(ToString::to_string).collect();
     let by = if want_warning {
         "and the webhook's warning"

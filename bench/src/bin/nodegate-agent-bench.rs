@@ -2,7 +2,7 @@
 //! decoding Nodes into slim records, snapshot write, snapshot load + diff +
 //! dispatch, and the resident memory that costs.
 //!
-//! `cargo run --release -p nodegate-agent --bin nodegate-agent-bench -- --nodes 10000`
+//! `cargo run --release -p nodegate-bench --bin nodegate-agent-bench -- --nodes 10000`
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

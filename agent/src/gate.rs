@@ -1,7 +1,7 @@
 //! The readiness gate as a state machine: probe rounds, the agent's own
 //! Node as the watch shows it, write results and shutdown in; the taint
 //! writes, probe rounds, Events and metrics they lead to out. No I/O: the
-//! caller passes the time and runs the actions ([`crate::gate_loop`]).
+//! caller passes the time and runs the actions (`gate_loop`).
 //!
 //! The gate removes the taint once the probes pass on the node's current
 //! boot, and only once per boot; a reboot (new bootID) sends it back to

@@ -1,7 +1,7 @@
 //! The writes the agent makes on its own Node, decided without I/O: the
 //! "ready" patch that removes the taint and records the bootID, when the
 //! taint is added back and why, and what a write reports.
-//! [`crate::node_writer`] sends them.
+//! `node_writer` sends them.
 
 use json_patch::{AddOperation, Patch, PatchOperation, RemoveOperation, TestOperation};
 use jsonptr::PointerBuf;

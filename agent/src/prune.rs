@@ -2,7 +2,7 @@
 //! roster or a Node watch), confirmation answers, handler completions and
 //! snapshot ticks in; the GETs, handler dispatches, snapshot writes and
 //! counts they lead to out. No I/O: the caller passes the time and runs the
-//! actions ([`crate::prune_loop`]).
+//! actions (`prune_loop`).
 //!
 //! Two parts: [`Pruner`] keeps the live set and diffs it against the
 //! snapshot read at start; [`crate::confirm`] has the API server confirm

@@ -155,7 +155,7 @@ impl State {
             }),
             Event::NodeChanged(view) => {
                 self.view = Some(view);
-                if self.rebooted(now, &mut out) {
+                if self.rebooted(now, &mut out) || self.retainted(now, &mut out) {
                     out.push(Action::RunProbes);
                 } else {
                     self.settle(None, &mut out);
@@ -254,6 +254,32 @@ impl State {
         }
         self.boot = Some(current.to_owned());
         changed
+    }
+
+    /// Someone put the taint back on a node this gate made ready on its
+    /// current boot: the webhook, when a kubelet re-registers after a reboot
+    /// it has not reported yet, or an admin. Removing it at once would undo
+    /// the webhook's gate for the coming boot, so the probes must pass
+    /// again first. (The gate's own continuous re-taint forgets the
+    /// announcement, and a version older than the ready patch lacks the
+    /// recorded bootID, so neither counts.)
+    fn retainted(&mut self, now: Instant, out: &mut Vec<Action>) -> bool {
+        let Some(view) = self.view.as_ref() else {
+            return false;
+        };
+        let boot = view.boot_id();
+        let ours = view.missing(&self.specs).len() < self.specs.len();
+        let recorded = boot.is_some() && view.ready_boot_id() == boot;
+        let announced = self.announced_boot.as_ref().map(Option::as_deref) == Some(boot);
+        if !(self.readiness.is_ready() && ours && recorded && announced) {
+            return false;
+        }
+        tracing::info!(node = %self.name, boot_id = boot.unwrap_or(""), "taint put back on a ready node; probes must pass again");
+        out.push(Action::SetReady(false));
+        self.readiness.reset();
+        self.since = now;
+        self.origin = Origin::Webhook;
+        true
     }
 
     /// The ready patch went through: tell humans and the metric, once per
@@ -573,6 +599,54 @@ mod tests {
                 (Event::Tick, &["probe"]),
                 (Event::Probed(true), &["ready=1"]),
                 (Event::NodeChanged(node("b2", true)), &["remove@b2/10s"]),
+            ],
+        );
+    }
+
+    /// The node as the webhook leaves it when the kubelet re-registers
+    /// before reporting its new boot: recorded ready on `boot`, tainted.
+    fn retainted(boot: &str) -> NodeView {
+        let mut v = node(boot, false);
+        if let Some(spec) = v.spec.as_mut() {
+            spec.taints = Some(vec![ours()]);
+        }
+        v
+    }
+
+    #[test]
+    fn a_taint_put_back_on_a_ready_node_waits_for_the_probes() {
+        run(
+            "re-registration before the new boot is reported",
+            cfg(1, 3, false),
+            vec![
+                (Event::NodeChanged(node("b1", true)), &[]),
+                (Event::Probed(true), &["ready=1", "remove@b1/10s"]),
+                (patched("b1", true), &["ttr:webhook:3", "event:Normal:NodegateReady"]),
+                (Event::NodeChanged(retainted("b1")), &["ready=0", "probe"]),
+                (Event::Probed(false), &[]),
+                (Event::NodeChanged(node("b2", true)), &["ready=0", "probe"]),
+                (Event::Probed(true), &["ready=1", "remove@b2/10s"]),
+            ],
+        );
+        run(
+            "an admin's re-taint on a healthy node",
+            cfg(1, 1, false),
+            vec![
+                (Event::NodeChanged(node("b1", true)), &[]),
+                (Event::Probed(true), &["ready=1", "remove@b1/10s"]),
+                (patched("b1", true), &["ttr:webhook:3", "event:Normal:NodegateReady"]),
+                (Event::NodeChanged(retainted("b1")), &["ready=0", "probe"]),
+                (Event::Probed(true), &["ready=1", "remove@b1/10s"]),
+                (patched("b1", true), &["ttr:webhook:2", "event:Normal:NodegateReady"]),
+            ],
+        );
+        run(
+            "a version older than the ready patch",
+            cfg(1, 1, false),
+            vec![
+                (Event::Probed(true), &["ready=1", "remove@?/10s"]),
+                (patched("b1", true), &["ttr:webhook:2", "event:Normal:NodegateReady"]),
+                (Event::NodeChanged(node("b1", true)), &["remove@b1/10s"]),
             ],
         );
     }

@@ -16,10 +16,10 @@ use crate::gate_loop::Gate;
 use crate::handler;
 use crate::handler::{CommandHandler, Dispatcher, NodeDeleteHandler};
 use crate::metrics::Metrics;
+use crate::node_writer::NodeWriter;
 use crate::probe::Probe;
 use crate::prune::Pruner;
 use crate::prune_loop::{self, PruneContext};
-use crate::node_writer::NodeWriter;
 use crate::snapshot::{self, Loaded};
 
 #[derive(Debug, thiserror::Error)]

@@ -32,4 +32,3 @@ impl fmt::Display for DeleteSource {
         f.write_str(self.as_str())
     }
 }
-

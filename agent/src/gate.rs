@@ -451,7 +451,11 @@ mod tests {
         match a {
             Action::RunProbes => "probe".into(),
             Action::RemoveTaints { boot, within } => {
-                format!("remove@{}/{}s", boot.as_deref().unwrap_or("?"), within.as_secs())
+                format!(
+                    "remove@{}/{}s",
+                    boot.as_deref().unwrap_or("?"),
+                    within.as_secs()
+                )
             }
             Action::AddTaints { reason, within } => {
                 format!("add:{}/{}s", reason.as_str(), within.as_secs())
@@ -491,7 +495,10 @@ mod tests {
                 (Event::NodeChanged(node("b1", true)), &[]),
                 (Event::Tick, &["probe"]),
                 (Event::Probed(true), &["ready=1", "remove@b1/10s"]),
-                (patched("b1", true), &["ttr:webhook:6", "event:Normal:NodegateReady"]),
+                (
+                    patched("b1", true),
+                    &["ttr:webhook:6", "event:Normal:NodegateReady"],
+                ),
                 (Event::NodeChanged(node("b1", false)), &[]),
                 (Event::Tick, &["probe"]),
                 (Event::Probed(true), &[]),
@@ -509,9 +516,15 @@ mod tests {
                 (Event::Tick, &["probe"]),
                 (Event::Probed(true), &["ready=1", "remove@?/10s"]),
                 // Someone else removed the taint: only the bootID recorded.
-                (patched("b1", false), &["ttr:none:3", "event:Normal:NodegateReady"]),
+                (
+                    patched("b1", false),
+                    &["ttr:none:3", "event:Normal:NodegateReady"],
+                ),
                 (Event::NodeChanged(node("b1", true)), &["remove@b1/10s"]),
-                (patched("b1", true), &["ttr:webhook:5", "event:Normal:NodegateReady"]),
+                (
+                    patched("b1", true),
+                    &["ttr:webhook:5", "event:Normal:NodegateReady"],
+                ),
                 (Event::NodeChanged(node("b1", true)), &["remove@b1/10s"]),
                 (patched("b1", false), &[]),
             ],
@@ -532,7 +545,10 @@ mod tests {
                 (Event::NodeChanged(node("b1", true)), &[]),
                 (Event::Tick, &["probe"]),
                 (Event::Probed(true), &["ready=1", "remove@b1/10s"]),
-                (patched("b1", true), &["ttr:safety_net:6", "event:Normal:NodegateReady"]),
+                (
+                    patched("b1", true),
+                    &["ttr:safety_net:6", "event:Normal:NodegateReady"],
+                ),
             ],
         );
         run(
@@ -548,7 +564,10 @@ mod tests {
                 ),
                 (Event::Tick, &["probe"]),
                 (Event::Probed(true), &["ready=1", "remove@?/10s"]),
-                (patched("b1", true), &["ttr:webhook:4", "event:Normal:NodegateReady"]),
+                (
+                    patched("b1", true),
+                    &["ttr:webhook:4", "event:Normal:NodegateReady"],
+                ),
             ],
         );
     }
@@ -567,7 +586,10 @@ mod tests {
                 (Event::ReadyPatched(Err("conflict".into())), &[]),
                 // Any later event retries while the node still needs it.
                 (Event::Probed(true), &["remove@b1/10s"]),
-                (patched("b1", true), &["ttr:webhook:8", "event:Normal:NodegateReady"]),
+                (
+                    patched("b1", true),
+                    &["ttr:webhook:8", "event:Normal:NodegateReady"],
+                ),
                 // Not continuous: falling below the threshold only says so.
                 (Event::Probed(false), &["ready=0"]),
             ],
@@ -582,11 +604,17 @@ mod tests {
             vec![
                 (Event::NodeChanged(node("b1", true)), &[]),
                 (Event::Probed(true), &["ready=1", "remove@b1/10s"]),
-                (patched("b1", true), &["ttr:webhook:3", "event:Normal:NodegateReady"]),
+                (
+                    patched("b1", true),
+                    &["ttr:webhook:3", "event:Normal:NodegateReady"],
+                ),
                 (Event::NodeChanged(node("b2", true)), &["ready=0", "probe"]),
                 (Event::Probed(true), &["ready=1", "remove@b2/10s"]),
                 // Time to ready counts from the reboot.
-                (patched("b2", true), &["ttr:webhook:2", "event:Normal:NodegateReady"]),
+                (
+                    patched("b2", true),
+                    &["ttr:webhook:2", "event:Normal:NodegateReady"],
+                ),
             ],
         );
         run(
@@ -621,7 +649,10 @@ mod tests {
             vec![
                 (Event::NodeChanged(node("b1", true)), &[]),
                 (Event::Probed(true), &["ready=1", "remove@b1/10s"]),
-                (patched("b1", true), &["ttr:webhook:3", "event:Normal:NodegateReady"]),
+                (
+                    patched("b1", true),
+                    &["ttr:webhook:3", "event:Normal:NodegateReady"],
+                ),
                 (Event::NodeChanged(retainted("b1")), &["ready=0", "probe"]),
                 (Event::Probed(false), &[]),
                 (Event::NodeChanged(node("b2", true)), &["ready=0", "probe"]),
@@ -634,10 +665,16 @@ mod tests {
             vec![
                 (Event::NodeChanged(node("b1", true)), &[]),
                 (Event::Probed(true), &["ready=1", "remove@b1/10s"]),
-                (patched("b1", true), &["ttr:webhook:3", "event:Normal:NodegateReady"]),
+                (
+                    patched("b1", true),
+                    &["ttr:webhook:3", "event:Normal:NodegateReady"],
+                ),
                 (Event::NodeChanged(retainted("b1")), &["ready=0", "probe"]),
                 (Event::Probed(true), &["ready=1", "remove@b1/10s"]),
-                (patched("b1", true), &["ttr:webhook:2", "event:Normal:NodegateReady"]),
+                (
+                    patched("b1", true),
+                    &["ttr:webhook:2", "event:Normal:NodegateReady"],
+                ),
             ],
         );
         run(
@@ -645,7 +682,10 @@ mod tests {
             cfg(1, 1, false),
             vec![
                 (Event::Probed(true), &["ready=1", "remove@?/10s"]),
-                (patched("b1", true), &["ttr:webhook:2", "event:Normal:NodegateReady"]),
+                (
+                    patched("b1", true),
+                    &["ttr:webhook:2", "event:Normal:NodegateReady"],
+                ),
                 (Event::NodeChanged(node("b1", true)), &["remove@b1/10s"]),
             ],
         );
@@ -659,7 +699,10 @@ mod tests {
             vec![
                 (Event::NodeChanged(node("b1", true)), &[]),
                 (Event::Probed(true), &["ready=1", "remove@b1/10s"]),
-                (patched("b1", true), &["ttr:webhook:3", "event:Normal:NodegateReady"]),
+                (
+                    patched("b1", true),
+                    &["ttr:webhook:3", "event:Normal:NodegateReady"],
+                ),
                 (Event::Probed(false), &[]),
                 (Event::Probed(false), &["ready=0", "add:continuous/10s"]),
                 (added(AddReason::Continuous, 1), &[]),
@@ -667,7 +710,10 @@ mod tests {
                 // Recovered: the node is not re-read first, and the same boot
                 // is announced again.
                 (Event::Probed(true), &["ready=1", "remove@b1/10s"]),
-                (patched("b1", true), &["ttr:continuous:3", "event:Normal:NodegateReady"]),
+                (
+                    patched("b1", true),
+                    &["ttr:continuous:3", "event:Normal:NodegateReady"],
+                ),
             ],
         );
         run(

@@ -246,8 +246,10 @@ mod tests {
     #[test]
     fn only_the_safety_net_depends_on_the_node() {
         let s = specs();
-        let ready = view(json!({"metadata": {"annotations": {"nodegate.dev/ready-boot-id": "b"}},
-                                "status": {"nodeInfo": {"bootID": "b"}}}));
+        let ready = view(
+            json!({"metadata": {"annotations": {"nodegate.dev/ready-boot-id": "b"}},
+                                "status": {"nodeInfo": {"bootID": "b"}}}),
+        );
         assert!(!add_applies(AddReason::SafetyNet, &ready, &s));
         assert!(add_applies(AddReason::Shutdown, &ready, &s));
         assert!(add_applies(AddReason::Continuous, &ready, &s));

@@ -15,7 +15,9 @@ use nodegate_shared::{NodeView, TaintSpec};
 use tokio::time::Instant;
 
 use crate::metrics::{Metrics, Reason};
-use crate::node_patch::{AddReason, Added, EventType, MarkReady, ReadyOutcome, add_applies, ready_patch};
+use crate::node_patch::{
+    AddReason, Added, EventType, MarkReady, ReadyOutcome, add_applies, ready_patch,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum WriteError {

@@ -11,12 +11,12 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
-pub use nodegate_roster::view::NodeEvents;
 use nodegate_roster::view::Membership;
+pub use nodegate_roster::view::NodeEvents;
 
 use crate::confirm::{Confirmer, Lookup, Outcome};
-pub use crate::deletion::Deletion;
 use crate::deletion::DeleteSource;
+pub use crate::deletion::Deletion;
 use crate::record::NodeRecord;
 
 /// Nodes of `snapshot` that are not live now, compared by name AND uid: a
@@ -259,13 +259,19 @@ impl State {
         match event {
             Event::Changed(changes) => {
                 let known = self.nodes.known();
-                let deletions: Vec<Deletion> =
-                    changes.into_iter().flat_map(|c| self.nodes.apply(c)).collect();
+                let deletions: Vec<Deletion> = changes
+                    .into_iter()
+                    .flat_map(|c| self.nodes.apply(c))
+                    .collect();
                 self.confirmer.set_known(self.nodes.len().max(known));
                 let n = deletions.len();
                 if self.confirmer.submit(deletions, known, now) {
                     out.push(Action::CountHold);
-                    tracing::warn!(deletions = n, known, "mass deletion held: confirming one node at a time with the API server; the first node it still has refuses the rest");
+                    tracing::warn!(
+                        deletions = n,
+                        known,
+                        "mass deletion held: confirming one node at a time with the API server; the first node it still has refuses the rest"
+                    );
                 }
                 if self.nodes.is_initialized() && !self.listed {
                     self.listed = true;
@@ -799,7 +805,10 @@ mod tests {
                 (reset(&[("a", "1")]), &["listed"]),
                 (Event::Due, &["get:b"]),
                 (Event::Due, &[]),
-                (looked("2", Lookup::Missing), &["confirm:gone", "dispatch:b/snapshot"]),
+                (
+                    looked("2", Lookup::Missing),
+                    &["confirm:gone", "dispatch:b/snapshot"],
+                ),
                 (Event::Tick, &["write"]),
                 (Event::Tick, &[]),
                 (Event::Handled("2".into()), &[]),
@@ -833,11 +842,17 @@ mod tests {
                 (Event::Tick, &["write"]),
                 (Event::Changed(vec![Membership::Remove(rec("a", "1"))]), &[]),
                 (Event::Due, &["get:a"]),
-                (looked("1", Lookup::Failed("timeout".into())), &["confirm:error"]),
+                (
+                    looked("1", Lookup::Failed("timeout".into())),
+                    &["confirm:error"],
+                ),
                 (Event::Due, &["get:a"]),
                 (looked("1", Lookup::Uid(String::new())), &["confirm:error"]),
                 (Event::Due, &["get:a"]),
-                (looked("1", Lookup::Uid("11".into())), &["confirm:gone", "dispatch:a/watch"]),
+                (
+                    looked("1", Lookup::Uid("11".into())),
+                    &["confirm:gone", "dispatch:a/watch"],
+                ),
                 // A late answer for nothing pending is counted, never dispatched.
                 (looked("1", Lookup::Missing), &["confirm:gone"]),
                 (Event::Tick, &["write"]),
@@ -847,13 +862,20 @@ mod tests {
 
     #[test]
     fn a_mass_deletion_is_held_and_one_live_node_refuses_it() {
-        let ten: Vec<(String, String)> = (0..10).map(|i| (format!("n{i}"), i.to_string())).collect();
+        let ten: Vec<(String, String)> =
+            (0..10).map(|i| (format!("n{i}"), i.to_string())).collect();
         let ten: Vec<(&str, &str)> = ten.iter().map(|(n, u)| (n.as_str(), u.as_str())).collect();
         let t0 = Instant::now();
         let mut s = State::new(Pruner::new("me", vec![]), Confirmer::new(CFG, 7, t0));
         let acts = |s: &mut State, e| s.on(e, t0).iter().map(brief).collect::<Vec<_>>();
         assert_eq!(acts(&mut s, reset(&ten)), ["listed"]);
-        assert_eq!(acts(&mut s, Event::Changed(vec![Membership::Reset(HashMap::new())])), ["hold"]);
+        assert_eq!(
+            acts(
+                &mut s,
+                Event::Changed(vec![Membership::Reset(HashMap::new())])
+            ),
+            ["hold"]
+        );
         assert_eq!((s.pending(), s.held(), s.len()), (10, 10, 0));
         let due = s.next_due().unwrap_or(t0);
         let first = match s.on(Event::Due, due).as_slice() {

@@ -227,4 +227,3 @@ async fn write_snapshot(state: &State, ctx: &PruneContext) {
         }
     }
 }
-

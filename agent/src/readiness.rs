@@ -123,7 +123,8 @@ mod tests {
     #[test]
     fn transition_table() {
         use Transition::{NotReady as N, Ready as R};
-        let table: &[((u32, u32), &str, &[Option<Transition>])] = &[
+        type Row = ((u32, u32), &'static str, &'static [Option<Transition>]);
+        let table: &[Row] = &[
             ((1, 1), "+-+", &[Some(R), Some(N), Some(R)]),
             ((2, 1), "+-++", &[None, None, None, Some(R)]),
             ((1, 2), "+-+--", &[Some(R), None, None, None, Some(N)]),
@@ -143,7 +144,10 @@ mod tests {
                     c => r.observe(c == '+'),
                 })
                 .collect();
-            assert_eq!(&got, want, "thresholds {success}/{failure}, rounds {rounds}");
+            assert_eq!(
+                &got, want,
+                "thresholds {success}/{failure}, rounds {rounds}"
+            );
         }
     }
 }

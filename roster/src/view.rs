@@ -53,7 +53,9 @@ impl NodeEvents {
             watcher::Event::InitDone => {
                 Some(Membership::Reset(self.listing.take().unwrap_or_default()))
             }
-            watcher::Event::Apply(node) => NodeRecord::from_view(&node.view).map(Membership::Upsert),
+            watcher::Event::Apply(node) => {
+                NodeRecord::from_view(&node.view).map(Membership::Upsert)
+            }
             watcher::Event::Delete(node) => {
                 NodeRecord::from_view(&node.view).map(Membership::Remove)
             }
@@ -294,25 +296,78 @@ mod tests {
         let corrupt = config_map("nodegate", shard::DEFAULT_NAME, 1, "not json".into());
         let cm_name = |cm: &ConfigMap| cm.metadata.name.clone().unwrap_or_default();
         let s1 = shard(1, 1, 2, NODES);
-        let table: Vec<(&str, watcher::Event<ConfigMap>, (Option<bool>, usize, Vec<&str>))> = vec![
+        type Row = (
+            &'static str,
+            watcher::Event<ConfigMap>,
+            (Option<bool>, usize, Vec<&'static str>),
+        );
+        let table: Vec<Row> = vec![
             ("list starts", watcher::Event::Init, (None, 0, vec![])),
-            ("one shard listed", watcher::Event::InitApply(shard(1, 0, 2, NODES)), (None, 0, vec![])),
-            ("list ends incomplete", watcher::Event::InitDone, (None, 0, vec![])),
-            ("last shard arrives", watcher::Event::Apply(s1.clone()), (Some(true), 0, vec!["reset:5"])),
-            ("same shard again", watcher::Event::Apply(s1.clone()), (None, 0, vec![])),
-            ("a shard is deleted", watcher::Event::Delete(s1.clone()), (Some(false), 0, vec![])),
-            ("it comes back", watcher::Event::Apply(s1.clone()), (Some(true), 0, vec!["reset:5"])),
-            ("it turns corrupt", watcher::Event::Apply(corrupt.clone()), (Some(false), 1, vec![])),
-            ("a new epoch begins", watcher::Event::Apply(shard(2, 0, 2, NODES)), (None, 0, vec![])),
-            ("and completes", watcher::Event::Apply(shard(2, 1, 2, NODES)), (Some(true), 0, vec!["reset:5"])),
-            ("a node joins", watcher::Event::Apply(shard(2, f_shard, 2, &with_f)), (None, 0, vec!["+f"])),
-            ("and leaves", watcher::Event::Apply(shard(2, f_shard, 2, NODES)), (None, 0, vec!["-f"])),
+            (
+                "one shard listed",
+                watcher::Event::InitApply(shard(1, 0, 2, NODES)),
+                (None, 0, vec![]),
+            ),
+            (
+                "list ends incomplete",
+                watcher::Event::InitDone,
+                (None, 0, vec![]),
+            ),
+            (
+                "last shard arrives",
+                watcher::Event::Apply(s1.clone()),
+                (Some(true), 0, vec!["reset:5"]),
+            ),
+            (
+                "same shard again",
+                watcher::Event::Apply(s1.clone()),
+                (None, 0, vec![]),
+            ),
+            (
+                "a shard is deleted",
+                watcher::Event::Delete(s1.clone()),
+                (Some(false), 0, vec![]),
+            ),
+            (
+                "it comes back",
+                watcher::Event::Apply(s1.clone()),
+                (Some(true), 0, vec!["reset:5"]),
+            ),
+            (
+                "it turns corrupt",
+                watcher::Event::Apply(corrupt.clone()),
+                (Some(false), 1, vec![]),
+            ),
+            (
+                "a new epoch begins",
+                watcher::Event::Apply(shard(2, 0, 2, NODES)),
+                (None, 0, vec![]),
+            ),
+            (
+                "and completes",
+                watcher::Event::Apply(shard(2, 1, 2, NODES)),
+                (Some(true), 0, vec!["reset:5"]),
+            ),
+            (
+                "a node joins",
+                watcher::Event::Apply(shard(2, f_shard, 2, &with_f)),
+                (None, 0, vec!["+f"]),
+            ),
+            (
+                "and leaves",
+                watcher::Event::Apply(shard(2, f_shard, 2, NODES)),
+                (None, 0, vec!["-f"]),
+            ),
         ];
         assert_eq!(cm_name(&corrupt), cm_name(&s1));
         let mut v = RosterView::new(shard::DEFAULT_NAME);
         for (what, event, (complete, rejected, changes)) in table {
             let got = summary(&v.apply(event));
-            let want = (complete, rejected, changes.iter().map(|s| s.to_string()).collect());
+            let want = (
+                complete,
+                rejected,
+                changes.iter().map(|s| s.to_string()).collect(),
+            );
             assert_eq!(got, want, "{what}");
         }
     }

@@ -285,7 +285,10 @@ mod tests {
         assert_eq!(n.meta().name.as_deref(), Some("n"));
         assert_eq!(n.meta().uid.as_deref(), Some("u"));
         assert_eq!(n.meta().resource_version.as_deref(), Some("3"));
-        assert_eq!(n.view.metadata.labels.get("a").map(String::as_str), Some("b"));
+        assert_eq!(
+            n.view.metadata.labels.get("a").map(String::as_str),
+            Some("b")
+        );
     }
 
     #[test]

@@ -11,15 +11,16 @@ use tokio::sync::{Notify, mpsc, watch};
 use tokio::time::Instant;
 
 use crate::config::{Args, ConfigError, PruneSource};
-use crate::gate::{Gate, GateConfig};
+use crate::gate::GateConfig;
+use crate::gate_loop::Gate;
 use crate::handler;
 use crate::handler::{CommandHandler, Dispatcher, NodeDeleteHandler};
 use crate::metrics::Metrics;
+use crate::node_writer::NodeWriter;
 use crate::probe::Probe;
-use crate::prune::{self, PruneContext, Pruner};
-use crate::record::SlimNode;
+use crate::prune::Pruner;
+use crate::prune_loop::{self, PruneContext};
 use crate::snapshot::{self, Loaded};
-use crate::taint::{AddReason, NodeTaints};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -143,17 +144,17 @@ pub async fn run_with_handlers(
         let source = match args.prune_source {
             PruneSource::Roster => {
                 tracing::info!(namespace = %args.roster_namespace, "pruning from the node roster");
-                prune::Source::Roster {
+                prune_loop::Source::Roster {
                     api: Api::namespaced(client.clone(), &args.roster_namespace),
                     name: args.roster_name.clone(),
                 }
             }
             PruneSource::Nodes => {
                 tracing::info!("pruning from a watch on every Node");
-                prune::Source::Nodes(Api::<SlimNode>::all(client.clone()))
+                prune_loop::Source::Nodes(Api::all(client.clone()))
             }
         };
-        Some(tokio::spawn(prune::run(
+        Some(tokio::spawn(prune_loop::run(
             source,
             Pruner::new(args.node_name.clone(), snapshot_nodes),
             ctx,
@@ -164,7 +165,7 @@ pub async fn run_with_handlers(
         None
     };
 
-    let taints = NodeTaints {
+    let writer = NodeWriter {
         api: Api::<Node>::all(client.clone()),
         name: args.node_name.clone(),
         specs: args.taints.clone(),
@@ -185,7 +186,7 @@ pub async fn run_with_handlers(
         tracing::warn!("no probes configured: the node counts as ready at once");
     }
     let gate = Gate {
-        taints: taints.clone(),
+        writer,
         probes,
         wake,
         cfg: GateConfig {
@@ -193,6 +194,7 @@ pub async fn run_with_handlers(
             timeout: args.probe_timeout,
             thresholds: args.thresholds(),
             continuous: args.continuous,
+            taint_on_shutdown: args.taint_on_shutdown.then_some(args.shutdown_deadline),
         },
         metrics: metrics.clone(),
         started,
@@ -203,25 +205,17 @@ pub async fn run_with_handlers(
     let deadline = Instant::now() + args.shutdown_deadline;
     tracing::info!(deadline = ?args.shutdown_deadline, "shutting down");
     let _ = stop_tx.send(true);
-    let _ = tokio::time::timeout_at(deadline, gate_task).await;
-
-    let retaint = async {
-        if args.taint_on_shutdown {
-            match taints
-                .add_missing(AddReason::Shutdown, deadline, |_| true)
-                .await
-            {
-                Ok(a) => tracing::info!(added = a.taints.len(), "shutdown re-taint done"),
-                Err(e) => tracing::error!(error = %e, "shutdown re-taint failed"),
-            }
-        }
+    // The gate re-taints (if enabled) as it stops, while the pruner writes
+    // its last snapshot.
+    let gate_done = async {
+        let _ = gate_task.await;
     };
     let last_snapshot = async {
         if let Some(t) = prune_task {
             let _ = t.await;
         }
     };
-    if tokio::time::timeout_at(deadline, futures::future::join(retaint, last_snapshot))
+    if tokio::time::timeout_at(deadline, futures::future::join(gate_done, last_snapshot))
         .await
         .is_err()
     {

@@ -9,7 +9,8 @@ use clap::{ArgAction, Parser};
 use nodegate_shared::keys::DEFAULT_TAINT;
 use nodegate_shared::taint::{TaintSpec, check_unique};
 
-use crate::probe::{ProbeSpec, ProbeSpecError, Thresholds};
+use crate::probe::{ProbeSpec, ProbeSpecError};
+use crate::readiness::Thresholds;
 
 /// One parser for every nodegate binary's durations.
 pub use nodegate_shared::duration::parse as parse_duration;

@@ -27,8 +27,7 @@ use std::time::{Duration, Instant};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::handler::DeleteSource;
-use crate::prune::Deletion;
+use crate::deletion::{DeleteSource, Deletion};
 use crate::record::NodeRecord;
 
 /// Confirmation GETs an agent may make back to back before the pace applies.

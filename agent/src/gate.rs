@@ -1,25 +1,33 @@
-//! The readiness gate: probe rounds, the threshold verdict and the taint
-//! writes it leads to on the agent's own Node.
+//! The readiness gate as a state machine: probe rounds, the agent's own
+//! Node as the watch shows it, write results and shutdown in; the taint
+//! writes, probe rounds, Events and metrics they lead to out. No I/O: the
+//! caller passes the time and runs the actions (`gate_loop`).
+//!
+//! The gate removes the taint once the probes pass on the node's current
+//! boot, and only once per boot; a reboot (new bootID) sends it back to
+//! "not ready" until the probes pass again. With `continuous`, probes
+//! failing past the failure threshold put the taint back.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
-use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::jiff::Timestamp;
-use kube::runtime::{WatchStreamExt, watcher};
-use nodegate_shared::NodeView;
-use tokio::sync::{Notify, watch};
+use nodegate_shared::{NodeView, TaintSpec};
 use tokio::time::Instant;
 
-use crate::metrics::{Metrics, OriginLabel, ProbeLabels, ProbeName};
-use crate::probe::{Probe, Readiness, Thresholds, Transition};
-use crate::taint::{
-    AddReason, EventType, MarkReady, NodeTaints, Origin, needs_ready_patch, safety_net_applies,
+use crate::node_patch::{
+    AddReason, Added, EventType, MarkReady, Origin, ReadyOutcome, needs_ready_patch,
 };
+use crate::readiness::{Readiness, Thresholds, Transition};
 
 /// Reason of the Warning Event the safety net leaves on the Node.
 pub const WEBHOOK_MISSED_REASON: &str = "NodegateWebhookMissed";
+/// Reason of the Normal Event the ready patch leaves on the Node.
+pub const READY_REASON: &str = "NodegateReady";
+/// How long the start-up safety net may retry its write: the webhook's
+/// window is open until it lands, but a stuck API server must not keep the
+/// probes from starting.
+pub const SAFETY_NET_WITHIN: Duration = Duration::from_secs(30);
+/// The shortest time a ready patch or continuous re-taint may retry.
+const MIN_WRITE_WITHIN: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Clone)]
 pub struct GateConfig {
@@ -27,276 +35,717 @@ pub struct GateConfig {
     pub timeout: Duration,
     pub thresholds: Thresholds,
     pub continuous: bool,
+    /// Re-taint on shutdown (the node may be going down, and must come
+    /// back tainted), within this long.
+    pub taint_on_shutdown: Option<Duration>,
 }
 
-pub struct Gate {
-    pub taints: NodeTaints,
-    pub probes: Vec<Probe>,
-    /// Poked by file (inotify) and pod (watch) probes on changes.
-    pub wake: Arc<Notify>,
-    pub cfg: GateConfig,
-    pub metrics: Metrics,
-    /// Agent start, for the time-to-ready log line.
-    pub started: Instant,
+/// What happened.
+#[derive(Debug, Clone)]
+pub enum Event {
+    /// The agent starts: before any probe, the safety net.
+    Started,
+    /// The own Node as the watch delivers it.
+    NodeChanged(NodeView),
+    /// The own Node's watch failed (it retries by itself).
+    WatchFailed(String),
+    /// The period elapsed, or a probe's watch saw a change.
+    Tick,
+    /// One probe round: true when every probe passed.
+    Probed(bool),
+    /// What [`Action::RemoveTaints`] did.
+    ReadyPatched(Result<MarkReady, String>),
+    /// What [`Action::AddTaints`] did.
+    TaintsAdded {
+        reason: AddReason,
+        result: Result<Added, String>,
+    },
+    /// SIGTERM: stop after the returned actions.
+    Shutdown,
 }
 
-impl Gate {
-    /// Runs until `shutdown` flips. The shutdown re-taint is the caller's.
-    pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
-        let name = self.taints.name.clone();
+/// What to do, in order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    /// Run every probe once; answer with [`Event::Probed`].
+    RunProbes,
+    /// The ready patch, unless the node now reports another boot than
+    /// `boot`; retried for up to `within`; answer with [`Event::ReadyPatched`].
+    RemoveTaints {
+        boot: Option<String>,
+        within: Duration,
+    },
+    /// Add the missing taints when `reason` applies to a fresh read;
+    /// retried for up to `within`; answer with [`Event::TaintsAdded`].
+    AddTaints { reason: AddReason, within: Duration },
+    /// Record a core/v1 Event on the Node.
+    Emit {
+        uid: Option<String>,
+        kind: EventType,
+        reason: &'static str,
+        message: String,
+    },
+    /// The `ready` gauge.
+    SetReady(bool),
+    /// One observation of the time to ready, by who put the taint on.
+    ObserveTimeToReady { origin: Origin, seconds: f64 },
+}
 
-        // Safety net for webhook outages, before the first probe round.
-        let net = self.taints.add_missing(
-            AddReason::SafetyNet,
-            Instant::now() + Duration::from_secs(30),
-            |v| safety_net_applies(v, &self.taints.specs),
-        );
-        let mut origin = Origin::Webhook;
-        tokio::select! {
-            r = net => match r {
-                Ok(added) if !added.taints.is_empty() => {
-                    origin = Origin::SafetyNet;
-                    self.webhook_missed(&added.taints, &added.latest).await;
-                }
-                Ok(_) => {}
-                Err(e) => tracing::error!(node = %name, error = %e, "safety-net taint check failed"),
-            },
-            _ = crate::stopped(&mut shutdown) => return,
-        }
+/// The gate's memory between events.
+#[derive(Debug)]
+pub struct State {
+    name: String,
+    specs: Vec<TaintSpec>,
+    cfg: GateConfig,
+    /// How many probes a round runs (for the ready Event's text).
+    probes: usize,
+    readiness: Readiness,
+    /// The node as last seen; `None` until then, or when a write of ours
+    /// made it stale.
+    view: Option<NodeView>,
+    /// The boot the current verdict belongs to; a new one resets it.
+    boot: Option<String>,
+    /// Since when the current boot (or re-taint) has been waiting.
+    since: Instant,
+    /// The boot the last ready Event was sent for, so a repeated patch
+    /// that removed nothing stays quiet.
+    announced_boot: Option<Option<String>>,
+    /// Who put on the taint the next ready patch removes.
+    origin: Origin,
+}
 
-        // Own node only: its bootID tells a reboot, its taints what is left to do.
-        let cfg = watcher::Config::default().fields(&format!("metadata.name={name}"));
-        let own = watcher(self.taints.api.clone(), cfg)
-            .default_backoff()
-            .applied_objects();
-        let mut own = std::pin::pin!(own);
-
-        let mut readiness = Readiness::new(self.cfg.thresholds);
-        let mut view: Option<NodeView> = None;
-        // The boot the current verdict belongs to; a new one resets it.
-        let mut boot: Option<String> = None;
-        let mut since = self.started;
-        let mut announced_boot: Option<Option<String>> = None;
-        let mut tick = tokio::time::interval(self.cfg.period);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-
-        loop {
-            let mut round = false;
-            tokio::select! {
-                biased;
-                _ = crate::stopped(&mut shutdown) => break,
-                ev = own.next() => match ev {
-                    Some(Ok(node)) => {
-                        view = to_view(&node);
-                        if self.rebooted(&mut boot, view.as_ref()) {
-                            readiness.reset();
-                            since = Instant::now();
-                            origin = Origin::Webhook;
-                            round = true;
-                        }
-                    }
-                    Some(Err(e)) => tracing::warn!(node = %name, error = %e, "own node watch failed, retrying"),
-                    None => {}
-                },
-                _ = tick.tick() => round = true,
-                _ = self.wake.notified() => round = true,
-            }
-
-            let mut transition = None;
-            if round {
-                let ok = self.round().await;
-                transition = readiness.observe(ok);
-                match transition {
-                    Some(Transition::Ready) => {
-                        self.metrics.ready.set(1);
-                        tracing::info!(node = %name, "all probes pass");
-                    }
-                    Some(Transition::NotReady) => {
-                        self.metrics.ready.set(0);
-                        tracing::warn!(node = %name, "probes failing past the failure threshold");
-                    }
-                    None => {}
-                }
-            }
-
-            if readiness.is_ready() {
-                // Without a watch view, read (the ready patch is a no-op when done).
-                if view
-                    .as_ref()
-                    .is_none_or(|v| needs_ready_patch(v, &self.taints.specs))
-                {
-                    self.mark_ready(
-                        &mut view,
-                        boot.as_deref(),
-                        since,
-                        origin,
-                        &mut announced_boot,
-                    )
-                    .await;
-                    // The read may show a reboot the watch has not delivered yet.
-                    if self.rebooted(&mut boot, view.as_ref()) {
-                        readiness.reset();
-                        since = Instant::now();
-                        origin = Origin::Webhook;
-                    }
-                }
-            } else if self.cfg.continuous && transition == Some(Transition::NotReady) {
-                let deadline = Instant::now() + self.cfg.period.max(Duration::from_secs(10));
-                if let Err(e) = self
-                    .taints
-                    .add_missing(AddReason::Continuous, deadline, |_| true)
-                    .await
-                {
-                    tracing::error!(node = %name, error = %e, "cannot re-taint not-ready node");
-                }
-                origin = Origin::Continuous;
-                // A later recovery must write again.
-                announced_boot = None;
-                view = None;
-                since = Instant::now();
-            }
+impl State {
+    pub fn new(
+        name: impl Into<String>,
+        specs: Vec<TaintSpec>,
+        cfg: GateConfig,
+        probes: usize,
+        started: Instant,
+    ) -> Self {
+        Self {
+            name: name.into(),
+            specs,
+            readiness: Readiness::new(cfg.thresholds),
+            cfg,
+            probes,
+            view: None,
+            boot: None,
+            since: started,
+            announced_boot: None,
+            origin: Origin::Webhook,
         }
     }
 
-    /// Tracks the node's bootID; true when it changed from a known one
-    /// (the verdict then belongs to a previous boot).
-    fn rebooted(&self, boot: &mut Option<String>, view: Option<&NodeView>) -> bool {
-        let Some(now) = view.and_then(NodeView::boot_id) else {
+    pub fn is_ready(&self) -> bool {
+        self.readiness.is_ready()
+    }
+
+    /// How long a ready patch or continuous re-taint may retry.
+    fn write_within(&self) -> Duration {
+        self.cfg.period.max(MIN_WRITE_WITHIN)
+    }
+
+    /// Feeds one event at `now`; returns what to do.
+    pub fn on(&mut self, event: Event, now: Instant) -> Vec<Action> {
+        let mut out = Vec::new();
+        match event {
+            Event::Started => out.push(Action::AddTaints {
+                reason: AddReason::SafetyNet,
+                within: SAFETY_NET_WITHIN,
+            }),
+            Event::NodeChanged(view) => {
+                self.view = Some(view);
+                if self.rebooted(now, &mut out) || self.retainted(now, &mut out) {
+                    out.push(Action::RunProbes);
+                } else {
+                    self.settle(None, &mut out);
+                }
+            }
+            Event::WatchFailed(e) => {
+                tracing::warn!(node = %self.name, error = %e, "own node watch failed, retrying");
+                self.settle(None, &mut out);
+            }
+            Event::Tick => out.push(Action::RunProbes),
+            Event::Probed(ok) => {
+                let transition = self.readiness.observe(ok);
+                match transition {
+                    Some(Transition::Ready) => {
+                        out.push(Action::SetReady(true));
+                        tracing::info!(node = %self.name, "all probes pass");
+                    }
+                    Some(Transition::NotReady) => {
+                        out.push(Action::SetReady(false));
+                        tracing::warn!(node = %self.name, "probes failing past the failure threshold");
+                    }
+                    None => {}
+                }
+                self.settle(transition, &mut out);
+            }
+            Event::ReadyPatched(result) => {
+                match result {
+                    Ok(MarkReady {
+                        outcome: Some(out_),
+                        latest,
+                    }) => {
+                        // The watch event of this write will refresh it too.
+                        self.view = Some(latest);
+                        self.announce(out_, now, &mut out);
+                    }
+                    Ok(MarkReady {
+                        outcome: None,
+                        latest,
+                    }) => self.view = Some(latest),
+                    Err(e) => {
+                        tracing::error!(node = %self.name, error = %e, "cannot remove taint; will retry")
+                    }
+                }
+                // The read may show a reboot the watch has not delivered yet.
+                self.rebooted(now, &mut out);
+            }
+            Event::TaintsAdded { reason, result } => self.added(reason, result, now, &mut out),
+            Event::Shutdown => {
+                if let Some(within) = self.cfg.taint_on_shutdown {
+                    out.push(Action::AddTaints {
+                        reason: AddReason::Shutdown,
+                        within,
+                    });
+                }
+            }
+        }
+        out
+    }
+
+    /// After a round or a new view: patch when ready and the node still
+    /// needs it (without a view, try: the patch is a no-op when done); on a
+    /// fall below the failure threshold in continuous mode, re-taint.
+    fn settle(&mut self, transition: Option<Transition>, out: &mut Vec<Action>) {
+        if self.readiness.is_ready() {
+            if self
+                .view
+                .as_ref()
+                .is_none_or(|v| needs_ready_patch(v, &self.specs))
+            {
+                out.push(Action::RemoveTaints {
+                    boot: self.boot.clone(),
+                    within: self.write_within(),
+                });
+            }
+        } else if self.cfg.continuous && transition == Some(Transition::NotReady) {
+            out.push(Action::AddTaints {
+                reason: AddReason::Continuous,
+                within: self.write_within(),
+            });
+        }
+    }
+
+    /// Tracks the node's bootID; on a change from a known one the verdict
+    /// belonged to the previous boot: back to not ready, waiting anew.
+    fn rebooted(&mut self, now: Instant, out: &mut Vec<Action>) -> bool {
+        let Some(current) = self.view.as_ref().and_then(NodeView::boot_id) else {
             return false;
         };
-        let changed = boot.as_deref().is_some_and(|b| b != now);
+        let changed = self.boot.as_deref().is_some_and(|b| b != current);
         if changed {
-            tracing::info!(node = %self.taints.name, old_boot = boot.as_deref().unwrap_or(""), new_boot = now, "node rebooted; probes must pass again");
-            self.metrics.ready.set(0);
+            tracing::info!(node = %self.name, old_boot = self.boot.as_deref().unwrap_or(""), new_boot = current, "node rebooted; probes must pass again");
+            out.push(Action::SetReady(false));
+            self.readiness.reset();
+            self.since = now;
+            self.origin = Origin::Webhook;
         }
-        *boot = Some(now.to_owned());
+        self.boot = Some(current.to_owned());
         changed
     }
 
-    /// Runs every probe concurrently; true when all pass.
-    async fn round(&self) -> bool {
-        for p in &self.probes {
-            p.rearm(&self.wake);
+    /// Someone put the taint back on a node this gate made ready on its
+    /// current boot: the webhook, when a kubelet re-registers after a reboot
+    /// it has not reported yet, or an admin. Removing it at once would undo
+    /// the webhook's gate for the coming boot, so the probes must pass
+    /// again first. (The gate's own continuous re-taint forgets the
+    /// announcement, and a version older than the ready patch lacks the
+    /// recorded bootID, so neither counts.)
+    fn retainted(&mut self, now: Instant, out: &mut Vec<Action>) -> bool {
+        let Some(view) = self.view.as_ref() else {
+            return false;
+        };
+        let boot = view.boot_id();
+        let ours = view.missing(&self.specs).len() < self.specs.len();
+        let recorded = boot.is_some() && view.ready_boot_id() == boot;
+        let announced = self.announced_boot.as_ref().map(Option::as_deref) == Some(boot);
+        if !(self.readiness.is_ready() && ours && recorded && announced) {
+            return false;
         }
-        let results =
-            futures::future::join_all(self.probes.iter().map(|p| p.check(self.cfg.timeout))).await;
-        let mut all = true;
-        for (p, r) in self.probes.iter().zip(results) {
-            let ok = r.is_ok();
-            if let Err(e) = &r {
-                tracing::debug!(probe = %p.spec, error = %e, "probe failed");
+        tracing::info!(node = %self.name, boot_id = boot.unwrap_or(""), "taint put back on a ready node; probes must pass again");
+        out.push(Action::SetReady(false));
+        self.readiness.reset();
+        self.since = now;
+        self.origin = Origin::Webhook;
+        true
+    }
+
+    /// The ready patch went through: tell humans and the metric, once per
+    /// boot unless a later patch removed taints again.
+    fn announce(&mut self, out_: ReadyOutcome, now: Instant, out: &mut Vec<Action>) {
+        if self.announced_boot.as_ref() == Some(&out_.boot_id) && out_.removed.is_empty() {
+            return;
+        }
+        self.announced_boot = Some(out_.boot_id.clone());
+        let from_start = now.saturating_duration_since(self.since);
+        let origin = if out_.removed.is_empty() {
+            Origin::None
+        } else {
+            self.origin
+        };
+        out.push(Action::ObserveTimeToReady {
+            origin,
+            seconds: from_start.as_secs_f64(),
+        });
+        let taints: Vec<String> = out_
+            .removed
+            .iter()
+            .filter_map(|t| t.get("key").and_then(|k| k.as_str()).map(str::to_owned))
+            .collect();
+        tracing::info!(
+            node = %self.name,
+            boot_id = out_.boot_id.as_deref().unwrap_or(""),
+            removed = ?taints,
+            since_agent_start_ms = from_start.as_millis() as u64,
+            since_node_creation_ms = out_.since_creation_ms.unwrap_or(-1),
+            origin = origin.as_str(),
+            "node ready: taint removed"
+        );
+        out.push(Action::Emit {
+            uid: out_.uid,
+            kind: EventType::Normal,
+            reason: READY_REASON,
+            message: format!(
+                "all {} probes pass; removed taints {:?}; ready {:.1}s after agent start",
+                self.probes,
+                taints,
+                from_start.as_secs_f64()
+            ),
+        });
+    }
+
+    fn added(
+        &mut self,
+        reason: AddReason,
+        result: Result<Added, String>,
+        now: Instant,
+        out: &mut Vec<Action>,
+    ) {
+        match reason {
+            AddReason::SafetyNet => match result {
+                Ok(added) if !added.taints.is_empty() => {
+                    self.origin = Origin::SafetyNet;
+                    self.webhook_missed(&added.taints, &added.latest, out);
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::error!(node = %self.name, error = %e, "safety-net taint check failed")
+                }
+            },
+            AddReason::Continuous => {
+                if let Err(e) = result {
+                    tracing::error!(node = %self.name, error = %e, "cannot re-taint not-ready node");
+                }
+                self.origin = Origin::Continuous;
+                // A later recovery must write again.
+                self.announced_boot = None;
+                self.view = None;
+                self.since = now;
             }
-            all &= ok;
-            let (kind, index) = (p.spec.kind(), p.index);
-            self.metrics
-                .probe_results
-                .get_or_create(&ProbeLabels {
-                    kind,
-                    index,
-                    result: if ok { "ok" } else { "fail" },
-                })
-                .inc();
-            self.metrics
-                .probe_up
-                .get_or_create(&ProbeName { kind, index })
-                .set(i64::from(ok));
+            AddReason::Shutdown => match result {
+                Ok(a) => tracing::info!(added = a.taints.len(), "shutdown re-taint done"),
+                Err(e) => tracing::error!(error = %e, "shutdown re-taint failed"),
+            },
         }
-        all
     }
 
     /// The loud signal for a silent failure: the webhook (failurePolicy
     /// Ignore) let this node through untainted, so pods may have landed
     /// before the safety net closed the window.
-    async fn webhook_missed(&self, taints: &[String], node: &NodeView) {
+    fn webhook_missed(&self, taints: &[String], node: &NodeView, out: &mut Vec<Action>) {
         let boot = node.boot_id().unwrap_or("unknown");
-        tracing::warn!(node = %self.taints.name, boot_id = boot, ?taints, "the webhook did not taint this node; the safety net did");
-        let msg = format!(
-            "nodegate's webhook did not taint this node for boot {boot} (webhook down, skipped, or \
-             misconfigured); the agent's safety net added {taints:?}. Pods may have been scheduled \
-             before that. Run nodegate-check."
-        );
-        self.taints
-            .event(
-                node.metadata.uid.clone(),
-                EventType::Warning,
-                WEBHOOK_MISSED_REASON,
-                msg,
-            )
-            .await;
-    }
-
-    async fn mark_ready(
-        &self,
-        view: &mut Option<NodeView>,
-        boot: Option<&str>,
-        since: Instant,
-        origin: Origin,
-        announced_boot: &mut Option<Option<String>>,
-    ) {
-        let name = &self.taints.name;
-        let deadline = Instant::now() + self.cfg.period.max(Duration::from_secs(10));
-        match self.taints.mark_ready(deadline, boot).await {
-            Ok(MarkReady {
-                outcome: Some(out),
-                latest,
-            }) => {
-                // The watch event of this write will refresh it too.
-                *view = Some(latest);
-                if announced_boot.as_ref() == Some(&out.boot_id) && out.removed.is_empty() {
-                    return;
-                }
-                *announced_boot = Some(out.boot_id.clone());
-                let from_start = since.elapsed();
-                let from_creation = out
-                    .created
-                    .as_ref()
-                    .map(|t| Timestamp::now().as_millisecond() - t.0.as_millisecond());
-                let origin = if out.removed.is_empty() {
-                    Origin::None
-                } else {
-                    origin
-                };
-                self.metrics
-                    .time_to_ready
-                    .get_or_create(&OriginLabel {
-                        origin: origin.as_str().into(),
-                    })
-                    .observe(from_start.as_secs_f64());
-                let taints: Vec<String> = out
-                    .removed
-                    .iter()
-                    .filter_map(|t| t.get("key").and_then(|k| k.as_str()).map(str::to_owned))
-                    .collect();
-                tracing::info!(
-                    node = %name,
-                    boot_id = out.boot_id.as_deref().unwrap_or(""),
-                    removed = ?taints,
-                    since_agent_start_ms = from_start.as_millis() as u64,
-                    since_node_creation_ms = from_creation.unwrap_or(-1),
-                    origin = origin.as_str(),
-                    "node ready: taint removed"
-                );
-                let msg = format!(
-                    "all {} probes pass; removed taints {:?}; ready {:.1}s after agent start",
-                    self.probes.len(),
-                    taints,
-                    from_start.as_secs_f64()
-                );
-                self.taints
-                    .event(out.uid, EventType::Normal, "NodegateReady", msg)
-                    .await;
-            }
-            Ok(MarkReady {
-                outcome: None,
-                latest,
-            }) => *view = Some(latest),
-            Err(e) => tracing::error!(node = %name, error = %e, "cannot remove taint; will retry"),
-        }
+        tracing::warn!(node = %self.name, boot_id = boot, ?taints, "the webhook did not taint this node; the safety net did");
+        out.push(Action::Emit {
+            uid: node.metadata.uid.clone(),
+            kind: EventType::Warning,
+            reason: WEBHOOK_MISSED_REASON,
+            message: format!(
+                "nodegate's webhook did not taint this node for boot {boot} (webhook down, skipped, or \
+                 misconfigured); the agent's safety net added {taints:?}. Pods may have been scheduled \
+                 before that. Run nodegate-check."
+            ),
+        });
     }
 }
 
-fn to_view(node: &Node) -> Option<NodeView> {
-    serde_json::to_value(node)
-        .and_then(serde_json::from_value)
-        .ok()
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{Value, json};
+
+    const TAINT: &str = "node.cilium.io/agent-not-ready=true:NoSchedule";
+
+    fn ours() -> Value {
+        json!({"key": "node.cilium.io/agent-not-ready", "value": "true", "effect": "NoSchedule"})
+    }
+
+    /// The node on `boot`, tainted or ready on that boot.
+    fn node(boot: &str, tainted: bool) -> NodeView {
+        let taints = if tainted { json!([ours()]) } else { json!([]) };
+        let annotations = if tainted {
+            json!({})
+        } else {
+            json!({"nodegate.dev/ready-boot-id": boot})
+        };
+        serde_json::from_value(json!({
+            "metadata": {"name": "n1", "uid": "u1", "annotations": annotations},
+            "spec": {"taints": taints},
+            "status": {"nodeInfo": {"bootID": boot}}
+        }))
+        .unwrap()
+    }
+
+    fn patched(boot: &str, removed: bool) -> Event {
+        Event::ReadyPatched(Ok(MarkReady {
+            outcome: Some(ReadyOutcome {
+                removed: if removed { vec![ours()] } else { vec![] },
+                boot_id: Some(boot.into()),
+                since_creation_ms: Some(5),
+                uid: Some("u1".into()),
+            }),
+            latest: node(boot, false),
+        }))
+    }
+
+    fn unchanged(boot: &str) -> Event {
+        Event::ReadyPatched(Ok(MarkReady {
+            outcome: None,
+            latest: node(boot, false),
+        }))
+    }
+
+    fn added(reason: AddReason, taints: usize) -> Event {
+        Event::TaintsAdded {
+            reason,
+            result: Ok(Added {
+                taints: vec![TAINT.to_string(); taints],
+                latest: node("b1", taints > 0),
+            }),
+        }
+    }
+
+    fn cfg(success: u32, failure: u32, continuous: bool) -> GateConfig {
+        GateConfig {
+            period: Duration::from_secs(1),
+            timeout: Duration::from_secs(1),
+            thresholds: Thresholds { success, failure },
+            continuous,
+            taint_on_shutdown: Some(Duration::from_secs(5)),
+        }
+    }
+
+    /// An action as a short word, so a table reads like the story it tells.
+    fn brief(a: &Action) -> String {
+        match a {
+            Action::RunProbes => "probe".into(),
+            Action::RemoveTaints { boot, within } => {
+                format!(
+                    "remove@{}/{}s",
+                    boot.as_deref().unwrap_or("?"),
+                    within.as_secs()
+                )
+            }
+            Action::AddTaints { reason, within } => {
+                format!("add:{}/{}s", reason.as_str(), within.as_secs())
+            }
+            Action::Emit { kind, reason, .. } => format!("event:{kind:?}:{reason}"),
+            Action::SetReady(r) => format!("ready={}", u8::from(*r)),
+            Action::ObserveTimeToReady { origin, seconds } => {
+                format!("ttr:{}:{seconds}", origin.as_str())
+            }
+        }
+    }
+
+    /// Runs `steps` (event, the actions it must give) through a fresh gate;
+    /// each step happens one second after the previous one.
+    fn run(name: &str, cfg: GateConfig, steps: Vec<(Event, &[&str])>) {
+        let t0 = Instant::now();
+        let mut g = State::new("n1", vec![TAINT.parse().unwrap()], cfg, 2, t0);
+        for (i, (event, want)) in steps.into_iter().enumerate() {
+            let shown = format!("{event:?}");
+            let got: Vec<String> = g
+                .on(event, t0 + Duration::from_secs(i as u64 + 1))
+                .iter()
+                .map(brief)
+                .collect();
+            assert_eq!(got, *want, "{name}, step {i}: {shown}");
+        }
+    }
+
+    #[test]
+    fn webhook_tainted_node_becomes_ready_once() {
+        run(
+            "ready patch",
+            cfg(1, 1, false),
+            vec![
+                (Event::Started, &["add:safety_net/30s"]),
+                (added(AddReason::SafetyNet, 0), &[]),
+                (Event::NodeChanged(node("b1", true)), &[]),
+                (Event::Tick, &["probe"]),
+                (Event::Probed(true), &["ready=1", "remove@b1/10s"]),
+                (
+                    patched("b1", true),
+                    &["ttr:webhook:6", "event:Normal:NodegateReady"],
+                ),
+                (Event::NodeChanged(node("b1", false)), &[]),
+                (Event::Tick, &["probe"]),
+                (Event::Probed(true), &[]),
+                (Event::WatchFailed("gone".into()), &[]),
+            ],
+        );
+    }
+
+    #[test]
+    fn without_a_view_the_gate_patches_and_a_second_no_op_is_quiet() {
+        run(
+            "no view yet",
+            cfg(1, 1, false),
+            vec![
+                (Event::Tick, &["probe"]),
+                (Event::Probed(true), &["ready=1", "remove@?/10s"]),
+                // Someone else removed the taint: only the bootID recorded.
+                (
+                    patched("b1", false),
+                    &["ttr:none:3", "event:Normal:NodegateReady"],
+                ),
+                (Event::NodeChanged(node("b1", true)), &["remove@b1/10s"]),
+                (
+                    patched("b1", true),
+                    &["ttr:webhook:5", "event:Normal:NodegateReady"],
+                ),
+                (Event::NodeChanged(node("b1", true)), &["remove@b1/10s"]),
+                (patched("b1", false), &[]),
+            ],
+        );
+    }
+
+    #[test]
+    fn safety_net_warns_and_labels_the_time_to_ready() {
+        run(
+            "safety net",
+            cfg(1, 1, false),
+            vec![
+                (Event::Started, &["add:safety_net/30s"]),
+                (
+                    added(AddReason::SafetyNet, 1),
+                    &["event:Warning:NodegateWebhookMissed"],
+                ),
+                (Event::NodeChanged(node("b1", true)), &[]),
+                (Event::Tick, &["probe"]),
+                (Event::Probed(true), &["ready=1", "remove@b1/10s"]),
+                (
+                    patched("b1", true),
+                    &["ttr:safety_net:6", "event:Normal:NodegateReady"],
+                ),
+            ],
+        );
+        run(
+            "safety net failed",
+            cfg(1, 1, false),
+            vec![
+                (
+                    Event::TaintsAdded {
+                        reason: AddReason::SafetyNet,
+                        result: Err("forbidden".into()),
+                    },
+                    &[],
+                ),
+                (Event::Tick, &["probe"]),
+                (Event::Probed(true), &["ready=1", "remove@?/10s"]),
+                (
+                    patched("b1", true),
+                    &["ttr:webhook:4", "event:Normal:NodegateReady"],
+                ),
+            ],
+        );
+    }
+
+    #[test]
+    fn success_threshold_and_patch_retries() {
+        run(
+            "thresholds",
+            cfg(2, 1, false),
+            vec![
+                (Event::NodeChanged(node("b1", true)), &[]),
+                (Event::Probed(true), &[]),
+                (Event::Probed(false), &[]),
+                (Event::Probed(true), &[]),
+                (Event::Probed(true), &["ready=1", "remove@b1/10s"]),
+                (Event::ReadyPatched(Err("conflict".into())), &[]),
+                // Any later event retries while the node still needs it.
+                (Event::Probed(true), &["remove@b1/10s"]),
+                (
+                    patched("b1", true),
+                    &["ttr:webhook:8", "event:Normal:NodegateReady"],
+                ),
+                // Not continuous: falling below the threshold only says so.
+                (Event::Probed(false), &["ready=0"]),
+            ],
+        );
+    }
+
+    #[test]
+    fn a_reboot_must_pass_the_probes_again() {
+        run(
+            "reboot seen on the watch",
+            cfg(1, 1, false),
+            vec![
+                (Event::NodeChanged(node("b1", true)), &[]),
+                (Event::Probed(true), &["ready=1", "remove@b1/10s"]),
+                (
+                    patched("b1", true),
+                    &["ttr:webhook:3", "event:Normal:NodegateReady"],
+                ),
+                (Event::NodeChanged(node("b2", true)), &["ready=0", "probe"]),
+                (Event::Probed(true), &["ready=1", "remove@b2/10s"]),
+                // Time to ready counts from the reboot.
+                (
+                    patched("b2", true),
+                    &["ttr:webhook:2", "event:Normal:NodegateReady"],
+                ),
+            ],
+        );
+        run(
+            "reboot seen by the patch's read",
+            cfg(1, 1, false),
+            vec![
+                (Event::NodeChanged(node("b1", true)), &[]),
+                (Event::Probed(true), &["ready=1", "remove@b1/10s"]),
+                (unchanged("b2"), &["ready=0"]),
+                (Event::Tick, &["probe"]),
+                (Event::Probed(true), &["ready=1"]),
+                (Event::NodeChanged(node("b2", true)), &["remove@b2/10s"]),
+            ],
+        );
+    }
+
+    /// The node as the webhook leaves it when the kubelet re-registers
+    /// before reporting its new boot: recorded ready on `boot`, tainted.
+    fn retainted(boot: &str) -> NodeView {
+        let mut v = node(boot, false);
+        if let Some(spec) = v.spec.as_mut() {
+            spec.taints = Some(vec![ours()]);
+        }
+        v
+    }
+
+    #[test]
+    fn a_taint_put_back_on_a_ready_node_waits_for_the_probes() {
+        run(
+            "re-registration before the new boot is reported",
+            cfg(1, 3, false),
+            vec![
+                (Event::NodeChanged(node("b1", true)), &[]),
+                (Event::Probed(true), &["ready=1", "remove@b1/10s"]),
+                (
+                    patched("b1", true),
+                    &["ttr:webhook:3", "event:Normal:NodegateReady"],
+                ),
+                (Event::NodeChanged(retainted("b1")), &["ready=0", "probe"]),
+                (Event::Probed(false), &[]),
+                (Event::NodeChanged(node("b2", true)), &["ready=0", "probe"]),
+                (Event::Probed(true), &["ready=1", "remove@b2/10s"]),
+            ],
+        );
+        run(
+            "an admin's re-taint on a healthy node",
+            cfg(1, 1, false),
+            vec![
+                (Event::NodeChanged(node("b1", true)), &[]),
+                (Event::Probed(true), &["ready=1", "remove@b1/10s"]),
+                (
+                    patched("b1", true),
+                    &["ttr:webhook:3", "event:Normal:NodegateReady"],
+                ),
+                (Event::NodeChanged(retainted("b1")), &["ready=0", "probe"]),
+                (Event::Probed(true), &["ready=1", "remove@b1/10s"]),
+                (
+                    patched("b1", true),
+                    &["ttr:webhook:2", "event:Normal:NodegateReady"],
+                ),
+            ],
+        );
+        run(
+            "a version older than the ready patch",
+            cfg(1, 1, false),
+            vec![
+                (Event::Probed(true), &["ready=1", "remove@?/10s"]),
+                (
+                    patched("b1", true),
+                    &["ttr:webhook:2", "event:Normal:NodegateReady"],
+                ),
+                (Event::NodeChanged(node("b1", true)), &["remove@b1/10s"]),
+            ],
+        );
+    }
+
+    #[test]
+    fn continuous_mode_retaints_and_announces_the_recovery() {
+        run(
+            "continuous",
+            cfg(1, 2, true),
+            vec![
+                (Event::NodeChanged(node("b1", true)), &[]),
+                (Event::Probed(true), &["ready=1", "remove@b1/10s"]),
+                (
+                    patched("b1", true),
+                    &["ttr:webhook:3", "event:Normal:NodegateReady"],
+                ),
+                (Event::Probed(false), &[]),
+                (Event::Probed(false), &["ready=0", "add:continuous/10s"]),
+                (added(AddReason::Continuous, 1), &[]),
+                (Event::Probed(false), &[]),
+                // Recovered: the node is not re-read first, and the same boot
+                // is announced again.
+                (Event::Probed(true), &["ready=1", "remove@b1/10s"]),
+                (
+                    patched("b1", true),
+                    &["ttr:continuous:3", "event:Normal:NodegateReady"],
+                ),
+            ],
+        );
+        run(
+            "continuous re-taint failed",
+            cfg(1, 1, true),
+            vec![
+                (Event::Probed(true), &["ready=1", "remove@?/10s"]),
+                (Event::Probed(false), &["ready=0", "add:continuous/10s"]),
+                (
+                    Event::TaintsAdded {
+                        reason: AddReason::Continuous,
+                        result: Err("timeout".into()),
+                    },
+                    &[],
+                ),
+                (Event::Probed(true), &["ready=1", "remove@?/10s"]),
+            ],
+        );
+    }
+
+    #[test]
+    fn shutdown_retaints_when_configured() {
+        run(
+            "shutdown",
+            cfg(1, 1, false),
+            vec![
+                (Event::Shutdown, &["add:shutdown/5s"]),
+                (added(AddReason::Shutdown, 1), &[]),
+            ],
+        );
+        let mut off = cfg(1, 1, false);
+        off.taint_on_shutdown = None;
+        run("no shutdown re-taint", off, vec![(Event::Shutdown, &[])]);
+    }
 }

@@ -2,7 +2,6 @@
 //! both for deletions seen on the watch and for those synthesized from the
 //! snapshot after a restart.
 
-use std::fmt;
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,32 +11,9 @@ use tokio::io::AsyncWriteExt;
 use tokio::process::Command;
 use tokio::sync::mpsc;
 
+pub use crate::deletion::DeleteSource;
 use crate::metrics::{HandlerLabels, Metrics, Source};
 use crate::record::NodeRecord;
-
-/// Where a deletion was learned from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum DeleteSource {
-    /// A DELETED watch event (or a relist/uid change that implies one).
-    Watch,
-    /// In the snapshot written before the agent stopped, but not live now.
-    Snapshot,
-}
-
-impl DeleteSource {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            DeleteSource::Watch => "watch",
-            DeleteSource::Snapshot => "snapshot",
-        }
-    }
-}
-
-impl fmt::Display for DeleteSource {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum HandlerError {

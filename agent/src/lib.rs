@@ -1,29 +1,41 @@
 //! Per-node agent: readiness gate, shutdown re-taint and stale-node pruning.
 //!
-//! - [`gate`] runs the [`probe`]s and, through [`taint`], removes the
-//!   nodegate taint from its own Node once the network agent is ready.
-//! - [`prune`] (only with a deletion handler) follows the node roster, or
-//!   every Node with `--prune-source=nodes`, as slim [`record`]s, persists
-//!   them as a [`snapshot`] and dispatches deletions (live or missed while
-//!   down) to [`handler`]s.
+//! Each job is a pure state machine (event in, actions out) with a thin
+//! loop doing its I/O:
+//!
+//! - the readiness gate: [`gate`] decides from [`readiness`] (the probe
+//!   thresholds) and [`node_patch`] (what to write on the own Node);
+//!   [`gate_loop`] runs the [`probe`]s and sends the writes through
+//!   [`node_writer`].
+//! - pruning (only with a deletion handler): [`prune`] keeps the live set of
+//!   [`record`]s and has each [`deletion`] confirmed ([`confirm`]);
+//!   [`prune_loop`] follows the node roster (or every Node with
+//!   `--prune-source=nodes`), persists the [`snapshot`] and runs the
+//!   [`handler`]s.
 //! - the shared admin port serves health and [`metrics`]; [`agent::run`]
 //!   wires it up.
+//!
+//! Modules import one way: the pure ones (`deletion`, `readiness`,
+//! `node_patch`, `confirm`, `gate`, `prune`) never use the loops.
 
 pub mod agent;
 pub mod config;
 pub mod confirm;
+pub mod deletion;
 pub mod gate;
+pub mod gate_loop;
 pub mod handler;
 pub mod metrics;
+pub mod node_patch;
+pub mod node_writer;
 pub mod probe;
 mod process;
 pub mod prune;
-/// The slim Node record, shared with the roster publisher.
+pub mod prune_loop;
+pub mod readiness;
+/// The node record, shared with the roster publisher.
 pub use nodegate_roster::record;
 pub mod snapshot;
-pub mod taint;
 
 pub use agent::{run, run_with_client, run_with_handlers};
 pub use config::Args;
-
-pub(crate) use nodegate_shared::signal::stopped;

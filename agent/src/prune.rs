@@ -1,29 +1,23 @@
-//! Stale-node pruning: the live set of Nodes (from the roster or a Node
-//! watch), the diff against the snapshot read at start, the confirmation of
-//! every deletion with the API server ([`crate::confirm`]) before a handler
-//! runs, and the coalesced snapshot writer.
+//! Stale-node pruning as a state machine: membership changes (from the
+//! roster or a Node watch), confirmation answers, handler completions and
+//! snapshot ticks in; the GETs, handler dispatches, snapshot writes and
+//! counts they lead to out. No I/O: the caller passes the time and runs the
+//! actions (`prune_loop`).
+//!
+//! Two parts: [`Pruner`] keeps the live set and diffs it against the
+//! snapshot read at start; [`crate::confirm`] has the API server confirm
+//! every deletion before a handler runs. [`State`] joins them.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use futures::StreamExt;
-use futures::future::BoxFuture;
-use k8s_openapi::api::core::v1::{ConfigMap, Node};
-use kube::Api;
-use kube::runtime::{WatchStreamExt, watcher};
-use nodegate_roster::shard;
+use nodegate_roster::view::Membership;
 pub use nodegate_roster::view::NodeEvents;
-use nodegate_roster::view::{Membership, RosterView};
-use tokio::sync::{mpsc, watch};
 
-use crate::confirm::{ConfirmConfig, Confirmer, Lookup, Outcome};
-use crate::handler::DeleteSource;
-use crate::metrics::Metrics;
-use crate::record::{NodeRecord, SlimNode};
-use crate::snapshot;
+use crate::confirm::{Confirmer, Lookup, Outcome};
+use crate::deletion::DeleteSource;
+pub use crate::deletion::Deletion;
+use crate::record::NodeRecord;
 
 /// Nodes of `snapshot` that are not live now, compared by name AND uid: a
 /// node re-created under the same name is a different node, so the old one
@@ -53,8 +47,6 @@ pub struct Pruner {
     initialized: bool,
     dirty: bool,
 }
-
-pub type Deletion = (NodeRecord, DeleteSource);
 
 impl Pruner {
     pub fn new(own: impl Into<String>, snapshot: Vec<NodeRecord>) -> Self {
@@ -205,242 +197,175 @@ impl Pruner {
     }
 }
 
-/// Everything the prune loop needs besides the source.
-pub struct PruneContext {
-    pub state_dir: PathBuf,
-    pub snapshot_interval: Duration,
-    pub metrics: Metrics,
-    /// Set after the first full list (`/readyz`).
-    pub listed: Arc<AtomicBool>,
-    pub deletions: mpsc::UnboundedSender<Deletion>,
-    /// Where deletions are confirmed (GET of the node by name).
-    pub nodes: Api<Node>,
-    pub confirm: ConfirmConfig,
+/// What happened.
+#[derive(Debug, Clone)]
+pub enum Event {
+    /// One event of the node source, as its membership changes: one batch
+    /// (a shard rewrite that drops many nodes is a mass deletion).
+    Changed(Vec<Membership>),
+    /// The time [`State::next_due`] named has come.
+    Due,
+    /// The API server's answer to [`Action::Lookup`] of the node with `uid`.
+    Looked { uid: String, result: Lookup },
+    /// The handlers are done with the node of this uid.
+    Handled(String),
+    /// The snapshot interval elapsed.
+    Tick,
+    /// Stopping: the last snapshot.
+    Stop,
 }
 
-/// Time limit of one confirmation GET.
-const LOOKUP_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// One GET of the node's metadata (not the whole Node: a fraction of the
-/// bytes), a quorum read, so a node deleted before the source said so is
-/// never seen as live.
-async fn lookup(nodes: Api<Node>, name: String) -> Lookup {
-    match tokio::time::timeout(LOOKUP_TIMEOUT, nodes.get_metadata_opt(&name)).await {
-        Ok(Ok(None)) => Lookup::Missing,
-        Ok(Ok(Some(m))) => Lookup::Uid(m.metadata.uid.unwrap_or_default()),
-        Ok(Err(e)) => Lookup::Failed(e.to_string()),
-        Err(_) => Lookup::Failed(format!("no answer within {LOOKUP_TIMEOUT:?}")),
-    }
+/// What to do, in order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    /// GET the node by the record's name (one at a time); answer with
+    /// [`Event::Looked`] for the record's uid.
+    Lookup(NodeRecord),
+    /// Run the handlers on a confirmed deletion; answer with
+    /// [`Event::Handled`] when they are done.
+    Dispatch(Deletion),
+    /// Write [`State::records`] as the snapshot.
+    WriteSnapshot,
+    /// The first complete view of the nodes is in (the agent is ready).
+    Listed,
+    /// A mass deletion was held.
+    CountHold,
+    /// One confirmation answered: `gone`, `live` or `error`.
+    CountConfirmation(&'static str),
+    /// Deletions refused: the API server still has those nodes.
+    CountRefused(u64),
 }
 
-/// Where the pruner learns which nodes exist.
-pub enum Source {
-    /// A watch on every Node: simple, but every status write of every node
-    /// reaches every agent. For small clusters.
-    Nodes(Api<SlimNode>),
-    /// The roster's shard ConfigMaps: a change only when a node joins,
-    /// leaves or changes its addresses, CIDRs or providerID.
-    Roster { api: Api<ConfigMap>, name: String },
+/// The pruning's memory between events.
+#[derive(Debug)]
+pub struct State {
+    nodes: Pruner,
+    confirmer: Confirmer,
+    listed: bool,
 }
 
-/// A membership stream and what it reports along the way.
-type Changes = futures::stream::BoxStream<'static, Result<Vec<Membership>, watcher::Error>>;
-
-impl Source {
-    fn changes(self, metrics: Metrics) -> Changes {
-        match self {
-            Source::Nodes(api) => {
-                let mut adapter = NodeEvents::default();
-                watcher(api, watcher::Config::default())
-                    .default_backoff()
-                    .map(move |ev| ev.map(|ev| adapter.apply(ev).into_iter().collect()))
-                    .boxed()
-            }
-            Source::Roster { api, name } => {
-                let selector = shard::selector(&name);
-                let mut view = RosterView::new(name);
-                watcher(api, watcher::Config::default().labels(&selector))
-                    .default_backoff()
-                    .map(move |ev| {
-                        ev.map(|ev| {
-                            let step = view.apply(ev);
-                            for (name, e) in &step.rejected {
-                                metrics.roster_rejected.inc();
-                                tracing::warn!(shard = %name, error = %e, "roster shard rejected: pruning paused until it is valid again");
-                            }
-                            metrics.roster_shards.set(view.shards() as i64);
-                            let complete = view.is_complete();
-                            if metrics.roster_complete.set(i64::from(complete)) != i64::from(complete) {
-                                tracing::info!(complete, shards = view.shards(), "roster completeness changed");
-                            }
-                            step.changes
-                        })
-                    })
-                    .boxed()
-            }
+impl State {
+    pub fn new(nodes: Pruner, confirmer: Confirmer) -> Self {
+        Self {
+            nodes,
+            confirmer,
+            listed: false,
         }
     }
-}
 
-/// Follows `source` until `shutdown` flips, confirming every deletion
-/// before it goes to the handlers, writing the snapshot at most once per
-/// interval while dirty, and once more at the end. `handled` carries the
-/// uids of deletions the handlers are done with.
-pub async fn run(
-    source: Source,
-    mut pruner: Pruner,
-    ctx: PruneContext,
-    mut handled: mpsc::UnboundedReceiver<String>,
-    mut shutdown: watch::Receiver<bool>,
-) {
-    let mut stream = source.changes(ctx.metrics.clone());
-    let mut tick = tokio::time::interval(ctx.snapshot_interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut confirmer = Confirmer::new(ctx.confirm, rand::random(), Instant::now());
-    let mut in_flight: Option<BoxFuture<'static, (String, Lookup)>> = None;
-    loop {
-        let due = confirmer.next_due();
-        let wake = tokio::time::Instant::from_std(
-            due.unwrap_or_else(|| Instant::now() + Duration::from_secs(3600)),
-        );
-        tokio::select! {
-            ev = stream.next() => match ev {
-                Some(Ok(changes)) => {
-                    // One event's changes are one batch: a shard rewrite
-                    // that drops many nodes is a mass deletion.
-                    let known = pruner.known();
-                    let deletions: Vec<Deletion> =
-                        changes.into_iter().flat_map(|c| pruner.apply(c)).collect();
-                    confirmer.set_known(pruner.len().max(known));
-                    let n = deletions.len();
-                    if confirmer.submit(deletions, known, Instant::now()) {
-                        ctx.metrics.prune_holds.inc();
-                        tracing::warn!(deletions = n, known, "mass deletion held: confirming one node at a time with the API server; the first node it still has refuses the rest");
-                    }
-                    ctx.metrics.nodes_known.set(pruner.len() as i64);
-                    if pruner.is_initialized() && !ctx.listed.swap(true, Ordering::SeqCst) {
-                        tracing::info!(nodes = pruner.len(), "first complete view of the nodes");
-                    }
+    /// Feeds one event at `now`; returns what to do.
+    pub fn on(&mut self, event: Event, now: Instant) -> Vec<Action> {
+        let mut out = Vec::new();
+        match event {
+            Event::Changed(changes) => {
+                let known = self.nodes.known();
+                let deletions: Vec<Deletion> = changes
+                    .into_iter()
+                    .flat_map(|c| self.nodes.apply(c))
+                    .collect();
+                self.confirmer.set_known(self.nodes.len().max(known));
+                let n = deletions.len();
+                if self.confirmer.submit(deletions, known, now) {
+                    out.push(Action::CountHold);
+                    tracing::warn!(
+                        deletions = n,
+                        known,
+                        "mass deletion held: confirming one node at a time with the API server; the first node it still has refuses the rest"
+                    );
                 }
-                Some(Err(e)) => tracing::warn!(error = %e, "watch failed, retrying"),
-                None => break,
-            },
-            (uid, result) = async {
-                match in_flight.as_mut() {
-                    Some(f) => f.await,
-                    None => std::future::pending().await,
-                }
-            }, if in_flight.is_some() => {
-                in_flight = None;
-                conclude(&mut pruner, &mut confirmer, &ctx, &uid, result);
-            }
-            _ = tokio::time::sleep_until(wake), if due.is_some() => {
-                if let Some(r) = confirmer.start(Instant::now()) {
-                    let nodes = ctx.nodes.clone();
-                    in_flight = Some(Box::pin(async move {
-                        let result = lookup(nodes, r.name).await;
-                        (r.uid, result)
-                    }));
+                if self.nodes.is_initialized() && !self.listed {
+                    self.listed = true;
+                    out.push(Action::Listed);
+                    tracing::info!(nodes = self.nodes.len(), "first complete view of the nodes");
                 }
             }
-            Some(uid) = handled.recv() => pruner.handled(&uid),
-            _ = tick.tick() => {
-                if pruner.take_dirty() {
-                    write_snapshot(&pruner, &ctx).await;
+            Event::Due => out.extend(self.confirmer.start(now).map(Action::Lookup)),
+            Event::Looked { uid, result } => self.conclude(&uid, result, now, &mut out),
+            Event::Handled(uid) => self.nodes.handled(&uid),
+            Event::Tick => {
+                if self.nodes.take_dirty() {
+                    out.push(Action::WriteSnapshot);
                 }
             }
-            _ = crate::stopped(&mut shutdown) => break,
-        }
-        ctx.metrics.prune_pending.set(confirmer.pending() as i64);
-        ctx.metrics.prune_held.set(confirmer.held() as i64);
-    }
-    // Unconfirmed deletions stay in the snapshot: confirmed after a restart.
-    if pruner.is_initialized() {
-        write_snapshot(&pruner, &ctx).await;
-    }
-}
-
-/// Acts on a confirmation's answer.
-fn conclude(
-    pruner: &mut Pruner,
-    confirmer: &mut Confirmer,
-    ctx: &PruneContext,
-    uid: &str,
-    result: Lookup,
-) {
-    let label = match &result {
-        Lookup::Missing => "gone",
-        Lookup::Uid(u) if u == uid => "live",
-        Lookup::Uid(u) if !u.is_empty() => "gone",
-        Lookup::Uid(_) | Lookup::Failed(_) => "error",
-    };
-    ctx.metrics
-        .prune_confirmations
-        .get_or_create(&crate::metrics::ResultLabel { result: label })
-        .inc();
-    match confirmer.finish(uid, result.clone(), Instant::now()) {
-        Outcome::Gone(d) => {
-            let _ = ctx.deletions.send(d);
-        }
-        Outcome::Live(records) => {
-            ctx.metrics.prune_refused.inc_by(records.len() as u64);
-            let names: Vec<&str> = records.iter().take(5).map(|r| r.name.as_str()).collect();
-            tracing::error!(refused = records.len(), first = ?names, "the node source reported live nodes deleted (the API server still has them with those uids): no handler runs; a forged roster shard?");
-            pruner.restore(records);
-        }
-        Outcome::Retry => {
-            if let Lookup::Failed(e) = &result {
-                tracing::warn!(%uid, error = %e, "cannot confirm a deletion with the API server; retrying later");
+            // Unconfirmed deletions stay in the snapshot: confirmed after a restart.
+            Event::Stop => {
+                if self.nodes.is_initialized() {
+                    out.push(Action::WriteSnapshot);
+                }
             }
         }
-        Outcome::Unknown => {}
+        out
     }
-}
 
-/// Encodes and writes the live set; failures are logged and counted (the
-/// next tick retries, as the state stays in memory).
-pub async fn write_snapshot(pruner: &Pruner, ctx: &PruneContext) {
-    let start = Instant::now();
-    let bytes = match snapshot::encode(pruner.records()) {
-        Ok(b) => b,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot encode snapshot");
-            return;
+    /// Acts on a confirmation's answer.
+    fn conclude(&mut self, uid: &str, result: Lookup, now: Instant, out: &mut Vec<Action>) {
+        out.push(Action::CountConfirmation(match &result {
+            Lookup::Missing => "gone",
+            Lookup::Uid(u) if u == uid => "live",
+            Lookup::Uid(u) if !u.is_empty() => "gone",
+            Lookup::Uid(_) | Lookup::Failed(_) => "error",
+        }));
+        match self.confirmer.finish(uid, result.clone(), now) {
+            Outcome::Gone(d) => out.push(Action::Dispatch(d)),
+            Outcome::Live(records) => {
+                out.push(Action::CountRefused(records.len() as u64));
+                let names: Vec<&str> = records.iter().take(5).map(|r| r.name.as_str()).collect();
+                tracing::error!(refused = records.len(), first = ?names, "the node source reported live nodes deleted (the API server still has them with those uids): no handler runs; a forged roster shard?");
+                self.nodes.restore(records);
+            }
+            Outcome::Retry => {
+                if let Lookup::Failed(e) = &result {
+                    tracing::warn!(%uid, error = %e, "cannot confirm a deletion with the API server; retrying later");
+                }
+            }
+            Outcome::Unknown => {}
         }
-    };
-    let len = bytes.len();
-    let dir = ctx.state_dir.clone();
-    let res = tokio::task::spawn_blocking(move || snapshot::write_atomic(&dir, &bytes)).await;
-    match res {
-        Ok(Ok(())) => {
-            ctx.metrics
-                .snapshot_write_seconds
-                .observe(start.elapsed().as_secs_f64());
-            ctx.metrics
-                .snapshot_nodes
-                .set((pruner.len() + pruner.unhandled()) as i64);
-            ctx.metrics.snapshot_bytes.set(len as i64);
-            tracing::debug!(
-                nodes = pruner.len(),
-                unhandled = pruner.unhandled(),
-                bytes = len,
-                "snapshot written"
-            );
-        }
-        Ok(Err(e)) => {
-            ctx.metrics.snapshot_write_failures.inc();
-            tracing::error!(error = %e, dir = %ctx.state_dir.display(), "cannot write snapshot");
-        }
-        Err(e) => {
-            ctx.metrics.snapshot_write_failures.inc();
-            tracing::error!(error = %e, "snapshot writer task failed");
-        }
+    }
+
+    /// When to send [`Event::Due`] next; `None`: no confirmation to start.
+    pub fn next_due(&self) -> Option<Instant> {
+        self.confirmer.next_due()
+    }
+
+    /// What the snapshot holds: live nodes and deletions not yet handled.
+    pub fn records(&self) -> impl Iterator<Item = &NodeRecord> {
+        self.nodes.records()
+    }
+
+    /// Live nodes (own node excluded).
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    /// Deletions dispatched but not yet reported done.
+    pub fn unhandled(&self) -> usize {
+        self.nodes.unhandled()
+    }
+
+    /// Deletions waiting for a confirmation.
+    pub fn pending(&self) -> usize {
+        self.confirmer.pending()
+    }
+
+    /// Of those, the ones in held mass deletions.
+    pub fn held(&self) -> usize {
+        self.confirmer.held()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::confirm::ConfirmConfig;
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::runtime::watcher;
+    use nodegate_roster::shard;
+    use nodegate_roster::view::RosterView;
+    use nodegate_shared::NodeResource;
     use serde_json::json;
 
     fn rec(name: &str, uid: &str) -> NodeRecord {
@@ -455,7 +380,7 @@ mod tests {
         }
     }
 
-    fn node(name: &str, uid: &str) -> SlimNode {
+    fn node(name: &str, uid: &str) -> NodeResource {
         serde_json::from_value(json!({"metadata": {"name": name, "uid": uid},
             "spec": {"podCIDR": format!("10.0.{}.0/24", name.len())}}))
         .unwrap()
@@ -491,7 +416,7 @@ mod tests {
             }
         }
 
-        fn apply(&mut self, ev: watcher::Event<SlimNode>) -> Vec<Deletion> {
+        fn apply(&mut self, ev: watcher::Event<NodeResource>) -> Vec<Deletion> {
             match self.n.apply(ev) {
                 Some(m) => self.p.apply(m),
                 None => Vec::new(),
@@ -822,5 +747,149 @@ mod tests {
             .collect();
         assert_eq!(got, vec![("n7", "7")], "exactly once");
         assert_eq!(p.records().count(), 9);
+    }
+
+    const CFG: ConfirmConfig = ConfirmConfig {
+        qps: 200.0,
+        hold_count: 50,
+        hold_share: 0.2,
+    };
+
+    /// An action as a short word, so a table reads like the story it tells.
+    fn brief(a: &Action) -> String {
+        match a {
+            Action::Lookup(r) => format!("get:{}", r.name),
+            Action::Dispatch((r, s)) => format!("dispatch:{}/{s}", r.name),
+            Action::WriteSnapshot => "write".into(),
+            Action::Listed => "listed".into(),
+            Action::CountHold => "hold".into(),
+            Action::CountConfirmation(l) => format!("confirm:{l}"),
+            Action::CountRefused(n) => format!("refused:{n}"),
+        }
+    }
+
+    fn reset(nodes: &[(&str, &str)]) -> Event {
+        Event::Changed(vec![Membership::Reset(live(nodes))])
+    }
+
+    fn looked(uid: &str, result: Lookup) -> Event {
+        Event::Looked {
+            uid: uid.into(),
+            result,
+        }
+    }
+
+    /// Runs `steps` (event, the actions it must give) through a fresh state
+    /// with `snapshot`; [`Event::Due`] comes at the time the state named.
+    fn run(name: &str, snapshot: Vec<NodeRecord>, steps: Vec<(Event, &[&str])>) {
+        let t0 = Instant::now();
+        let mut s = State::new(Pruner::new("me", snapshot), Confirmer::new(CFG, 7, t0));
+        let mut now = t0;
+        for (i, (event, want)) in steps.into_iter().enumerate() {
+            if matches!(event, Event::Due) {
+                now = s.next_due().unwrap_or(now);
+            }
+            let shown = format!("{event:?}");
+            let got: Vec<String> = s.on(event, now).iter().map(brief).collect();
+            assert_eq!(got, *want, "{name}, step {i}: {shown}");
+        }
+    }
+
+    #[test]
+    fn a_deletion_missed_while_down_is_confirmed_then_handled_once() {
+        run(
+            "restart",
+            vec![rec("a", "1"), rec("b", "2")],
+            vec![
+                (Event::Tick, &[]),
+                (reset(&[("a", "1")]), &["listed"]),
+                (Event::Due, &["get:b"]),
+                (Event::Due, &[]),
+                (
+                    looked("2", Lookup::Missing),
+                    &["confirm:gone", "dispatch:b/snapshot"],
+                ),
+                (Event::Tick, &["write"]),
+                (Event::Tick, &[]),
+                (Event::Handled("2".into()), &[]),
+                (Event::Tick, &["write"]),
+                (Event::Stop, &["write"]),
+            ],
+        );
+    }
+
+    #[test]
+    fn nothing_is_written_or_listed_before_the_first_complete_view() {
+        run(
+            "not listed",
+            vec![rec("a", "1")],
+            vec![
+                (Event::Changed(vec![Membership::Remove(rec("a", "1"))]), &[]),
+                (Event::Tick, &[]),
+                (Event::Due, &[]),
+                (Event::Stop, &[]),
+            ],
+        );
+    }
+
+    #[test]
+    fn watch_deletions_retry_errors_and_take_another_uid_as_gone() {
+        run(
+            "watch",
+            vec![],
+            vec![
+                (reset(&[("a", "1"), ("b", "2")]), &["listed"]),
+                (Event::Tick, &["write"]),
+                (Event::Changed(vec![Membership::Remove(rec("a", "1"))]), &[]),
+                (Event::Due, &["get:a"]),
+                (
+                    looked("1", Lookup::Failed("timeout".into())),
+                    &["confirm:error"],
+                ),
+                (Event::Due, &["get:a"]),
+                (looked("1", Lookup::Uid(String::new())), &["confirm:error"]),
+                (Event::Due, &["get:a"]),
+                (
+                    looked("1", Lookup::Uid("11".into())),
+                    &["confirm:gone", "dispatch:a/watch"],
+                ),
+                // A late answer for nothing pending is counted, never dispatched.
+                (looked("1", Lookup::Missing), &["confirm:gone"]),
+                (Event::Tick, &["write"]),
+            ],
+        );
+    }
+
+    #[test]
+    fn a_mass_deletion_is_held_and_one_live_node_refuses_it() {
+        let ten: Vec<(String, String)> =
+            (0..10).map(|i| (format!("n{i}"), i.to_string())).collect();
+        let ten: Vec<(&str, &str)> = ten.iter().map(|(n, u)| (n.as_str(), u.as_str())).collect();
+        let t0 = Instant::now();
+        let mut s = State::new(Pruner::new("me", vec![]), Confirmer::new(CFG, 7, t0));
+        let acts = |s: &mut State, e| s.on(e, t0).iter().map(brief).collect::<Vec<_>>();
+        assert_eq!(acts(&mut s, reset(&ten)), ["listed"]);
+        assert_eq!(
+            acts(
+                &mut s,
+                Event::Changed(vec![Membership::Reset(HashMap::new())])
+            ),
+            ["hold"]
+        );
+        assert_eq!((s.pending(), s.held(), s.len()), (10, 10, 0));
+        let due = s.next_due().unwrap_or(t0);
+        let first = match s.on(Event::Due, due).as_slice() {
+            [Action::Lookup(first)] => first.clone(),
+            other => panic!("one GET for a held batch, got {other:?}"),
+        };
+        let got: Vec<String> = s
+            .on(looked(&first.uid, Lookup::Uid(first.uid.clone())), due)
+            .iter()
+            .map(brief)
+            .collect();
+        assert_eq!(got, ["confirm:live", "refused:10"]);
+        assert_eq!((s.pending(), s.held(), s.len()), (0, 0, 10), "live again");
+        assert_eq!(s.next_due(), None);
+        assert_eq!(acts(&mut s, Event::Tick), ["write"]);
     }
 }

@@ -9,7 +9,8 @@ use k8s_openapi::api::core::v1::Node;
 use kube::client::Body;
 use kube::{Api, Client};
 use nodegate_agent::metrics::Metrics;
-use nodegate_agent::taint::{AddReason, NodeTaints};
+use nodegate_agent::node_patch::AddReason;
+use nodegate_agent::node_writer::NodeWriter;
 use serde_json::{Value, json};
 use tokio::time::Instant;
 use tower_test::mock::{self, Handle, SendResponse};
@@ -32,11 +33,11 @@ fn node(rv: &str, taints: Value, annotations: Value) -> Value {
     })
 }
 
-fn setup() -> (NodeTaints, MockHandle, Metrics) {
+fn setup() -> (NodeWriter, MockHandle, Metrics) {
     let (svc, handle) = mock::pair::<Request<Body>, Response<Body>>();
     let client = Client::new(svc, "default");
     let metrics = Metrics::default();
-    let t = NodeTaints {
+    let t = NodeWriter {
         api: Api::<Node>::all(client),
         name: "n1".into(),
         specs: vec![TAINT.parse().unwrap()],
@@ -217,7 +218,7 @@ async fn shutdown_retaint_appends_with_guard_and_retries() {
         (first, second, other)
     });
     let added = t
-        .add_missing(AddReason::Shutdown, deadline(), |_| true)
+        .add_missing(AddReason::Shutdown, deadline())
         .await
         .unwrap();
     let (first, second, other) = server.await.unwrap();

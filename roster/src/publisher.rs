@@ -20,7 +20,9 @@ use kube::{Api, ResourceExt};
 use tokio::sync::watch;
 
 use crate::metrics::Metrics;
-use crate::record::{NodeRecord, SlimNode};
+use nodegate_shared::NodeResource;
+
+use crate::record::NodeRecord;
 use crate::shard;
 use crate::view::{Membership, NodeEvents};
 
@@ -218,7 +220,7 @@ impl Observed {
 
 /// Everything the publish loop needs.
 pub struct Publisher {
-    pub nodes: Api<SlimNode>,
+    pub nodes: Api<NodeResource>,
     pub shards: Api<ConfigMap>,
     pub namespace: String,
     /// The roster's name: shard prefix and label value.
@@ -411,7 +413,7 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn node(name: &str, uid: &str, ip: &str) -> SlimNode {
+    fn node(name: &str, uid: &str, ip: &str) -> NodeResource {
         serde_json::from_value(json!({
             "metadata": {"name": name, "uid": uid, "labels": {"l": ip}},
             "spec": {"podCIDR": "198.18.0.0/24"},
@@ -428,7 +430,7 @@ mod tests {
     }
 
     impl Fed {
-        fn apply(&mut self, ev: watcher::Event<SlimNode>) {
+        fn apply(&mut self, ev: watcher::Event<NodeResource>) {
             if let Some(m) = self.n.apply(ev) {
                 self.r.apply(m);
             }
@@ -461,7 +463,7 @@ mod tests {
         let before = texts(&mut r.r);
         // Same uid, addresses, CIDRs: only labels and the boot ID differ.
         let mut n = node("a", "1", "198.19.0.1");
-        n.metadata.labels = Some([("new".to_string(), "label".to_string())].into());
+        n.view.metadata.labels = [("new".to_string(), "label".to_string())].into();
         r.apply(watcher::Event::Apply(n));
         assert!(r.r.dirty.is_empty(), "no shard to rewrite");
         assert_eq!(texts(&mut r.r), before);

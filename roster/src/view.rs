@@ -10,8 +10,9 @@ use std::collections::HashMap;
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::runtime::watcher;
+use nodegate_shared::NodeResource;
 
-use crate::record::{NodeRecord, SlimNode};
+use crate::record::NodeRecord;
 use crate::shard::{self, Shard, ShardError};
 
 /// A change of the set of nodes, whatever its source (Node watch or roster).
@@ -35,14 +36,14 @@ pub struct NodeEvents {
 }
 
 impl NodeEvents {
-    pub fn apply(&mut self, event: watcher::Event<SlimNode>) -> Option<Membership> {
+    pub fn apply(&mut self, event: watcher::Event<NodeResource>) -> Option<Membership> {
         match event {
             watcher::Event::Init => {
                 self.listing = Some(HashMap::new());
                 None
             }
             watcher::Event::InitApply(node) => {
-                if let Some(r) = node.into_record() {
+                if let Some(r) = NodeRecord::from_view(&node.view) {
                     self.listing
                         .get_or_insert_with(HashMap::new)
                         .insert(r.name.clone(), r);
@@ -52,8 +53,12 @@ impl NodeEvents {
             watcher::Event::InitDone => {
                 Some(Membership::Reset(self.listing.take().unwrap_or_default()))
             }
-            watcher::Event::Apply(node) => node.into_record().map(Membership::Upsert),
-            watcher::Event::Delete(node) => node.into_record().map(Membership::Remove),
+            watcher::Event::Apply(node) => {
+                NodeRecord::from_view(&node.view).map(Membership::Upsert)
+            }
+            watcher::Event::Delete(node) => {
+                NodeRecord::from_view(&node.view).map(Membership::Remove)
+            }
         }
     }
 }
@@ -64,6 +69,9 @@ pub struct Step {
     pub changes: Vec<Membership>,
     /// Shards that could not be trusted, by ConfigMap name.
     pub rejected: Vec<(String, ShardError)>,
+    /// `Some(complete)` when this event made the view complete or
+    /// incomplete (it starts incomplete).
+    pub complete: Option<bool>,
 }
 
 #[derive(Debug)]
@@ -144,6 +152,9 @@ impl RosterView {
             }
         };
         self.complete = self.complete_key();
+        if before.is_some() != self.complete.is_some() {
+            step.complete = Some(self.complete.is_some());
+        }
         step.changes = match self.complete {
             None => Vec::new(),
             // Complete again, or a new epoch: the whole set.
@@ -258,6 +269,108 @@ mod tests {
     }
 
     const NODES: &[(&str, &str)] = &[("a", "1"), ("b", "2"), ("c", "3"), ("d", "4"), ("e", "5")];
+
+    /// What a step reports: the completeness change, and the changes as
+    /// text (`reset:N`, `+name`, `-name`), sorted.
+    fn summary(step: &Step) -> (Option<bool>, usize, Vec<String>) {
+        let mut changes: Vec<String> = step
+            .changes
+            .iter()
+            .map(|m| match m {
+                Membership::Reset(all) => format!("reset:{}", all.len()),
+                Membership::Upsert(r) => format!("+{}", r.name),
+                Membership::Remove(r) => format!("-{}", r.name),
+            })
+            .collect();
+        changes.sort();
+        (step.complete, step.rejected.len(), changes)
+    }
+
+    /// The view as a state machine, one event at a time: whether it became
+    /// complete or incomplete, how many shards it rejected, and the
+    /// membership changes it reported.
+    #[test]
+    fn every_transition_one_event_at_a_time() {
+        let with_f: Vec<(&str, &str)> = NODES.iter().copied().chain([("f", "6")]).collect();
+        let f_shard = shard_of("f", 2);
+        let corrupt = config_map("nodegate", shard::DEFAULT_NAME, 1, "not json".into());
+        let cm_name = |cm: &ConfigMap| cm.metadata.name.clone().unwrap_or_default();
+        let s1 = shard(1, 1, 2, NODES);
+        type Row = (
+            &'static str,
+            watcher::Event<ConfigMap>,
+            (Option<bool>, usize, Vec<&'static str>),
+        );
+        let table: Vec<Row> = vec![
+            ("list starts", watcher::Event::Init, (None, 0, vec![])),
+            (
+                "one shard listed",
+                watcher::Event::InitApply(shard(1, 0, 2, NODES)),
+                (None, 0, vec![]),
+            ),
+            (
+                "list ends incomplete",
+                watcher::Event::InitDone,
+                (None, 0, vec![]),
+            ),
+            (
+                "last shard arrives",
+                watcher::Event::Apply(s1.clone()),
+                (Some(true), 0, vec!["reset:5"]),
+            ),
+            (
+                "same shard again",
+                watcher::Event::Apply(s1.clone()),
+                (None, 0, vec![]),
+            ),
+            (
+                "a shard is deleted",
+                watcher::Event::Delete(s1.clone()),
+                (Some(false), 0, vec![]),
+            ),
+            (
+                "it comes back",
+                watcher::Event::Apply(s1.clone()),
+                (Some(true), 0, vec!["reset:5"]),
+            ),
+            (
+                "it turns corrupt",
+                watcher::Event::Apply(corrupt.clone()),
+                (Some(false), 1, vec![]),
+            ),
+            (
+                "a new epoch begins",
+                watcher::Event::Apply(shard(2, 0, 2, NODES)),
+                (None, 0, vec![]),
+            ),
+            (
+                "and completes",
+                watcher::Event::Apply(shard(2, 1, 2, NODES)),
+                (Some(true), 0, vec!["reset:5"]),
+            ),
+            (
+                "a node joins",
+                watcher::Event::Apply(shard(2, f_shard, 2, &with_f)),
+                (None, 0, vec!["+f"]),
+            ),
+            (
+                "and leaves",
+                watcher::Event::Apply(shard(2, f_shard, 2, NODES)),
+                (None, 0, vec!["-f"]),
+            ),
+        ];
+        assert_eq!(cm_name(&corrupt), cm_name(&s1));
+        let mut v = RosterView::new(shard::DEFAULT_NAME);
+        for (what, event, (complete, rejected, changes)) in table {
+            let got = summary(&v.apply(event));
+            let want = (
+                complete,
+                rejected,
+                changes.iter().map(|s| s.to_string()).collect(),
+            );
+            assert_eq!(got, want, "{what}");
+        }
+    }
 
     #[test]
     fn complete_list_is_one_reset_then_diffs() {

@@ -13,5 +13,7 @@ pub mod patch;
 pub mod signal;
 pub mod taint;
 
-pub use node::NodeView;
+#[cfg(feature = "kube")]
+pub use node::NodeResource;
+pub use node::{NodeAddress, NodeView};
 pub use taint::{Effect, TaintError, TaintSpec};

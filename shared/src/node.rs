@@ -1,15 +1,17 @@
-//! A slim view of a Node: only the fields nodegate's rules read.
+//! A slim view of a Node: only the fields nodegate reads (the webhook's and
+//! the agent's rules, and the roster's record of each node).
 //!
 //! Decoding into this instead of a full typed `Node` skips images, conditions
 //! and everything else in the (often 25 KB+) object; serde ignores the rest.
-//! It is a `kube` resource (core `v1` `Node`), so kube's admission types and
-//! `Api` decode straight into it.
+//! It is a kube resource (core `v1` `Node`), so kube's admission types and
+//! `Api` decode straight into it; with the `kube` feature, [`NodeResource`]
+//! does the same for kube-runtime's watcher.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use kube_core::{ClusterResourceScope, ObjectMeta, Resource};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::keys::{EXCLUDE_LABEL, READY_BOOT_ID_ANNOTATION};
@@ -102,6 +104,12 @@ pub struct SpecView {
     /// Kept as raw JSON so a `test` op can compare the exact stored entries.
     #[serde(default)]
     pub taints: Option<Vec<Value>>,
+    #[serde(default, rename = "podCIDR")]
+    pub pod_cidr: Option<String>,
+    #[serde(default, rename = "podCIDRs")]
+    pub pod_cidrs: Option<Vec<String>>,
+    #[serde(default, rename = "providerID")]
+    pub provider_id: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
@@ -109,6 +117,16 @@ pub struct SpecView {
 pub struct StatusView {
     #[serde(default)]
     pub node_info: Option<NodeInfoView>,
+    #[serde(default)]
+    pub addresses: Option<Vec<NodeAddress>>,
+}
+
+/// One entry of `status.addresses`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeAddress {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub address: String,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
@@ -165,10 +183,99 @@ impl NodeView {
             .unwrap_or(&[])
     }
 
+    /// The podCIDRs the node was given: `spec.podCIDRs`, or the older
+    /// single `spec.podCIDR` when the list is absent or empty.
+    pub fn pod_cidrs(&self) -> Vec<String> {
+        let spec = self.spec.as_ref();
+        match (
+            spec.and_then(|s| s.pod_cidrs.as_ref()),
+            spec.and_then(|s| s.pod_cidr.as_ref()),
+        ) {
+            (Some(v), _) if !v.is_empty() => v.clone(),
+            (_, Some(c)) if !c.is_empty() => vec![c.clone()],
+            _ => Vec::new(),
+        }
+    }
+
+    /// The cloud provider's ID of the machine, if non-empty.
+    pub fn provider_id(&self) -> Option<&str> {
+        self.spec
+            .as_ref()
+            .and_then(|s| s.provider_id.as_deref())
+            .filter(|p| !p.is_empty())
+    }
+
+    /// `status.addresses`, in order.
+    pub fn addresses(&self) -> &[NodeAddress] {
+        self.status
+            .as_ref()
+            .and_then(|s| s.addresses.as_deref())
+            .unwrap_or(&[])
+    }
+
     /// Configured taints this node does not carry (by key and effect).
     pub fn missing<'a>(&self, specs: &'a [TaintSpec]) -> Vec<&'a TaintSpec> {
         let taints = self.taints();
         specs.iter().filter(|s| !s.is_in(taints)).collect()
+    }
+}
+
+/// A [`NodeView`] as a kube resource (`/api/v1/nodes`), so `Api` and the
+/// watcher decode a Node straight into the view. `meta()` carries name, uid
+/// and resourceVersion only; labels and annotations stay in
+/// `view.metadata`.
+#[cfg(feature = "kube")]
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct NodeResource {
+    meta: kube::core::ObjectMeta,
+    pub view: NodeView,
+}
+
+#[cfg(feature = "kube")]
+impl From<NodeView> for NodeResource {
+    fn from(view: NodeView) -> Self {
+        let meta = kube::core::ObjectMeta {
+            name: view.metadata.name.clone(),
+            uid: view.metadata.uid.clone(),
+            resource_version: view.metadata.resource_version.clone(),
+            ..Default::default()
+        };
+        Self { meta, view }
+    }
+}
+
+#[cfg(feature = "kube")]
+impl<'de> Deserialize<'de> for NodeResource {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        NodeView::deserialize(d).map(Self::from)
+    }
+}
+
+#[cfg(feature = "kube")]
+impl kube::core::Resource for NodeResource {
+    type DynamicType = ();
+    type Scope = kube::core::ClusterResourceScope;
+
+    fn kind(_: &()) -> std::borrow::Cow<'_, str> {
+        "Node".into()
+    }
+    fn group(_: &()) -> std::borrow::Cow<'_, str> {
+        "".into()
+    }
+    fn version(_: &()) -> std::borrow::Cow<'_, str> {
+        "v1".into()
+    }
+    fn api_version(_: &()) -> std::borrow::Cow<'_, str> {
+        "v1".into()
+    }
+    fn plural(_: &()) -> std::borrow::Cow<'_, str> {
+        "nodes".into()
+    }
+    fn meta(&self) -> &kube::core::ObjectMeta {
+        &self.meta
+    }
+    fn meta_mut(&mut self) -> &mut kube::core::ObjectMeta {
+        &mut self.meta
     }
 }
 
@@ -215,6 +322,45 @@ mod tests {
         assert_eq!(v.meta().uid.as_deref(), Some("u1"));
         assert_eq!(v.meta().resource_version.as_deref(), Some("7"));
         assert_eq!(v.metadata.labels["a"], "b");
+    }
+
+    #[test]
+    fn reads_what_the_roster_records() {
+        let v: NodeView = serde_json::from_value(json!({
+            "spec": {"podCIDR": "10.0.1.0/24", "podCIDRs": ["10.0.1.0/24", "fd00::/64"],
+                     "providerID": "aws:///i-1"},
+            "status": {"addresses": [{"type": "InternalIP", "address": "10.1.0.5"}]}
+        }))
+        .unwrap();
+        assert_eq!(v.pod_cidrs(), vec!["10.0.1.0/24", "fd00::/64"]);
+        assert_eq!(v.provider_id(), Some("aws:///i-1"));
+        assert_eq!(v.addresses()[0].address, "10.1.0.5");
+        // The older single podCIDR when the list is absent; empty is none.
+        let v: NodeView = serde_json::from_value(
+            json!({"spec": {"podCIDR": "10.0.2.0/24", "podCIDRs": [], "providerID": ""}}),
+        )
+        .unwrap();
+        assert_eq!(v.pod_cidrs(), vec!["10.0.2.0/24"]);
+        assert_eq!(v.provider_id(), None);
+        assert!(v.addresses().is_empty());
+    }
+
+    #[cfg(feature = "kube")]
+    #[test]
+    fn resource_is_the_core_nodes_path_with_identity_in_meta() {
+        use kube::core::Resource;
+        assert_eq!(NodeResource::url_path(&(), None), "/api/v1/nodes");
+        let n: NodeResource = serde_json::from_value(json!({
+            "metadata": {"name": "n", "uid": "u", "resourceVersion": "3", "labels": {"a": "b"}}
+        }))
+        .unwrap();
+        assert_eq!(n.meta().name.as_deref(), Some("n"));
+        assert_eq!(n.meta().uid.as_deref(), Some("u"));
+        assert_eq!(n.meta().resource_version.as_deref(), Some("3"));
+        assert_eq!(
+            n.view.metadata.labels.get("a").map(String::as_str),
+            Some("b")
+        );
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! decoding Nodes into slim records, snapshot write, snapshot load + diff +
 //! dispatch, and the resident memory that costs.
 //!
-//! `cargo run --release -p nodegate-agent --bin nodegate-agent-bench -- --nodes 10000`
+//! `cargo run --release -p nodegate-bench --bin nodegate-agent-bench -- --nodes 10000`
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -15,8 +15,9 @@ use kube::runtime::watcher::Event;
 use nodegate_agent::handler::{DeleteSource, Dispatcher, HandlerError, NodeDeleteHandler};
 use nodegate_agent::metrics::Metrics;
 use nodegate_agent::prune::{NodeEvents, Pruner};
-use nodegate_agent::record::{NodeRecord, SlimNode};
+use nodegate_agent::record::NodeRecord;
 use nodegate_agent::snapshot::{self, Loaded};
+use nodegate_shared::NodeResource;
 use serde_json::json;
 
 #[derive(Parser)]
@@ -89,7 +90,7 @@ fn full_node(i: usize, uid_gen: usize) -> Vec<u8> {
     .unwrap_or_default()
 }
 
-fn decode(i: usize, uid_gen: usize) -> anyhow::Result<SlimNode> {
+fn decode(i: usize, uid_gen: usize) -> anyhow::Result<NodeResource> {
     serde_json::from_slice(&full_node(i, uid_gen)).context("decode node")
 }
 

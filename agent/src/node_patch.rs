@@ -1,23 +1,13 @@
-//! The writes the agent makes on its own Node: the "ready" patch that
-//! removes the taint and records the bootID, re-adding the taint, and the
-//! Event that tells humans.
-
-use std::time::Duration;
+//! The writes the agent makes on its own Node, decided without I/O: the
+//! "ready" patch that removes the taint and records the bootID, when the
+//! taint is added back and why, and what a write reports.
+//! `node_writer` sends them.
 
 use json_patch::{AddOperation, Patch, PatchOperation, RemoveOperation, TestOperation};
 use jsonptr::PointerBuf;
-use k8s_openapi::api::core::v1::{Event, EventSource, Node, ObjectReference};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
-use k8s_openapi::jiff::Timestamp;
-use kube::Api;
-use kube::api::{Patch as KubePatch, PatchParams, PostParams};
 use nodegate_shared::keys::READY_BOOT_ID_ANNOTATION;
-use nodegate_shared::patch::{Guard, add_taints};
 use nodegate_shared::{NodeView, TaintSpec};
 use serde_json::{Value, json};
-use tokio::time::Instant;
-
-use crate::metrics::{Metrics, Reason};
 
 /// The one patch that makes the node schedulable: for each configured taint
 /// present, `test` the entry at its index then `remove` it (highest index
@@ -132,7 +122,17 @@ impl Origin {
     }
 }
 
-/// What [`NodeTaints::add_missing`] did, and the node as it left it.
+/// Whether the taint added for `reason` applies to `node` as freshly read:
+/// the safety net only when the webhook missed this boot, the shutdown and
+/// continuous re-taints always.
+pub fn add_applies(reason: AddReason, node: &NodeView, specs: &[TaintSpec]) -> bool {
+    match reason {
+        AddReason::SafetyNet => safety_net_applies(node, specs),
+        AddReason::Shutdown | AddReason::Continuous => true,
+    }
+}
+
+/// What `NodeWriter::add_missing` did, and the node as it left it.
 #[derive(Debug, Clone)]
 pub struct Added {
     /// The taints added, as `key=value:Effect` (empty: nothing to do).
@@ -147,231 +147,23 @@ pub enum EventType {
     Warning,
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum TaintError {
-    #[error("kubernetes API: {0}")]
-    Kube(#[from] kube::Error),
-    #[error("cannot read node {0}: {1}")]
-    Decode(String, serde_json::Error),
-    #[error("gave up on node {name} at the deadline; last error: {last}")]
-    Deadline { name: String, last: String },
-}
-
 /// Result of a successful ready patch.
 #[derive(Debug, Clone)]
 pub struct ReadyOutcome {
     /// Taint entries removed (empty if someone else had removed them).
     pub removed: Vec<Value>,
     pub boot_id: Option<String>,
-    pub created: Option<Time>,
+    /// Milliseconds from the Node's creation to the patch, when known.
+    pub since_creation_ms: Option<i64>,
     pub uid: Option<String>,
 }
 
-/// What [`NodeTaints::mark_ready`] did, and the node as it left it (so the
+/// What `NodeWriter::mark_ready` did, and the node as it left it (so the
 /// caller need not read it again).
 #[derive(Debug, Clone)]
 pub struct MarkReady {
     pub outcome: Option<ReadyOutcome>,
     pub latest: NodeView,
-}
-
-/// Reads and patches one Node, retrying conflicts and failed `test`s by
-/// re-reading.
-#[derive(Clone)]
-pub struct NodeTaints {
-    pub api: Api<Node>,
-    pub name: String,
-    pub specs: Vec<TaintSpec>,
-    pub metrics: Metrics,
-}
-
-fn retryable(e: &kube::Error) -> bool {
-    match e {
-        kube::Error::Api(s) => !matches!(s.code, 400 | 401 | 403 | 405 | 415),
-        _ => true,
-    }
-}
-
-impl NodeTaints {
-    /// The node, plus the slim view the rules read.
-    pub async fn read(&self) -> Result<(Node, NodeView), TaintError> {
-        let node = self.api.get(&self.name).await?;
-        let view = serde_json::to_value(&node)
-            .and_then(serde_json::from_value::<NodeView>)
-            .map_err(|e| TaintError::Decode(self.name.clone(), e))?;
-        Ok((node, view))
-    }
-
-    /// Re-reads and applies `build(view)` until it succeeds, nothing is left
-    /// to do (`build` returns `None`) or `deadline` passes. Also returns the
-    /// node as last seen (read, or as the patch left it).
-    async fn patch_loop<T>(
-        &self,
-        deadline: Instant,
-        mut build: impl FnMut(&Node, &NodeView) -> Option<(Patch, T)>,
-    ) -> Result<(Option<T>, NodeView), TaintError> {
-        let mut backoff = Duration::from_millis(50);
-        loop {
-            let attempt = async {
-                let (node, view) = self.read().await?;
-                let Some((patch, out)) = build(&node, &view) else {
-                    return Ok((None, view));
-                };
-                let patched = self
-                    .api
-                    .patch(
-                        &self.name,
-                        &PatchParams::default(),
-                        &KubePatch::Json::<()>(patch),
-                    )
-                    .await?;
-                let after = serde_json::to_value(&patched)
-                    .and_then(serde_json::from_value::<NodeView>)
-                    .map_err(|e| TaintError::Decode(self.name.clone(), e))?;
-                Ok::<_, TaintError>((Some(out), after))
-            };
-            let err = match attempt.await {
-                Ok(r) => return Ok(r),
-                Err(TaintError::Kube(e)) if retryable(&e) => e.to_string(),
-                Err(e) => return Err(e),
-            };
-            if Instant::now() + backoff > deadline {
-                return Err(TaintError::Deadline {
-                    name: self.name.clone(),
-                    last: err,
-                });
-            }
-            tracing::debug!(node = %self.name, error = %err, "node patch failed, re-reading");
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(Duration::from_secs(2));
-        }
-    }
-
-    /// Removes the configured taints and records the bootID, in one patch.
-    /// `outcome` is `None` when the node already had no taint and the
-    /// bootID recorded, or when it now reports another boot than
-    /// `expected_boot` (the probes passed on the previous boot).
-    pub async fn mark_ready(
-        &self,
-        deadline: Instant,
-        expected_boot: Option<&str>,
-    ) -> Result<MarkReady, TaintError> {
-        let specs = self.specs.clone();
-        let (out, latest) = self
-            .patch_loop(deadline, |node, view| {
-                if let (Some(want), Some(now)) = (expected_boot, view.boot_id())
-                    && want != now
-                {
-                    return None;
-                }
-                let patch = ready_patch(view, &specs)?;
-                let removed = view
-                    .taints()
-                    .iter()
-                    .filter(|t| specs.iter().any(|s| s.matches(t)))
-                    .cloned()
-                    .collect();
-                Some((
-                    patch,
-                    ReadyOutcome {
-                        removed,
-                        boot_id: view.boot_id().map(str::to_owned),
-                        created: node.metadata.creation_timestamp.clone(),
-                        uid: node.metadata.uid.clone(),
-                    },
-                ))
-            })
-            .await?;
-        if out.as_ref().is_some_and(|o| !o.removed.is_empty()) {
-            self.metrics.taint_removals.inc();
-        }
-        Ok(MarkReady {
-            outcome: out,
-            latest,
-        })
-    }
-
-    /// Adds the missing configured taints (guarded by a `test` of the list
-    /// read) when `rule` holds on a fresh read.
-    pub async fn add_missing(
-        &self,
-        reason: AddReason,
-        deadline: Instant,
-        rule: impl Fn(&NodeView) -> bool,
-    ) -> Result<Added, TaintError> {
-        let specs = self.specs.clone();
-        let (taints, latest) = self
-            .patch_loop(deadline, |_, view| {
-                if !rule(view) {
-                    return None;
-                }
-                let missing = view.missing(&specs);
-                if missing.is_empty() {
-                    return None;
-                }
-                let keys = missing.iter().map(ToString::to_string).collect::<Vec<_>>();
-                Some((add_taints(view, &missing, Guard::Current), keys))
-            })
-            .await?;
-        let taints = taints.unwrap_or_default();
-        if !taints.is_empty() {
-            self.metrics
-                .taint_adds
-                .get_or_create(&Reason {
-                    reason: reason.as_str().into(),
-                })
-                .inc();
-            tracing::info!(node = %self.name, reason = reason.as_str(), ?taints, "taint added");
-        }
-        Ok(Added { taints, latest })
-    }
-
-    /// Records a core/v1 Event on the Node (namespace `default`, as the
-    /// kubelet does). Best effort: a failure is only logged.
-    pub async fn event(&self, uid: Option<String>, kind: EventType, reason: &str, message: String) {
-        let now = Timestamp::now();
-        let ev = Event {
-            metadata: ObjectMeta {
-                name: Some(format!(
-                    "{}.{:x}",
-                    self.name,
-                    now.as_nanosecond().unsigned_abs()
-                )),
-                namespace: Some("default".into()),
-                ..ObjectMeta::default()
-            },
-            involved_object: ObjectReference {
-                api_version: Some("v1".into()),
-                kind: Some("Node".into()),
-                name: Some(self.name.clone()),
-                uid,
-                ..ObjectReference::default()
-            },
-            reason: Some(reason.into()),
-            message: Some(message),
-            type_: Some(
-                match kind {
-                    EventType::Normal => "Normal",
-                    EventType::Warning => "Warning",
-                }
-                .into(),
-            ),
-            source: Some(EventSource {
-                component: Some("nodegate-agent".into()),
-                host: Some(self.name.clone()),
-            }),
-            first_timestamp: Some(Time(now)),
-            last_timestamp: Some(Time(now)),
-            count: Some(1),
-            reporting_component: Some("nodegate-agent".into()),
-            reporting_instance: Some(self.name.clone()),
-            ..Event::default()
-        };
-        let api: Api<Event> = Api::namespaced(self.api.clone().into_client(), "default");
-        if let Err(e) = api.create(&PostParams::default(), &ev).await {
-            tracing::warn!(node = %self.name, error = %e, "cannot record event");
-        }
-    }
 }
 
 #[cfg(test)]
@@ -449,6 +241,18 @@ mod tests {
         let mut moved = json!({"metadata": {"annotations": {"x": "y"}},
             "spec": {"taints": [{"key": "k", "effect": "NoSchedule"}, ours()]}});
         assert!(json_patch::patch(&mut moved, &patch).is_err());
+    }
+
+    #[test]
+    fn only_the_safety_net_depends_on_the_node() {
+        let s = specs();
+        let ready = view(
+            json!({"metadata": {"annotations": {"nodegate.dev/ready-boot-id": "b"}},
+                                "status": {"nodeInfo": {"bootID": "b"}}}),
+        );
+        assert!(!add_applies(AddReason::SafetyNet, &ready, &s));
+        assert!(add_applies(AddReason::Shutdown, &ready, &s));
+        assert!(add_applies(AddReason::Continuous, &ready, &s));
     }
 
     #[test]

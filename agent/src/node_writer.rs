@@ -1,0 +1,238 @@
+//! The agent's reads and writes of its own Node: the patches
+//! [`crate::node_patch`] builds, sent with re-reads on conflicts and failed
+//! `test`s until a deadline, and the Events that tell humans.
+
+use std::time::Duration;
+
+use json_patch::Patch;
+use k8s_openapi::api::core::v1::{Event, EventSource, Node, ObjectReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::Api;
+use kube::api::{Patch as KubePatch, PatchParams, PostParams};
+use nodegate_shared::patch::{Guard, add_taints};
+use nodegate_shared::{NodeView, TaintSpec};
+use tokio::time::Instant;
+
+use crate::metrics::{Metrics, Reason};
+use crate::node_patch::{
+    AddReason, Added, EventType, MarkReady, ReadyOutcome, add_applies, ready_patch,
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    #[error("kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("cannot read node {0}: {1}")]
+    Decode(String, serde_json::Error),
+    #[error("gave up on node {name} at the deadline; last error: {last}")]
+    Deadline { name: String, last: String },
+}
+
+/// Reads and patches one Node, retrying conflicts and failed `test`s by
+/// re-reading.
+#[derive(Clone)]
+pub struct NodeWriter {
+    pub api: Api<Node>,
+    pub name: String,
+    pub specs: Vec<TaintSpec>,
+    pub metrics: Metrics,
+}
+
+fn retryable(e: &kube::Error) -> bool {
+    match e {
+        kube::Error::Api(s) => !matches!(s.code, 400 | 401 | 403 | 405 | 415),
+        _ => true,
+    }
+}
+
+impl NodeWriter {
+    /// The client the node API uses (for the own Node's watch).
+    pub fn client(&self) -> kube::Client {
+        self.api.clone().into_client()
+    }
+
+    /// The node, plus the slim view the rules read.
+    pub async fn read(&self) -> Result<(Node, NodeView), WriteError> {
+        let node = self.api.get(&self.name).await?;
+        let view = serde_json::to_value(&node)
+            .and_then(serde_json::from_value::<NodeView>)
+            .map_err(|e| WriteError::Decode(self.name.clone(), e))?;
+        Ok((node, view))
+    }
+
+    /// Re-reads and applies `build(view)` until it succeeds, nothing is left
+    /// to do (`build` returns `None`) or `deadline` passes. Also returns the
+    /// node as last seen (read, or as the patch left it).
+    async fn patch_loop<T>(
+        &self,
+        deadline: Instant,
+        mut build: impl FnMut(&Node, &NodeView) -> Option<(Patch, T)>,
+    ) -> Result<(Option<T>, NodeView), WriteError> {
+        let mut backoff = Duration::from_millis(50);
+        loop {
+            let attempt = async {
+                let (node, view) = self.read().await?;
+                let Some((patch, out)) = build(&node, &view) else {
+                    return Ok((None, view));
+                };
+                let patched = self
+                    .api
+                    .patch(
+                        &self.name,
+                        &PatchParams::default(),
+                        &KubePatch::Json::<()>(patch),
+                    )
+                    .await?;
+                let after = serde_json::to_value(&patched)
+                    .and_then(serde_json::from_value::<NodeView>)
+                    .map_err(|e| WriteError::Decode(self.name.clone(), e))?;
+                Ok::<_, WriteError>((Some(out), after))
+            };
+            let err = match attempt.await {
+                Ok(r) => return Ok(r),
+                Err(WriteError::Kube(e)) if retryable(&e) => e.to_string(),
+                Err(e) => return Err(e),
+            };
+            if Instant::now() + backoff > deadline {
+                return Err(WriteError::Deadline {
+                    name: self.name.clone(),
+                    last: err,
+                });
+            }
+            tracing::debug!(node = %self.name, error = %err, "node patch failed, re-reading");
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(2));
+        }
+    }
+
+    /// Removes the configured taints and records the bootID, in one patch.
+    /// `outcome` is `None` when the node already had no taint and the
+    /// bootID recorded, or when it now reports another boot than
+    /// `expected_boot` (the probes passed on the previous boot).
+    pub async fn mark_ready(
+        &self,
+        deadline: Instant,
+        expected_boot: Option<&str>,
+    ) -> Result<MarkReady, WriteError> {
+        let specs = self.specs.clone();
+        let (out, latest) = self
+            .patch_loop(deadline, |node, view| {
+                if let (Some(want), Some(now)) = (expected_boot, view.boot_id())
+                    && want != now
+                {
+                    return None;
+                }
+                let patch = ready_patch(view, &specs)?;
+                let removed = view
+                    .taints()
+                    .iter()
+                    .filter(|t| specs.iter().any(|s| s.matches(t)))
+                    .cloned()
+                    .collect();
+                let since_creation_ms = node
+                    .metadata
+                    .creation_timestamp
+                    .as_ref()
+                    .map(|t| Timestamp::now().as_millisecond() - t.0.as_millisecond());
+                Some((
+                    patch,
+                    ReadyOutcome {
+                        removed,
+                        boot_id: view.boot_id().map(str::to_owned),
+                        since_creation_ms,
+                        uid: node.metadata.uid.clone(),
+                    },
+                ))
+            })
+            .await?;
+        if out.as_ref().is_some_and(|o| !o.removed.is_empty()) {
+            self.metrics.taint_removals.inc();
+        }
+        Ok(MarkReady {
+            outcome: out,
+            latest,
+        })
+    }
+
+    /// Adds the missing configured taints (guarded by a `test` of the list
+    /// read) when [`add_applies`] holds for `reason` on a fresh read.
+    pub async fn add_missing(
+        &self,
+        reason: AddReason,
+        deadline: Instant,
+    ) -> Result<Added, WriteError> {
+        let specs = self.specs.clone();
+        let (taints, latest) = self
+            .patch_loop(deadline, |_, view| {
+                if !add_applies(reason, view, &specs) {
+                    return None;
+                }
+                let missing = view.missing(&specs);
+                if missing.is_empty() {
+                    return None;
+                }
+                let keys = missing.iter().map(ToString::to_string).collect::<Vec<_>>();
+                Some((add_taints(view, &missing, Guard::Current), keys))
+            })
+            .await?;
+        let taints = taints.unwrap_or_default();
+        if !taints.is_empty() {
+            self.metrics
+                .taint_adds
+                .get_or_create(&Reason {
+                    reason: reason.as_str().into(),
+                })
+                .inc();
+            tracing::info!(node = %self.name, reason = reason.as_str(), ?taints, "taint added");
+        }
+        Ok(Added { taints, latest })
+    }
+
+    /// Records a core/v1 Event on the Node (namespace `default`, as the
+    /// kubelet does). Best effort: a failure is only logged.
+    pub async fn event(&self, uid: Option<String>, kind: EventType, reason: &str, message: String) {
+        let now = Timestamp::now();
+        let ev = Event {
+            metadata: ObjectMeta {
+                name: Some(format!(
+                    "{}.{:x}",
+                    self.name,
+                    now.as_nanosecond().unsigned_abs()
+                )),
+                namespace: Some("default".into()),
+                ..ObjectMeta::default()
+            },
+            involved_object: ObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Node".into()),
+                name: Some(self.name.clone()),
+                uid,
+                ..ObjectReference::default()
+            },
+            reason: Some(reason.into()),
+            message: Some(message),
+            type_: Some(
+                match kind {
+                    EventType::Normal => "Normal",
+                    EventType::Warning => "Warning",
+                }
+                .into(),
+            ),
+            source: Some(EventSource {
+                component: Some("nodegate-agent".into()),
+                host: Some(self.name.clone()),
+            }),
+            first_timestamp: Some(Time(now)),
+            last_timestamp: Some(Time(now)),
+            count: Some(1),
+            reporting_component: Some("nodegate-agent".into()),
+            reporting_instance: Some(self.name.clone()),
+            ..Event::default()
+        };
+        let api: Api<Event> = Api::namespaced(self.api.clone().into_client(), "default");
+        if let Err(e) = api.create(&PostParams::default(), &ev).await {
+            tracing::warn!(node = %self.name, error = %e, "cannot record event");
+        }
+    }
+}

@@ -28,10 +28,10 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use serde_json::{Value, json};
 
-use crate::admission::NOT_READY_TAINT_KEY;
-use crate::kubelet::SimKubelet;
-use crate::process::{WebhookOptions, WebhookProcess};
-use crate::{Emulator, EmulatorOptions, users};
+use nodegate_emulator::admission::NOT_READY_TAINT_KEY;
+use nodegate_emulator::kubelet::SimKubelet;
+use nodegate_e2e::process::{WebhookOptions, WebhookProcess};
+use nodegate_emulator::{Emulator, EmulatorOptions, users};
 
 pub use fleet::{Dispatched, Fleet, Recorder};
 
@@ -696,12 +696,12 @@ pub async fn run_scenario(o: &RunOptions, with_webhook: bool) -> anyhow::Result<
     );
     let started = Instant::now();
     let emu = Emulator::start(EmulatorOptions {
-        rbac: Some(crate::process::shipped_rbac()?),
+        rbac: Some(nodegate_e2e::process::shipped_rbac()?),
         ..Default::default()
     })
     .await?;
     // The install confines the agents to their own Node.
-    emu.apply(&crate::process::shipped_confinement()?)?;
+    emu.apply(&nodegate_e2e::process::shipped_confinement()?)?;
     let mut webhook = None;
     if with_webhook {
         let w = WebhookProcess::start(WebhookOptions {
@@ -714,8 +714,8 @@ pub async fn run_scenario(o: &RunOptions, with_webhook: bool) -> anyhow::Result<
         match o.admission {
             AdmissionMode::Webhook => w.attach(&emu, o.webhook_config.as_deref())?,
             AdmissionMode::Policy => {
-                emu.apply(&crate::process::shipped_policy()?)?;
-                w.attach(&emu, Some(&crate::process::policy_mode_webhook_config()?))?;
+                emu.apply(&nodegate_e2e::process::shipped_policy()?)?;
+                w.attach(&emu, Some(&nodegate_e2e::process::policy_mode_webhook_config()?))?;
             }
         }
         webhook = Some(w);
@@ -1136,7 +1136,7 @@ pub async fn serve(kubeconfig_out: PathBuf, user: &str) -> anyhow::Result<()> {
     // child rather than kill this process with the child left running.
     let shutdown = nodegate_shared::signal::shutdown();
     let emu = Emulator::start(EmulatorOptions {
-        rbac: Some(crate::process::shipped_rbac()?),
+        rbac: Some(nodegate_e2e::process::shipped_rbac()?),
         ..Default::default()
     })
     .await?;
@@ -1148,7 +1148,7 @@ pub async fn serve(kubeconfig_out: PathBuf, user: &str) -> anyhow::Result<()> {
     webhook.attach(&emu, None)?;
     webhook.install_objects(&emu)?;
     // The pruning component runs here (both publishers), with its policy.
-    emu.apply(&crate::process::shipped_roster_policy()?)?;
+    emu.apply(&nodegate_e2e::process::shipped_roster_policy()?)?;
     let publishers = publishers::Publishers::start(&emu).await?;
     std::fs::write(&kubeconfig_out, emu.kubeconfig_yaml(user))
         .with_context(|| format!("writing {}", kubeconfig_out.display()))?;

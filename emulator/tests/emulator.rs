@@ -11,10 +11,10 @@ use kube::api::{
     Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
 };
 use kube::runtime::{WatchStreamExt, watcher};
-use nodegate_tests::admission::{MATCH_CONDITION_ERRORS, MATCH_CONDITION_EXCLUSIONS};
-use nodegate_tests::fake_webhook::{FakeReply, FakeWebhook};
-use nodegate_tests::kubelet::SimKubelet;
-use nodegate_tests::{Emulator, EmulatorOptions, users};
+use nodegate_emulator::admission::{MATCH_CONDITION_ERRORS, MATCH_CONDITION_EXCLUSIONS};
+use nodegate_emulator::fake_webhook::{FakeReply, FakeWebhook};
+use nodegate_emulator::kubelet::SimKubelet;
+use nodegate_emulator::{Emulator, EmulatorOptions, users};
 use serde_json::{Value, json};
 
 const NOT_READY: &str = "node.kubernetes.io/not-ready";
@@ -1374,64 +1374,6 @@ async fn bad_input_gets_a_status_and_the_server_keeps_serving() {
     api.create(&PostParams::default(), &node("fine"))
         .await
         .unwrap();
-}
-
-#[tokio::test]
-async fn shipped_rbac_is_enforced() {
-    let emu = Emulator::start(EmulatorOptions {
-        rbac: Some(nodegate_tests::process::shipped_rbac().unwrap()),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
-    nodes(&emu, users::ADMIN)
-        .await
-        .create(&PostParams::default(), &node("a"))
-        .await
-        .unwrap();
-    // The webhook may get and patch Nodes, nothing else.
-    let webhook = nodes(&emu, users::WEBHOOK).await;
-    webhook.get("a").await.unwrap();
-    webhook
-        .patch(
-            "a",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"labels": {"x": "1"}}})),
-        )
-        .await
-        .unwrap();
-    let err = webhook.list(&ListParams::default()).await.unwrap_err();
-    let (code, _, msg) = api_reason(&err);
-    assert_eq!(code, 403);
-    assert!(
-        msg.contains("User \"system:serviceaccount:nodegate:nodegate-webhook\" cannot list resource \"nodes\" in API group \"\" at the cluster scope"),
-        "{msg}"
-    );
-    // The agent cannot delete Nodes or write their status.
-    let agent = nodes(&emu, users::AGENT).await;
-    agent.list(&ListParams::default()).await.unwrap();
-    assert_eq!(
-        api_reason(
-            &agent
-                .delete("a", &DeleteParams::default())
-                .await
-                .unwrap_err()
-        )
-        .0,
-        403
-    );
-    let err = agent
-        .patch_status(
-            "a",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": {}})),
-        )
-        .await
-        .unwrap_err();
-    assert_eq!(api_reason(&err).0, 403);
-    // An unknown service account can do nothing.
-    let nobody = nodes(&emu, "system:serviceaccount:default:nobody").await;
-    assert_eq!(api_reason(&nobody.get("a").await.unwrap_err()).0, 403);
 }
 
 /// `node_authorizer.go` authorizeNode: a kubelet reads only its own Node

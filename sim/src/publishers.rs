@@ -9,7 +9,7 @@ use clap::Parser;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-use crate::{Emulator, users};
+use nodegate_emulator::{Emulator, users};
 
 type Replica = (
     oneshot::Sender<()>,
@@ -28,7 +28,7 @@ impl Publishers {
     /// Starts `REPLICAS` publishers in namespace `nodegate` (created if missing).
     pub async fn start(emu: &Emulator) -> anyhow::Result<Publishers> {
         emu.apply(&std::fs::read_to_string(
-            crate::process::manifests_dir().join("namespace.yaml"),
+            nodegate_e2e::process::manifests_dir().join("namespace.yaml"),
         )?)?;
         let mut running = Vec::new();
         for i in 0..REPLICAS {

@@ -4,7 +4,7 @@
 //!
 //! The webhook's end-to-end tests use it to play the agent's write at an
 //! exact moment (the real agent decides its moments itself). `nodegate-sim`
-//! runs the real agent logic instead (see [`crate::sim`]).
+//! runs the real agent logic instead (the `nodegate-sim` crate).
 
 use futures::future::BoxFuture;
 use json_patch::{AddOperation, Patch, PatchOperation, RemoveOperation, TestOperation};

@@ -12,10 +12,10 @@ use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::watcher;
 use nodegate_shared::keys::{DEFAULT_TAINT, READY_BOOT_ID_ANNOTATION};
-use nodegate_tests::cluster::Cluster;
-use nodegate_tests::kubelet::SimKubelet;
-use nodegate_tests::standin::{AgentReadiness, StandInAgent};
-use nodegate_tests::users;
+use nodegate_e2e::cluster::Cluster;
+use nodegate_emulator::kubelet::SimKubelet;
+use nodegate_e2e::standin::{AgentReadiness, StandInAgent};
+use nodegate_emulator::users;
 use serde_json::json;
 
 const TAINT_KEY: &str = "node.cilium.io/agent-not-ready";
@@ -361,52 +361,6 @@ async fn webhook_down_with_failure_policy_ignore_still_registers() {
 async fn default_taint_is_what_the_webhook_adds() {
     // Guards the constant this file relies on against drift in shared/.
     assert!(DEFAULT_TAINT.starts_with(TAINT_KEY));
-}
-
-#[tokio::test]
-async fn sim_run_keeps_the_guarantees_and_shows_the_problem_without() {
-    use nodegate_tests::sim::{self, RunOptions};
-    let opts = RunOptions {
-        nodes: 12,
-        // The agent's pod comes up well after the kubelet is Ready, so
-        // without the webhook the scheduler has a window to use.
-        agent_start_delay: std::time::Duration::from_millis(250),
-        ..Default::default()
-    };
-    let reports = sim::run(&opts).await.unwrap();
-    eprintln!("{}", sim::render_table(&reports));
-    let (with, without) = (&reports[0], &reports[1]);
-    assert!(with.webhook && !without.webhook);
-    assert_eq!(with.tainted_at_create, 12);
-    assert_eq!(with.tainted_at_reboot, with.reboots);
-    assert_eq!(with.violations, 0);
-    assert!(with.webhook_calls > 0 && with.webhook_p99.is_some());
-    for r in &reports {
-        // The real agent removed the taint from every node, never early.
-        assert_eq!(r.early_untaints, 0, "{}", r.name);
-        assert_eq!(
-            r.untainted_at_end,
-            (10, 10),
-            "{}: 12 - 3 deleted + 1 re-created",
-            r.name
-        );
-        assert!(r.max_untaint_lag.is_some(), "{}", r.name);
-        // Restarted pruning agents: exactly the deleted nodes, from the snapshot.
-        assert_eq!(r.prune.agents, 5, "{}", r.name);
-        assert_eq!(r.prune.deleted, 3, "{}", r.name);
-        assert_eq!(r.prune.exact_min, 3, "{}", r.name);
-        assert_eq!(r.prune.false_prunes, 0, "{}", r.name);
-        assert_eq!(r.prune.resurrected, 0, "{}", r.name);
-    }
-    assert!(sim::broken_guarantees(&reports).is_empty());
-    // Without the webhook the agent's start-up safety net taints every new
-    // node, but only once it runs: pods land on not-ready nodes before.
-    assert_eq!(without.tainted_at_create, 0);
-    assert_eq!(without.safety_net_taints, 12);
-    assert!(
-        without.violations > 0,
-        "the problem nodegate solves shows without the webhook"
-    );
 }
 
 #[tokio::test]

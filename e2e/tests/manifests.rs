@@ -12,7 +12,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use nodegate_tests::{Emulator, EmulatorOptions, resources, users};
+use nodegate_emulator::{Emulator, EmulatorOptions, resources, users};
 use serde::Deserialize;
 use serde_json::Value;
 

@@ -17,7 +17,7 @@ use nodegate_agent::record::NodeRecord;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-use crate::Emulator;
+use nodegate_emulator::Emulator;
 
 /// One dispatched deletion, as the agent handed it to its handlers.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -12,7 +12,7 @@ use nodegate_certs::{Ca, ServingRequest};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
-use crate::Emulator;
+use nodegate_emulator::Emulator;
 
 /// `target/<profile>/<name>`, found from the running executable (a test
 /// binary lives in `target/<profile>/deps/`). Check `exists()` before use:
@@ -352,7 +352,7 @@ impl WebhookProcess {
         &self.ca_pem
     }
 
-    /// For [`crate::EmulatorOptions::service_endpoints`].
+    /// For [`nodegate_emulator::EmulatorOptions::service_endpoints`].
     pub fn service_endpoints(&self) -> HashMap<String, SocketAddr> {
         HashMap::from([(self.service(), self.https)])
     }
@@ -404,14 +404,14 @@ impl WebhookProcess {
             },
         });
         emu.apply(&secret.to_string())?;
-        let mut deploy = crate::server::parse_documents(&read("webhook/deployment.yaml")?)?
+        let mut deploy = nodegate_emulator::server::parse_documents(&read("webhook/deployment.yaml")?)?
             .into_iter()
             .next()
             .context("empty deployment.yaml")?;
         deploy["spec"]["replicas"] = serde_json::json!(1);
         deploy["status"] = deployment_status(1, 1);
         emu.apply(&deploy.to_string())?;
-        let mut ds = crate::server::parse_documents(&read("agent/daemonset.yaml")?)?
+        let mut ds = nodegate_emulator::server::parse_documents(&read("agent/daemonset.yaml")?)?
             .into_iter()
             .next()
             .context("empty daemonset.yaml")?;

@@ -10,8 +10,8 @@
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use nodegate_shared::keys::READY_BOOT_ID_ANNOTATION;
-use nodegate_tests::cluster::Cluster;
-use nodegate_tests::users;
+use nodegate_e2e::cluster::Cluster;
+use nodegate_emulator::users;
 use serde_json::{Value, json};
 
 const TAINT_KEY: &str = "node.cilium.io/agent-not-ready";
@@ -314,12 +314,12 @@ async fn the_webhook_token_can_only_add_the_taint() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_namespace_editor_cannot_rewrite_the_roster() {
     use k8s_openapi::api::core::v1::ConfigMap;
-    use nodegate_tests::{Emulator, EmulatorOptions};
+    use nodegate_emulator::{Emulator, EmulatorOptions};
     if std::env::var_os("NODEGATE_E2E_KUBECONFIG").is_some() {
         eprintln!("skipped on a real cluster: needs an editor RoleBinding");
         return;
     }
-    let mut rbac = nodegate_tests::process::shipped_rbac().unwrap();
+    let mut rbac = nodegate_e2e::process::shipped_rbac().unwrap();
     rbac.push(
         r#"apiVersion: rbac.authorization.k8s.io/v1
 kind: RoleBinding
@@ -340,7 +340,7 @@ rules: [{apiGroups: [""], resources: [configmaps], verbs: ["*"]}]
     })
     .await
     .unwrap();
-    emu.apply(&nodegate_tests::process::shipped_roster_policy().unwrap())
+    emu.apply(&nodegate_e2e::process::shipped_roster_policy().unwrap())
         .unwrap();
     let shard = |name: &str, body: &str| -> ConfigMap {
         serde_json::from_value(json!({

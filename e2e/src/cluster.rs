@@ -19,7 +19,7 @@ use anyhow::Context;
 use tokio::process::Command;
 
 use crate::process::{WebhookOptions, WebhookProcess};
-use crate::{Emulator, EmulatorOptions, users};
+use nodegate_emulator::{Emulator, EmulatorOptions, users};
 
 /// Env var that switches the end-to-end tests to a real cluster.
 pub const REAL_CLUSTER_ENV: &str = "NODEGATE_E2E_KUBECONFIG";
@@ -137,8 +137,8 @@ impl Cluster {
     }
 
     /// A simulated kubelet for `name`, authenticated as `system:node:<name>`.
-    pub async fn kubelet(&self, name: &str) -> anyhow::Result<crate::kubelet::SimKubelet> {
-        Ok(crate::kubelet::SimKubelet::with_client(
+    pub async fn kubelet(&self, name: &str) -> anyhow::Result<nodegate_emulator::kubelet::SimKubelet> {
+        Ok(nodegate_emulator::kubelet::SimKubelet::with_client(
             self.client(&users::node(name)).await?,
             name,
         ))

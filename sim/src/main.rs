@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use nodegate_tests::sim::{self, AdmissionMode, RunOptions};
+use nodegate_sim::{self as sim, AdmissionMode, RunOptions};
 
 #[derive(Parser)]
 #[command(name = "nodegate-sim", version, about)]

@@ -10,9 +10,9 @@
 use base64::Engine;
 use nodegate_shared::TaintSpec;
 use nodegate_shared::keys::DEFAULT_TAINT;
-use nodegate_tests::admission::policy::{self, Outcome};
-use nodegate_tests::admission::{Attributes, Operation};
-use nodegate_tests::resources;
+use nodegate_emulator::admission::policy::{self, Outcome};
+use nodegate_emulator::admission::{Attributes, Operation};
+use nodegate_emulator::resources;
 use nodegate_webhook::fixtures::{self, RuleCase};
 use nodegate_webhook::policy::{ApiVersion, render};
 use nodegate_webhook::rules::Rules;
@@ -52,7 +52,7 @@ fn documents(text: &str) -> Vec<Value> {
         .collect()
 }
 
-static EXTRA_NONE: nodegate_tests::users::Extra = nodegate_tests::users::Extra::new();
+static EXTRA_NONE: nodegate_emulator::users::Extra = nodegate_emulator::users::Extra::new();
 
 /// The Node after the generated policy, as the emulator's plugin applies it,
 /// and again as a reinvocation would (which must change nothing).
@@ -151,8 +151,8 @@ use std::collections::HashMap;
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use kube::api::PostParams;
-use nodegate_tests::fake_webhook::{FakeReply, FakeWebhook};
-use nodegate_tests::{Emulator, EmulatorOptions, users};
+use nodegate_emulator::fake_webhook::{FakeReply, FakeWebhook};
+use nodegate_emulator::{Emulator, EmulatorOptions, users};
 
 fn node(name: &str) -> Node {
     serde_json::from_value(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}))
@@ -309,30 +309,6 @@ async fn dry_run_create_gets_nodegates_taint_from_the_policy_and_stores_nothing(
     assert_eq!(emu.ignored_webhook_failures(), Vec::<String>::new());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sim_run_with_the_policy_keeps_every_guarantee() {
-    use nodegate_tests::sim::{self, AdmissionMode, RunOptions};
-    let opts = RunOptions {
-        nodes: 12,
-        agent_start_delay: std::time::Duration::from_millis(250),
-        admission: AdmissionMode::Policy,
-        ..Default::default()
-    };
-    let r = sim::run_scenario(&opts, true).await.unwrap();
-    eprintln!("{}", sim::render_table(std::slice::from_ref(&r)));
-    assert_eq!(r.name, "with nodegate (policy)");
-    // Every node tainted in its create response, by the policy: the webhook
-    // (nodes/status only) added none at create.
-    assert_eq!(r.tainted_at_create, 12);
-    assert_eq!(r.webhook_reported.map(|(create, _)| create), Some(0));
-    assert_eq!(r.safety_net_taints, 0);
-    // Every reboot re-tainted; no pod on a not-ready node outside the window.
-    assert_eq!(r.tainted_at_reboot, r.reboots);
-    assert!(r.reboots > 0);
-    assert_eq!(r.violations, 0);
-    assert_eq!(sim::broken_guarantees(&[r]), Vec::<String>::new());
-}
-
 /// The policy the overlay shipped before: its variable built the taints with
 /// `Object.spec.taints{…}`, a type that exists only where mutations compile.
 fn policy_with_object_literal_in_variable() -> String {
@@ -409,7 +385,7 @@ async fn a_policy_using_object_types_in_a_variable_is_refused_at_create_like_the
 
 #[test]
 fn the_generated_policy_compiles_in_the_upstream_environments_for_every_taint_shape() {
-    use nodegate_tests::admission::validation;
+    use nodegate_emulator::admission::validation;
     for taints in [
         vec![DEFAULT_TAINT.parse::<TaintSpec>().unwrap()],
         vec![

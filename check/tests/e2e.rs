@@ -10,8 +10,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use nodegate_e2e::process::deployment_status;
-use nodegate_emulator::{Emulator, EmulatorOptions, users};
 use nodegate_e2e::{WebhookOptions, WebhookProcess};
+use nodegate_emulator::{Emulator, EmulatorOptions, users};
 
 /// The shipped expression minus the guard: what broke on real clusters.
 fn unguarded(yaml: &str) -> String {

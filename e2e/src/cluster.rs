@@ -137,7 +137,10 @@ impl Cluster {
     }
 
     /// A simulated kubelet for `name`, authenticated as `system:node:<name>`.
-    pub async fn kubelet(&self, name: &str) -> anyhow::Result<nodegate_emulator::kubelet::SimKubelet> {
+    pub async fn kubelet(
+        &self,
+        name: &str,
+    ) -> anyhow::Result<nodegate_emulator::kubelet::SimKubelet> {
         Ok(nodegate_emulator::kubelet::SimKubelet::with_client(
             self.client(&users::node(name)).await?,
             name,

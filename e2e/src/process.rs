@@ -404,10 +404,11 @@ impl WebhookProcess {
             },
         });
         emu.apply(&secret.to_string())?;
-        let mut deploy = nodegate_emulator::server::parse_documents(&read("webhook/deployment.yaml")?)?
-            .into_iter()
-            .next()
-            .context("empty deployment.yaml")?;
+        let mut deploy =
+            nodegate_emulator::server::parse_documents(&read("webhook/deployment.yaml")?)?
+                .into_iter()
+                .next()
+                .context("empty deployment.yaml")?;
         deploy["spec"]["replicas"] = serde_json::json!(1);
         deploy["status"] = deployment_status(1, 1);
         emu.apply(&deploy.to_string())?;

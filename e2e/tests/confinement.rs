@@ -4,14 +4,14 @@
 //! plus the confinement ValidatingAdmissionPolicies). Every forbidden change
 //! must be refused (403, naming the node and the field) and every change the
 //! workloads need must go through. Runs against a fresh emulator, or a real
-//! cluster when NODEGATE_E2E_KUBECONFIG is set (see tests/README.md).
+//! cluster when NODEGATE_E2E_KUBECONFIG is set (see e2e/README.md).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use nodegate_shared::keys::READY_BOOT_ID_ANNOTATION;
 use nodegate_e2e::cluster::Cluster;
 use nodegate_emulator::users;
+use nodegate_shared::keys::READY_BOOT_ID_ANNOTATION;
 use serde_json::{Value, json};
 
 const TAINT_KEY: &str = "node.cilium.io/agent-not-ready";

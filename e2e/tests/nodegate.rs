@@ -1,7 +1,7 @@
 //! nodegate end to end: the real `nodegate-webhook` binary (certs from
 //! nodegate-certs, the shipped MutatingWebhookConfiguration), the real
 //! `kubectl`, and simulated kubelets — against a fresh emulator per test, or
-//! a real cluster when NODEGATE_E2E_KUBECONFIG is set (see tests/README.md).
+//! a real cluster when NODEGATE_E2E_KUBECONFIG is set (see e2e/README.md).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::process::Output;
@@ -11,11 +11,11 @@ use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::watcher;
-use nodegate_shared::keys::{DEFAULT_TAINT, READY_BOOT_ID_ANNOTATION};
 use nodegate_e2e::cluster::Cluster;
-use nodegate_emulator::kubelet::SimKubelet;
 use nodegate_e2e::standin::{AgentReadiness, StandInAgent};
+use nodegate_emulator::kubelet::SimKubelet;
 use nodegate_emulator::users;
+use nodegate_shared::keys::{DEFAULT_TAINT, READY_BOOT_ID_ANNOTATION};
 use serde_json::json;
 
 const TAINT_KEY: &str = "node.cilium.io/agent-not-ready";
@@ -280,7 +280,7 @@ async fn reboot_retaints_within_a_second_and_kubelet_writes_are_never_rejected()
     // Heartbeats before the agent is ready are accepted too. (Sent after the
     // taint landed: a heartbeat racing the background patch can queue a
     // second one, whose taint-list guard is open to an ABA race with the
-    // agent's removal — see tests/README.md.)
+    // agent's removal — see emulator/README.md, "Findings".)
     kubelet.heartbeat().await.unwrap();
 
     // The agent becomes ready on the new boot; later kubelet writes stay accepted.

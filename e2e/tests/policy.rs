@@ -8,11 +8,11 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use base64::Engine;
-use nodegate_shared::TaintSpec;
-use nodegate_shared::keys::DEFAULT_TAINT;
 use nodegate_emulator::admission::policy::{self, Outcome};
 use nodegate_emulator::admission::{Attributes, Operation};
 use nodegate_emulator::resources;
+use nodegate_shared::TaintSpec;
+use nodegate_shared::keys::DEFAULT_TAINT;
 use nodegate_webhook::fixtures::{self, RuleCase};
 use nodegate_webhook::policy::{ApiVersion, render};
 use nodegate_webhook::rules::Rules;

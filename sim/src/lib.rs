@@ -28,9 +28,9 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use serde_json::{Value, json};
 
+use nodegate_e2e::process::{WebhookOptions, WebhookProcess};
 use nodegate_emulator::admission::NOT_READY_TAINT_KEY;
 use nodegate_emulator::kubelet::SimKubelet;
-use nodegate_e2e::process::{WebhookOptions, WebhookProcess};
 use nodegate_emulator::{Emulator, EmulatorOptions, users};
 
 pub use fleet::{Dispatched, Fleet, Recorder};
@@ -715,7 +715,10 @@ pub async fn run_scenario(o: &RunOptions, with_webhook: bool) -> anyhow::Result<
             AdmissionMode::Webhook => w.attach(&emu, o.webhook_config.as_deref())?,
             AdmissionMode::Policy => {
                 emu.apply(&nodegate_e2e::process::shipped_policy()?)?;
-                w.attach(&emu, Some(&nodegate_e2e::process::policy_mode_webhook_config()?))?;
+                w.attach(
+                    &emu,
+                    Some(&nodegate_e2e::process::policy_mode_webhook_config()?),
+                )?;
             }
         }
         webhook = Some(w);

@@ -1,8 +1,10 @@
 //! `nodegate-sim`: try nodegate locally (`serve`) or watch it work (`run`).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 use std::time::Duration;
 
+use anyhow::Context;
 use clap::{Parser, Subcommand};
 use nodegate_sim::{self as sim, AdmissionMode, RunOptions};
 
@@ -54,23 +56,53 @@ enum Cmd {
         /// (`manifests/overlays/admission-policy/`, webhook for nodes/status only).
         #[arg(long, env = "NODEGATE_SIM_ADMISSION", value_enum, default_value_t = AdmissionMode::Webhook)]
         admission: AdmissionMode,
+        /// Where the logs of the in-process agents and publishers go (every
+        /// agent warns when its safety net taints a node: hundreds of lines
+        /// that would bury the table). Default: nodegate-sim-run.log in the
+        /// temp directory.
+        #[arg(long, env = "NODEGATE_SIM_LOG_FILE", conflicts_with = "verbose")]
+        log_file: Option<PathBuf>,
+        /// Print the logs on stderr instead of writing them to the log file.
+        #[arg(long, short)]
+        verbose: bool,
     },
+}
+
+fn log_filter() -> tracing_subscriber::EnvFilter {
+    tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"))
+}
+
+/// Logs on stderr: `serve` is interactive and `--verbose` asks for them.
+fn log_to_stderr() {
+    tracing_subscriber::fmt()
+        .with_env_filter(log_filter())
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+/// Logs into `path` (truncated), so the table is the only thing on the terminal.
+fn log_to_file(path: &Path) -> anyhow::Result<()> {
+    let file = std::fs::File::create(path)
+        .with_context(|| format!("creating the log file {}", path.display()))?;
+    tracing_subscriber::fmt()
+        .with_env_filter(log_filter())
+        .with_ansi(false)
+        .with_writer(Mutex::new(file))
+        .init();
+    Ok(())
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     match Cli::parse().cmd {
         Cmd::Serve {
             kubeconfig_out,
             user,
-        } => sim::serve(kubeconfig_out, &user).await,
+        } => {
+            log_to_stderr();
+            sim::serve(kubeconfig_out, &user).await
+        }
         Cmd::Run {
             nodes,
             pods_per_node,
@@ -80,6 +112,8 @@ async fn main() -> anyhow::Result<()> {
             pruning_agents,
             deleted_nodes,
             admission,
+            log_file,
+            verbose,
         } => {
             anyhow::ensure!(nodes > 0, "--nodes must be at least 1");
             anyhow::ensure!(
@@ -101,6 +135,14 @@ async fn main() -> anyhow::Result<()> {
                 admission,
                 ..Default::default()
             };
+            if verbose {
+                log_to_stderr();
+            } else {
+                let path =
+                    log_file.unwrap_or_else(|| std::env::temp_dir().join("nodegate-sim-run.log"));
+                log_to_file(&path)?;
+                println!("logs: {} (--verbose prints them here)\n", path.display());
+            }
             let reports = sim::run(&opts).await?;
             print!("{}", sim::render_table(&reports));
             let broken = sim::broken_guarantees(&reports);

@@ -26,7 +26,7 @@
 //! variables, the core operators' overloads and the output type. Functions of
 //! the Kubernetes CEL libraries are known by name and typed loosely (their
 //! arguments are not checked): an expression upstream refuses for a library
-//! argument type is accepted here (listed as *assumed* in tests/README.md).
+//! argument type is accepted here (listed as *assumed* in emulator/README.md).
 
 use std::collections::BTreeMap;
 use std::fmt;

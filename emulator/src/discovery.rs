@@ -3,6 +3,10 @@
 //! kubectl's default `--validate=strict` asks `/openapi/v3` whether the type's
 //! PATCH operation accepts `fieldValidation`; when it does, kubectl leaves
 //! validation to the server and sends `fieldValidation=Strict`.
+//!
+//! Follows `k8s.io/apiserver/pkg/endpoints/discovery` (`APIVersionHandler`,
+//! `APIGroupListHandler`, `APIResourceListHandler`) and `k8s.io/kube-openapi/pkg/handler3`
+//! (the `/openapi/v3` index).
 
 use serde_json::{Map, Value, json};
 

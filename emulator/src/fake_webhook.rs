@@ -1,5 +1,8 @@
 //! A tiny in-process webhook whose answers a test scripts, to pin the
 //! emulator's admission semantics independently of the real webhook.
+//!
+//! No upstream counterpart: a test double, answering as
+//! `k8s.io/api/admission/v1` (`AdmissionReview`) prescribes.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};

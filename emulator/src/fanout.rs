@@ -1,6 +1,8 @@
 //! What the emulator's watches delivered, per resource type: the numbers
 //! the fan-out benchmark reports as "sent to watchers" (what a real API
 //! server's watch cache would send to the same watchers).
+//!
+//! No upstream counterpart: a counter for the benchmark.
 
 use std::collections::HashMap;
 use std::sync::Mutex;

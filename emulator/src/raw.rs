@@ -1,5 +1,7 @@
 //! Raw HTTPS requests to the emulator, for what typed clients hide
 //! (status codes of watch streams, `Warning` headers).
+//!
+//! No upstream counterpart: a test client.
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};

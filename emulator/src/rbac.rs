@@ -5,6 +5,10 @@
 //! gives them: `system:masters` (admin), the scheduler and the node
 //! controller. Kubelets never reach RBAC here: the Node authorizer
 //! (`node_authz`) decides for them.
+//!
+//! Follows `plugin/pkg/auth/authorizer/rbac/rbac.go` (`RBACAuthorizer.Authorize`,
+//! `RuleAllows`) and `pkg/apis/rbac/v1/evaluation_helpers.go` (`VerbMatches`,
+//! `ResourceMatches`, `ResourceNameMatches`).
 
 use serde_json::Value;
 

@@ -1,4 +1,7 @@
 //! The resource types the emulator serves, with what discovery and storage need to know.
+//!
+//! Follows the `APIResource` entries `k8s.io/apiserver/pkg/endpoints/installer.go`
+//! (`registerResourceHandlers`) builds for each registered type.
 
 /// One served resource type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,5 +1,9 @@
 //! Label and field selectors, in the string form of list/watch queries and the
 //! structured `LabelSelector` form of webhook `objectSelector`s.
+//!
+//! Follows `k8s.io/apimachinery/pkg/labels/selector.go` (`Parse`),
+//! `k8s.io/apimachinery/pkg/fields/selector.go` (`ParseSelector`) and
+//! `k8s.io/apimachinery/pkg/apis/meta/v1/helpers.go` (`LabelSelectorAsSelector`).
 
 use std::collections::BTreeMap;
 

@@ -1,4 +1,8 @@
 //! The emulated API server: HTTPS on a loopback port 0, per-user kubeconfigs.
+//!
+//! No single upstream counterpart: it wires the handlers (`api`), storage,
+//! admission and authorization together, as `cmd/kube-apiserver/app/server.go`
+//! (`CreateServerChain`) does for the real one.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -312,7 +316,7 @@ impl Emulator {
                 String::new()
             };
             // What a cluster holds passed validation when it was written.
-            api::validate(res, &doc)
+            api::validation::validate(res, &doc)
                 .map_err(|e| anyhow::anyhow!("{kind} {name}: {}", e.message))?;
             match self.store.get(res, &ns, &name) {
                 Some(cur) => {

@@ -3,6 +3,9 @@
 //! The real server reads merge keys from Go struct tags; here they are a table.
 //! Lists without an entry (such as `spec.taints`, which has no merge key) are
 //! replaced wholesale — what `kubectl taint` and the node controller rely on.
+//!
+//! Follows `k8s.io/apimachinery/pkg/util/strategicpatch/patch.go`
+//! (`StrategicMergePatch`, `mergeMap`, `mergeSlice`).
 
 use serde_json::{Map, Value};
 

@@ -1,4 +1,8 @@
 //! API errors rendered as `metav1.Status`, the shape every Kubernetes client decodes.
+//!
+//! Follows `k8s.io/apimachinery/pkg/api/errors/errors.go` (`NewNotFound`,
+//! `NewConflict`, `NewInvalid`, `NewForbidden`) and
+//! `k8s.io/apiserver/pkg/endpoints/handlers/responsewriters/status.go` (`ErrorToAPIStatus`).
 
 use axum::response::{IntoResponse, Response};
 use http::StatusCode;

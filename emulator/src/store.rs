@@ -1,5 +1,9 @@
 //! Object storage with one global resourceVersion counter, like etcd's revision,
 //! and a bounded event history that watches resume from.
+//!
+//! Follows `k8s.io/apiserver/pkg/storage/etcd3/store.go` (`Create`,
+//! `GuaranteedUpdate`, `Delete`) and `pkg/storage/cacher/watch_cache.go` (the event
+//! window, `GetAllEventsSinceThreadUnsafe`).
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};

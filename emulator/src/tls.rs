@@ -1,5 +1,8 @@
 //! TLS for both directions: the emulator's own serving certificate, and the
 //! client side of webhook calls (verified against a `caBundle`).
+//!
+//! No upstream counterpart: the emulator's certificates (`rcgen`) and rustls
+//! configurations.
 
 use std::sync::Arc;
 

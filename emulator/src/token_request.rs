@@ -18,7 +18,6 @@ use axum::response::{IntoResponse, Response};
 use http::StatusCode;
 use serde_json::{Value, json};
 
-use crate::api::AppState;
 use crate::resources;
 use crate::status::ApiError;
 use crate::store::Store;
@@ -28,8 +27,11 @@ fn service_account_user(ns: &str, name: &str) -> String {
     format!("system:serviceaccount:{ns}:{name}")
 }
 
+/// Takes the store and the RBAC policy rather than the API's state, so this
+/// module stays below the REST handlers that route to it.
 pub fn create(
-    st: &AppState,
+    store: &Store,
+    policy: Option<&crate::rbac::Policy>,
     ns: &str,
     sa: &str,
     caller: &Identity,
@@ -45,7 +47,7 @@ pub fn create(
             "the emulator does not model kubelet token requests",
         ));
     }
-    if let Some(policy) = &st.policy {
+    if let Some(policy) = policy {
         policy
             .authorize(&crate::rbac::Request {
                 user: caller,
@@ -67,8 +69,7 @@ pub fn create(
             )));
         }
         let pod_name = bound["name"].as_str().unwrap_or_default();
-        let pod = st
-            .store
+        let pod = store
             .get(&resources::PODS, ns, pod_name)
             .ok_or_else(|| ApiError::not_found("pods", "", pod_name))?;
         let runs_as = pod["spec"]["serviceAccountName"]
@@ -95,7 +96,7 @@ pub fn create(
         extra.insert(users::POD_UID_EXTRA.into(), vec![uid.into()]);
         if let Some(node) = pod["spec"]["nodeName"].as_str().filter(|n| !n.is_empty()) {
             extra.insert(users::NODE_NAME_EXTRA.into(), vec![node.into()]);
-            if let Some(n) = st.store.get(&resources::NODES, "", node)
+            if let Some(n) = store.get(&resources::NODES, "", node)
                 && let Some(node_uid) = n["metadata"]["uid"].as_str()
             {
                 extra.insert(users::NODE_UID_EXTRA.into(), vec![node_uid.into()]);

@@ -4,6 +4,9 @@
 //! without registration; a token issued by the TokenRequest API adds `.` +
 //! the user's extra (JSON, base64url), as a real token's claims carry them.
 //! Anything else is answered with 401.
+//!
+//! Follows `k8s.io/apiserver/pkg/authentication/user/user.go` (`DefaultInfo`) and
+//! `k8s.io/apiserver/pkg/authentication/serviceaccount/util.go` (`MakeUsername`).
 
 use std::collections::BTreeMap;
 use std::ops::Deref;

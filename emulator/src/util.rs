@@ -1,4 +1,6 @@
 //! Small helpers: timestamps, query strings, percent-decoding.
+//!
+//! No upstream counterpart: shared helpers at the bottom of the crate.
 
 use std::collections::HashMap;
 use std::time::{SystemTime, UNIX_EPOCH};

@@ -1,13 +1,16 @@
 //! `matchConditions` in the emulator: the binding and verdict live in
 //! `nodegate_shared::match_conditions` (one implementation, also used by
 //! `nodegate-check`); this adapts the emulator's request attributes.
+//!
+//! Follows `k8s.io/apiserver/pkg/admission/plugin/cel/filter.go`
+//! (`CreateAdmissionRequest`) and `plugin/webhook/matchconditions/matcher.go` (`Match`).
 
 use serde_json::Value;
 
 use nodegate_shared::match_conditions::{RequestAttributes, request_variable as bind};
 pub use nodegate_shared::match_conditions::{Verdict, eval_condition, match_all};
 
-use super::Attributes;
+use super::attributes::Attributes;
 
 /// The `request` variable for an emulated request.
 pub fn request_variable(a: &Attributes<'_>) -> Value {
@@ -34,7 +37,7 @@ mod tests {
     use super::*;
 
     static EXTRA_NONE: crate::users::Extra = crate::users::Extra::new();
-    use crate::admission::Operation;
+    use crate::admission::attributes::Operation;
     use crate::resources;
     use serde_json::json;
 

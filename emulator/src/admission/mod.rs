@@ -1,9 +1,21 @@
 //! The admission chain in kube-apiserver's order: built-in mutation
 //! (defaulting, TaintNodesByCondition), mutating webhooks (with reinvocation),
 //! then NodeRestriction. Storage happens after, in the API handlers.
+//!
+//! Follows `k8s.io/apiserver/pkg/admission/chain.go` (`chainAdmissionHandler`),
+//! `k8s.io/apiserver/pkg/admission/plugin/webhook/mutating/dispatcher.go`
+//! (`Dispatch`, reinvocation via `reinvocationcontext.go`) and
+//! `plugin/pkg/admission/noderestriction/admission.go` (`admitNode`).
+//! Below it: `attributes`, `metrics`, `nodetaint`, `noderestriction`, the
+//! webhook client (`webhook`), CEL (`cel`, `cel_compile`), the policies
+//! (`policy`, `validating_policy`) and object validation (`validation`).
 
+pub mod attributes;
 pub mod cel;
 pub mod cel_compile;
+pub mod metrics;
+pub mod noderestriction;
+pub mod nodetaint;
 pub mod policy;
 pub mod validating_policy;
 pub mod validation;
@@ -17,33 +29,18 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::admissionregistration::v1::{MutatingWebhook, MutatingWebhookConfiguration};
 use serde_json::{Value, json};
 
-use crate::resources::{self, ResourceDef};
+use crate::resources;
 use crate::status::ApiError;
 use crate::store::Store;
 use crate::users;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Operation {
-    Create,
-    Update,
-    Delete,
-}
-
-/// What admission knows about a request.
-#[derive(Debug, Clone)]
-pub struct Attributes<'a> {
-    pub res: &'static ResourceDef,
-    pub subresource: &'a str,
-    pub operation: Operation,
-    pub name: &'a str,
-    pub namespace: &'a str,
-    pub user: &'a str,
-    /// The user's extra (`request.userInfo.extra`).
-    pub extra: &'a users::Extra,
-    pub dry_run: bool,
-    /// CreateOptions / UpdateOptions / DeleteOptions, as sent to webhooks.
-    pub options: Value,
-}
+pub use attributes::{Attributes, Operation};
+pub use metrics::{
+    AdmissionMetrics, MATCH_CONDITION_ERRORS, MATCH_CONDITION_EXCLUSIONS, WEBHOOK_FAIL_OPEN,
+};
+use noderestriction::forbidden_label_changes;
+pub use nodetaint::NOT_READY_TAINT_KEY;
+use nodetaint::taint_nodes_by_condition;
 
 /// The object after admission and the warnings for the client.
 #[derive(Debug)]
@@ -70,154 +67,6 @@ pub struct Admission {
     ignored: Mutex<Vec<String>>,
     metrics: AdmissionMetrics,
     pool: webhook::Pool,
-}
-
-/// kube-apiserver's admission counters that tell a skipped webhook apart
-/// (`k8s.io/apiserver/pkg/admission/metrics/metrics.go`), served on the
-/// emulator's `/metrics` like the real server's.
-#[derive(Debug, Default)]
-pub struct AdmissionMetrics {
-    /// (metric, webhook name, operation) → count.
-    counts: Mutex<std::collections::BTreeMap<(&'static str, String, &'static str), u64>>,
-}
-
-/// `matchConditions` that errored (`ObserveMatchConditionEvalError`).
-pub const MATCH_CONDITION_ERRORS: &str =
-    "apiserver_admission_match_condition_evaluation_errors_total";
-/// Webhooks skipped by a false `matchCondition` (`ObserveMatchConditionExclusion`).
-pub const MATCH_CONDITION_EXCLUSIONS: &str = "apiserver_admission_match_condition_exclusions_total";
-/// Webhook call failures let through by `failurePolicy: Ignore` (`ObserveWebhookFailOpen`).
-pub const WEBHOOK_FAIL_OPEN: &str = "apiserver_admission_webhook_fail_open_count";
-
-impl AdmissionMetrics {
-    fn add(&self, metric: &'static str, webhook: &str, operation: &'static str, n: u64) {
-        if n == 0 {
-            return;
-        }
-        *self
-            .counts
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry((metric, webhook.to_string(), operation))
-            .or_default() += n;
-    }
-
-    /// The count of `metric` for a webhook, summed over operations when `operation` is `None`.
-    pub fn get(&self, metric: &str, webhook: &str, operation: Option<&str>) -> u64 {
-        self.counts
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .filter(|((m, w, op), _)| {
-                *m == metric && w == webhook && operation.is_none_or(|o| o == *op)
-            })
-            .map(|(_, n)| n)
-            .sum()
-    }
-
-    /// Prometheus text, with the real server's label sets: `kind="webhook"`,
-    /// `type="admit"` (mutating, `webhook/accessors.go`).
-    pub fn render(&self) -> String {
-        let counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());
-        let mut out = String::new();
-        for metric in [
-            MATCH_CONDITION_ERRORS,
-            MATCH_CONDITION_EXCLUSIONS,
-            WEBHOOK_FAIL_OPEN,
-        ] {
-            out.push_str(&format!("# TYPE {metric} counter\n"));
-            for ((m, name, op), n) in counts.iter().filter(|((m, ..), _)| *m == metric) {
-                let labels = if *m == WEBHOOK_FAIL_OPEN {
-                    format!("name=\"{name}\",type=\"admit\"")
-                } else {
-                    format!("kind=\"webhook\",name=\"{name}\",operation=\"{op}\",type=\"admit\"")
-                };
-                out.push_str(&format!("{m}{{{labels}}} {n}\n"));
-            }
-        }
-        out
-    }
-}
-
-pub const NOT_READY_TAINT_KEY: &str = "node.kubernetes.io/not-ready";
-
-/// TaintNodesByCondition: every new Node starts `not-ready:NoSchedule`.
-fn taint_nodes_by_condition(obj: &mut Value) {
-    let has = obj
-        .pointer("/spec/taints")
-        .and_then(Value::as_array)
-        .is_some_and(|t| {
-            t.iter().any(|t| {
-                t.get("key").and_then(Value::as_str) == Some(NOT_READY_TAINT_KEY)
-                    && t.get("effect").and_then(Value::as_str) == Some("NoSchedule")
-            })
-        });
-    if has {
-        return;
-    }
-    let taint = json!({"key": NOT_READY_TAINT_KEY, "effect": "NoSchedule"});
-    if !obj.get("spec").is_some_and(Value::is_object) {
-        obj["spec"] = json!({});
-    }
-    match obj["spec"].get_mut("taints").and_then(Value::as_array_mut) {
-        Some(list) => list.push(taint),
-        None => obj["spec"]["taints"] = json!([taint]),
-    }
-}
-
-/// Labels a kubelet may set on its Node (`IsKubeletLabel`).
-fn is_kubelet_label(key: &str) -> bool {
-    const LABELS: &[&str] = &[
-        "kubernetes.io/hostname",
-        "kubernetes.io/arch",
-        "kubernetes.io/os",
-        "beta.kubernetes.io/arch",
-        "beta.kubernetes.io/os",
-        "beta.kubernetes.io/instance-type",
-        "node.kubernetes.io/instance-type",
-        "failure-domain.beta.kubernetes.io/region",
-        "failure-domain.beta.kubernetes.io/zone",
-        "topology.kubernetes.io/region",
-        "topology.kubernetes.io/zone",
-        "node.kubernetes.io/windows-build",
-    ];
-    let ns = key.split_once('/').map(|(p, _)| p).unwrap_or("");
-    LABELS.contains(&key) || ns == "kubelet.kubernetes.io" || ns == "node.kubernetes.io"
-}
-
-/// NodeRestriction's label rule: kubernetes.io / k8s.io labels outside the
-/// kubelet's own set (and all of node-restriction.kubernetes.io) are off limits.
-fn is_forbidden_label(key: &str) -> bool {
-    let ns = key.split_once('/').map(|(p, _)| p).unwrap_or("");
-    if ns == "node-restriction.kubernetes.io" || ns.ends_with(".node-restriction.kubernetes.io") {
-        return true;
-    }
-    if is_kubelet_label(key) {
-        return false;
-    }
-    ns == "kubernetes.io"
-        || ns.ends_with(".kubernetes.io")
-        || ns == "k8s.io"
-        || ns.ends_with(".k8s.io")
-}
-
-fn forbidden_label_changes(obj: &Value, old: &Value) -> Vec<String> {
-    let new = crate::selectors::labels_of(obj);
-    let before = crate::selectors::labels_of(old);
-    let mut out: Vec<String> = new
-        .iter()
-        .filter(|(k, v)| before.get(*k) != Some(*v) && is_forbidden_label(k))
-        .map(|(k, _)| k.clone())
-        .chain(
-            before
-                .keys()
-                .filter(|k| !new.contains_key(*k) && is_forbidden_label(k))
-                .cloned(),
-        )
-        .collect();
-    out.sort();
-    out.dedup();
-    out
 }
 
 fn taints_of(obj: &Value) -> Value {
@@ -741,37 +590,4 @@ impl Reinvocation {
 
 fn uuid_like() -> String {
     uuid::Uuid::new_v4().to_string()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn kubelet_label_rules() {
-        assert!(!is_forbidden_label("kubernetes.io/hostname"));
-        assert!(!is_forbidden_label("node.kubernetes.io/anything"));
-        assert!(!is_forbidden_label("nodegate.dev/exclude"));
-        assert!(is_forbidden_label("node-role.kubernetes.io/control-plane"));
-        assert!(is_forbidden_label("node-restriction.kubernetes.io/x"));
-        assert!(is_forbidden_label("example.k8s.io/x"));
-        let old = json!({"metadata": {"labels": {"node-role.kubernetes.io/worker": ""}}});
-        let new = json!({"metadata": {"labels": {"node-role.kubernetes.io/worker": "", "a": "b"}}});
-        assert!(forbidden_label_changes(&new, &old).is_empty());
-        assert_eq!(
-            forbidden_label_changes(&json!({}), &old),
-            vec!["node-role.kubernetes.io/worker"]
-        );
-    }
-
-    #[test]
-    fn not_ready_taint_added_once() {
-        let mut n = json!({"metadata": {"name": "n"}});
-        taint_nodes_by_condition(&mut n);
-        taint_nodes_by_condition(&mut n);
-        assert_eq!(
-            n["spec"]["taints"],
-            json!([{"key": NOT_READY_TAINT_KEY, "effect": "NoSchedule"}])
-        );
-    }
 }

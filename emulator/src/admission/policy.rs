@@ -33,7 +33,8 @@ use cel::{ExecutionError, StructType};
 use k8s_openapi::api::admissionregistration::v1::{MutatingWebhook, RuleWithOperations};
 use serde_json::Value;
 
-use super::{Attributes, cel as admission_cel, webhook};
+use super::attributes::Attributes;
+use super::{cel as admission_cel, webhook};
 use crate::resources;
 use crate::store::Store;
 

@@ -24,7 +24,8 @@
 use k8s_openapi::api::admissionregistration::v1::{MutatingWebhook, RuleWithOperations};
 use serde_json::Value;
 
-use super::{Attributes, cel as admission_cel, policy, webhook};
+use super::attributes::Attributes;
+use super::{cel as admission_cel, policy, webhook};
 use crate::resources;
 use crate::status::ApiError;
 use crate::store::Store;

@@ -1,6 +1,10 @@
 //! Calling one mutating webhook the way kube-apiserver does: match its rules,
 //! selectors and conditions, POST an AdmissionReview over verified TLS, and
 //! check the answer.
+//!
+//! Follows `k8s.io/apiserver/pkg/admission/plugin/webhook/mutating/dispatcher.go`
+//! (`callAttrMutatingHook`), `plugin/webhook/generic/webhook.go` (`ShouldCallHook`) and
+//! `plugin/webhook/request/admissionreview.go` (`VerifyAdmissionResponse`).
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -14,7 +18,7 @@ use k8s_openapi::api::admissionregistration::v1::{MutatingWebhook, RuleWithOpera
 use rustls::pki_types::ServerName;
 use serde_json::Value;
 
-use super::{Attributes, Operation};
+use super::attributes::{Attributes, Operation};
 use crate::selectors::LabelSelector;
 
 /// Where a webhook call goes, resolved from its clientConfig.

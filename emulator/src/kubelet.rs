@@ -36,7 +36,7 @@ fn new_boot_id() -> String {
 
 impl SimKubelet {
     /// A kubelet for node `name` authenticated as `system:node:<name>`.
-    pub async fn new(emu: &crate::Emulator, name: &str) -> anyhow::Result<Self> {
+    pub async fn new(emu: &crate::server::Emulator, name: &str) -> anyhow::Result<Self> {
         Ok(Self::with_client(
             emu.client(&users::node(name)).await?,
             name,

@@ -8,7 +8,7 @@
 //! Modules, from the bottom up (a module uses only those above it):
 //! `util`, `users`, `resources`, `status`, `tls`, `fanout`, `smp`,
 //! `selectors`, `store`, `table`, `discovery`, `rbac`, `node_authz`,
-//! `admission`, `impersonation`, `api`, `token_request`, `server`, `raw`,
+//! `admission`, `impersonation`, `token_request`, `api`, `server`, `raw`,
 //! `kubelet`, `fake_webhook`.
 
 pub mod admission;

@@ -8,7 +8,8 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use rustls::pki_types::ServerName;
 
-use crate::{Emulator, users};
+use crate::server::Emulator;
+use crate::users;
 
 /// A buffered response.
 #[derive(Debug)]

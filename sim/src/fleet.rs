@@ -2,6 +2,7 @@
 //! with its own kube client (the agent's service account), state dir and
 //! `--probe-file`, which the simulated network agent creates when it is ready.
 
+use crate::lock::lock;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -33,7 +34,7 @@ pub struct Recorder(Mutex<Vec<Dispatched>>);
 
 impl Recorder {
     pub fn calls(&self) -> Vec<Dispatched> {
-        super::lock(&self.0).clone()
+        lock(&self.0).clone()
     }
 }
 
@@ -47,7 +48,7 @@ impl NodeDeleteHandler for Recorder {
         node: &'a NodeRecord,
         source: DeleteSource,
     ) -> BoxFuture<'a, Result<(), HandlerError>> {
-        super::lock(&self.0).push(Dispatched {
+        lock(&self.0).push(Dispatched {
             name: node.name.clone(),
             uid: node.uid.clone(),
             source,
@@ -162,19 +163,19 @@ impl Fleet {
         std::fs::create_dir_all(self.probe_dir(node))?;
         std::fs::create_dir_all(self.state_dir(node))?;
         let args = self.args(node)?;
-        let existing = super::lock(&self.clients).get(node).cloned();
+        let existing = lock(&self.clients).get(node).cloned();
         let client = match existing {
             Some(c) => c,
             None => {
                 let c = emu.agent_client(node).await?;
-                super::lock(&self.clients).insert(node.to_string(), c.clone());
+                lock(&self.clients).insert(node.to_string(), c.clone());
                 c
             }
         };
         let mut handlers: Vec<Arc<dyn NodeDeleteHandler>> = Vec::new();
         if self.is_pruner(node) {
             let r = Arc::new(Recorder::default());
-            super::lock(&self.recorders)
+            lock(&self.recorders)
                 .entry(node.to_string())
                 .or_default()
                 .push(r.clone());
@@ -190,7 +191,7 @@ impl Fleet {
                 let _ = rx.await;
             },
         ));
-        let previous = super::lock(&self.running).insert(node.to_string(), Running { stop, task });
+        let previous = lock(&self.running).insert(node.to_string(), Running { stop, task });
         anyhow::ensure!(previous.is_none(), "agent of {node} started twice");
         Ok(())
     }
@@ -198,7 +199,7 @@ impl Fleet {
     /// Stops `node`'s agent (the shutdown path: last snapshot written) and
     /// waits for it to finish.
     pub async fn stop(&self, node: &str) -> anyhow::Result<()> {
-        let Some(r) = super::lock(&self.running).remove(node) else {
+        let Some(r) = lock(&self.running).remove(node) else {
             return Ok(());
         };
         let _ = r.stop.send(());
@@ -212,17 +213,14 @@ impl Fleet {
 
     /// Stops every running agent, all at once.
     pub async fn stop_all(&self) -> anyhow::Result<()> {
-        let names: Vec<String> = super::lock(&self.running).keys().cloned().collect();
+        let names: Vec<String> = lock(&self.running).keys().cloned().collect();
         let results = futures::future::join_all(names.iter().map(|n| self.stop(n))).await;
         results.into_iter().collect()
     }
 
     /// The recorders of `node`'s pruning agent, one per start.
     pub fn recorders(&self, node: &str) -> Vec<Arc<Recorder>> {
-        super::lock(&self.recorders)
-            .get(node)
-            .cloned()
-            .unwrap_or_default()
+        lock(&self.recorders).get(node).cloned().unwrap_or_default()
     }
 
     /// The (name → uid) set in `node`'s snapshot; `None` before its first write.

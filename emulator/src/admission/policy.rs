@@ -34,7 +34,8 @@ use k8s_openapi::api::admissionregistration::v1::{MutatingWebhook, RuleWithOpera
 use serde_json::Value;
 
 use super::attributes::Attributes;
-use super::{cel as admission_cel, webhook};
+use super::cel as admission_cel;
+use super::webhook;
 use crate::resources;
 use crate::store::Store;
 

@@ -25,7 +25,9 @@ use k8s_openapi::api::admissionregistration::v1::{MutatingWebhook, RuleWithOpera
 use serde_json::Value;
 
 use super::attributes::Attributes;
-use super::{cel as admission_cel, policy, webhook};
+use super::cel as admission_cel;
+use super::policy;
+use super::webhook;
 use crate::resources;
 use crate::status::ApiError;
 use crate::store::Store;

@@ -10,16 +10,15 @@
 //! creates through [`Cluster::node_name`] or [`Cluster::delete_on_drop`] is
 //! deleted when the `Cluster` drops — also when the test panics.
 
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use std::os::unix::fs::OpenOptionsExt;
-
 use anyhow::Context;
+use nodegate_emulator::{Emulator, EmulatorOptions, users};
 use tokio::process::Command;
 
 use crate::process::{WebhookOptions, WebhookProcess};
-use nodegate_emulator::{Emulator, EmulatorOptions, users};
 
 /// Env var that switches the end-to-end tests to a real cluster.
 pub const REAL_CLUSTER_ENV: &str = "NODEGATE_E2E_KUBECONFIG";

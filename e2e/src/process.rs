@@ -9,10 +9,9 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use nodegate_certs::{Ca, ServingRequest};
+use nodegate_emulator::Emulator;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
-
-use nodegate_emulator::Emulator;
 
 /// `target/<profile>/<name>`, found from the running executable (a test
 /// binary lives in `target/<profile>/deps/`). Check `exists()` before use:

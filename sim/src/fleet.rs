@@ -2,7 +2,6 @@
 //! with its own kube client (the agent's service account), state dir and
 //! `--probe-file`, which the simulated network agent creates when it is ready.
 
-use crate::lock::lock;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -15,10 +14,11 @@ use futures::future::BoxFuture;
 use nodegate_agent::Args;
 use nodegate_agent::handler::{DeleteSource, HandlerError, NodeDeleteHandler};
 use nodegate_agent::record::NodeRecord;
+use nodegate_emulator::Emulator;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-use nodegate_emulator::Emulator;
+use crate::lock::lock;
 
 /// One dispatched deletion, as the agent handed it to its handlers.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -6,10 +6,9 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
+use nodegate_emulator::{Emulator, users};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
-
-use nodegate_emulator::{Emulator, users};
 
 type Replica = (
     oneshot::Sender<()>,

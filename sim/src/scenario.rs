@@ -12,16 +12,16 @@ use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
+use nodegate_e2e::process::{WebhookOptions, WebhookProcess};
+use nodegate_emulator::admission::NOT_READY_TAINT_KEY;
+use nodegate_emulator::kubelet::SimKubelet;
+use nodegate_emulator::{Emulator, EmulatorOptions, users};
 use serde_json::{Value, json};
 
 use crate::fleet::{Dispatched, Fleet};
 use crate::lock::lock;
 use crate::publishers;
 use crate::report::{PruneReport, REBOOT_WINDOW, ScenarioReport};
-use nodegate_e2e::process::{WebhookOptions, WebhookProcess};
-use nodegate_emulator::admission::NOT_READY_TAINT_KEY;
-use nodegate_emulator::kubelet::SimKubelet;
-use nodegate_emulator::{Emulator, EmulatorOptions, users};
 
 /// Knobs of `nodegate-sim run`.
 #[derive(Debug, Clone)]

@@ -3,10 +3,10 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-
-use crate::publishers;
 use nodegate_e2e::process::{WebhookOptions, WebhookProcess};
 use nodegate_emulator::{Emulator, EmulatorOptions, users};
+
+use crate::publishers;
 
 /// `nodegate-sim serve`: emulator + real webhook + the roster publisher
 /// (both replicas) until Ctrl-C.

@@ -1,7 +1,7 @@
 //! End-to-end: the real `nodegate-agent` binary against a fresh emulated API
 //! server with the real webhook and the shipped RBAC — or, when
 //! `NODEGATE_E2E_KUBECONFIG` names a kubeconfig, a real cluster with nodegate
-//! installed (`nodegate_tests::cluster::Cluster`). The same tests and
+//! installed (`nodegate_e2e::cluster::Cluster`). The same tests and
 //! assertions run in both: every name a test makes is unique to it on a real
 //! cluster, and what it asserts about the node set (snapshots, prunes) is
 //! about its own nodes, so other nodes and parallel tests never disturb it.
@@ -21,9 +21,9 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use nodegate_agent::snapshot;
+use nodegate_e2e::cluster::Cluster;
+use nodegate_emulator::users;
 use nodegate_shared::keys::DEFAULT_TAINT;
-use nodegate_tests::cluster::Cluster;
-use nodegate_tests::users;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, Command};
@@ -75,7 +75,7 @@ impl Agent {
     /// publisher's service account, writing roster `roster` in `nodegate`
     /// with short lease timings so a failover takes about 2 s.
     async fn publisher(c: &Cluster, roster: &str, replica: usize, home: &Path) -> Agent {
-        let bin = nodegate_tests::process::bin_path("nodegate-roster");
+        let bin = nodegate_e2e::process::bin_path("nodegate-roster");
         assert!(
             bin.exists(),
             "build it first: cargo build -p nodegate-roster"

@@ -16,8 +16,8 @@ use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use nodegate_agent::handler::{DeleteSource, HandlerError, NodeDeleteHandler};
 use nodegate_agent::record::NodeRecord;
-use nodegate_tests::resources::{CONFIGMAPS, NODES};
-use nodegate_tests::{Emulator, EmulatorOptions, users};
+use nodegate_emulator::resources::{CONFIGMAPS, NODES};
+use nodegate_emulator::{Emulator, EmulatorOptions, users};
 use tokio::process::{Child, Command};
 
 use crate::procfs;
@@ -99,7 +99,7 @@ pub struct Report {
 }
 
 fn bin(name: &str) -> anyhow::Result<PathBuf> {
-    let p = nodegate_tests::process::bin_path(name);
+    let p = nodegate_e2e::process::bin_path(name);
     anyhow::ensure!(
         p.exists(),
         "{} missing: cargo build --release --workspace",

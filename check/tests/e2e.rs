@@ -9,8 +9,9 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use nodegate_tests::process::deployment_status;
-use nodegate_tests::{Emulator, EmulatorOptions, WebhookOptions, WebhookProcess, users};
+use nodegate_e2e::process::deployment_status;
+use nodegate_e2e::{WebhookOptions, WebhookProcess};
+use nodegate_emulator::{Emulator, EmulatorOptions, users};
 
 /// The shipped expression minus the guard: what broke on real clusters.
 fn unguarded(yaml: &str) -> String {
@@ -57,7 +58,7 @@ async fn installed_with(
     objects: Option<&str>,
 ) -> (Emulator, WebhookProcess, tempfile::TempDir) {
     let emu = Emulator::start(EmulatorOptions {
-        rbac: Some(nodegate_tests::process::shipped_rbac().unwrap()),
+        rbac: Some(nodegate_e2e::process::shipped_rbac().unwrap()),
         ..Default::default()
     })
     .await
@@ -84,7 +85,7 @@ async fn installed_with(
 
 #[test]
 fn passes_against_nodegate_sim_serve() {
-    let sim_bin = nodegate_tests::bin_path("nodegate-sim");
+    let sim_bin = nodegate_e2e::bin_path("nodegate-sim");
     assert!(
         sim_bin.exists(),
         "build nodegate-sim first (cargo test --workspace does)"
@@ -138,7 +139,7 @@ fn passes_against_nodegate_sim_serve() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fails_on_the_unguarded_match_condition() {
-    let shipped = nodegate_tests::process::shipped_webhook_config().unwrap();
+    let shipped = nodegate_e2e::process::shipped_webhook_config().unwrap();
     let (emu, _webhook, home) = installed(Some(unguarded(&shipped))).await;
     let (code, out) = check(&home.path().join("kubeconfig"), &[]);
     assert_eq!(code, 1, "{out}");
@@ -164,7 +165,7 @@ async fn fails_on_the_unguarded_match_condition() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fails_on_a_wrong_ca_bundle() {
     let other = nodegate_certs::Ca::generate(1).unwrap();
-    let shipped = nodegate_tests::process::shipped_webhook_config().unwrap();
+    let shipped = nodegate_e2e::process::shipped_webhook_config().unwrap();
     let wrong = nodegate_certs::inject_ca_bundle(&shipped, other.cert_pem()).unwrap();
     let (emu, webhook, home) = installed(None).await;
     emu.apply_webhook_config(&wrong).unwrap();
@@ -189,7 +190,7 @@ async fn fails_when_the_webhook_is_down() {
     let mut deploy = serde_json::to_value(
         emu.store()
             .get(
-                &nodegate_tests::resources::DEPLOYMENTS,
+                &nodegate_emulator::resources::DEPLOYMENTS,
                 "nodegate",
                 "nodegate-webhook",
             )
@@ -242,7 +243,7 @@ async fn fails_clearly_without_an_install() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn passes_on_the_admission_policy_install() {
-    use nodegate_tests::process::{policy_mode_webhook_config, shipped_policy};
+    use nodegate_e2e::process::{policy_mode_webhook_config, shipped_policy};
     let policy = shipped_policy().unwrap();
     let (_emu, _webhook, home) =
         installed_with(Some(policy_mode_webhook_config().unwrap()), Some(&policy)).await;
@@ -255,7 +256,7 @@ async fn passes_on_the_admission_policy_install() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fails_when_the_admission_policy_is_not_bound() {
-    use nodegate_tests::process::{policy_mode_webhook_config, shipped_policy};
+    use nodegate_e2e::process::{policy_mode_webhook_config, shipped_policy};
     let policy = shipped_policy().unwrap();
     let without_binding = policy.split("\n---\n").next().unwrap().to_string();
     let (_emu, _webhook, home) = installed_with(

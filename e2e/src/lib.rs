@@ -1,0 +1,11 @@
+//! nodegate end to end: the harness the suites in `tests/` (and the agent's
+//! and nodegate-check's end-to-end tests, and `nodegate-sim`) share. It runs
+//! the real binaries next to the emulator (`process`), picks a fresh emulator
+//! or a real cluster (`cluster`), and plays the agent's write at an exact
+//! moment (`standin`). Test code: nothing shipped depends on it.
+
+pub mod cluster;
+pub mod process;
+pub mod standin;
+
+pub use process::{LoggedChild, WebhookOptions, WebhookProcess, bin_path};

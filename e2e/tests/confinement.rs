@@ -1,0 +1,424 @@
+//! nodegate's own credentials, attacked as a thief would use them: the
+//! agent's pod-bound token of node A, the same ServiceAccount's token without
+//! a node claim, and the webhook's token, against the shipped install (RBAC
+//! plus the confinement ValidatingAdmissionPolicies). Every forbidden change
+//! must be refused (403, naming the node and the field) and every change the
+//! workloads need must go through. Runs against a fresh emulator, or a real
+//! cluster when NODEGATE_E2E_KUBECONFIG is set (see e2e/README.md).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use nodegate_e2e::cluster::Cluster;
+use nodegate_emulator::users;
+use nodegate_shared::keys::READY_BOOT_ID_ANNOTATION;
+use serde_json::{Value, json};
+
+const TAINT_KEY: &str = "node.cilium.io/agent-not-ready";
+const AGENT_POLICY: &str = "ValidatingAdmissionPolicy 'nodegate-agent-confinement' with binding 'nodegate-agent-confinement'";
+
+/// A node as an admin sees it after a kubelet registered it, with a foreign
+/// taint and a cordon, so the attacks have something to remove.
+async fn node(c: &Cluster, base: &str) -> String {
+    let name = c.node_name(base);
+    let admin: Api<Node> = Api::all(c.client(users::ADMIN).await.unwrap());
+    let n: Node = serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+        "spec": {"taints": [
+            {"key": TAINT_KEY, "value": "true", "effect": "NoSchedule"},
+            {"key": "example.com/dedicated", "value": "gpu", "effect": "NoSchedule"},
+        ]},
+    }))
+    .unwrap();
+    admin.create(&PostParams::default(), &n).await.unwrap();
+    name
+}
+
+async fn patch(
+    client: &kube::Client,
+    node: &str,
+    body: Value,
+) -> Result<Node, Box<kube::core::Status>> {
+    let api: Api<Node> = Api::all(client.clone());
+    match api
+        .patch(node, &PatchParams::default(), &Patch::Merge(&body))
+        .await
+    {
+        Ok(n) => Ok(n),
+        Err(kube::Error::Api(e)) => Err(e),
+        Err(e) => panic!("{e}"),
+    }
+}
+
+async fn json_patch(
+    client: &kube::Client,
+    node: &str,
+    ops: Value,
+) -> Result<Node, Box<kube::core::Status>> {
+    let api: Api<Node> = Api::all(client.clone());
+    let p: json_patch::Patch = serde_json::from_value(ops).unwrap();
+    match api
+        .patch(node, &PatchParams::default(), &Patch::<()>::Json(p))
+        .await
+    {
+        Ok(n) => Ok(n),
+        Err(kube::Error::Api(e)) => Err(e),
+        Err(e) => panic!("{e}"),
+    }
+}
+
+fn assert_refused(what: &str, r: Result<Node, Box<kube::core::Status>>, needles: &[&str]) {
+    let e = match r {
+        Ok(_) => panic!("{what}: was allowed"),
+        Err(e) => e,
+    };
+    assert_eq!(e.code, 403, "{what}: {}", e.message);
+    for n in needles {
+        assert!(e.message.contains(n), "{what}: {:?} lacks {n:?}", e.message);
+    }
+}
+
+/// The node's taints but the lifecycle ones (`node.kubernetes.io/*`, which
+/// the API server and its controllers add and remove).
+async fn taints(c: &Cluster, node: &str) -> Vec<String> {
+    let api: Api<Node> = Api::all(c.client(users::ADMIN).await.unwrap());
+    let n = api.get(node).await.unwrap();
+    n.spec
+        .and_then(|s| s.taints)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|t| !t.key.starts_with("node.kubernetes.io/"))
+        .map(|t| format!("{}:{}", t.key, t.effect))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_stolen_agent_token_touches_nothing_but_its_own_nodes_gate() {
+    let c = Cluster::start().await.unwrap();
+    let a = node(&c, "conf-a").await;
+    let b = node(&c, "conf-b").await;
+    let admin = c.client(users::ADMIN).await.unwrap();
+    patch(&admin, &a, json!({"spec": {"unschedulable": true}}))
+        .await
+        .unwrap();
+    let agent_a = c.agent_client(&a).await.unwrap();
+    let on_a = format!("nodegate-agent of node '{a}'");
+
+    // Another node: any change at all.
+    assert_refused(
+        "agent of A removes B's taint",
+        json_patch(
+            &agent_a,
+            &b,
+            json!([{"op": "remove", "path": "/spec/taints/0"}]),
+        )
+        .await,
+        &[AGENT_POLICY, &on_a, &format!("may not write node '{b}'")],
+    );
+    // Its own node: nothing but the gate.
+    let refused: Vec<(&str, Value, String)> = vec![
+        (
+            "label its node (steer workloads)",
+            json!({"metadata": {"labels": {"node-role.kubernetes.io/control-plane": ""}}}),
+            "metadata.labels".into(),
+        ),
+        (
+            "switch the gate off",
+            json!({"metadata": {"labels": {"nodegate.dev/exclude": "true"}}}),
+            "metadata.labels".into(),
+        ),
+        (
+            "uncordon mid-drain",
+            json!({"spec": {"unschedulable": null}}),
+            "spec.unschedulable".into(),
+        ),
+        (
+            "set a providerID",
+            json!({"spec": {"providerID": "evil://x"}}),
+            "spec.providerID".into(),
+        ),
+        (
+            "another annotation",
+            json!({"metadata": {"annotations": {"example.com/x": "y"}}}),
+            "metadata.annotations['example.com/x']".into(),
+        ),
+        (
+            "a finalizer",
+            json!({"metadata": {"finalizers": ["example.com/hold"]}}),
+            "metadata.finalizers".into(),
+        ),
+        (
+            "an owner",
+            json!({"metadata": {"ownerReferences": [{"apiVersion": "v1", "kind": "ConfigMap",
+                "name": "x", "uid": "00000000-0000-0000-0000-000000000001"}]}}),
+            "metadata.ownerReferences".into(),
+        ),
+    ];
+    for (what, body, field) in refused {
+        assert_refused(
+            what,
+            patch(&agent_a, &a, body).await,
+            &[AGENT_POLICY, &on_a, &field, &format!("node '{a}'")],
+        );
+    }
+    assert_refused(
+        "remove a foreign taint on its node",
+        json_patch(
+            &agent_a,
+            &a,
+            json!([
+                {"op": "test", "path": "/spec/taints/1/key", "value": "example.com/dedicated"},
+                {"op": "remove", "path": "/spec/taints/1"},
+            ]),
+        )
+        .await,
+        &[
+            AGENT_POLICY,
+            &on_a,
+            "may change only the taints",
+            "example.com/dedicated",
+        ],
+    );
+    assert_eq!(
+        taints(&c, &a).await,
+        [
+            format!("{TAINT_KEY}:NoSchedule"),
+            "example.com/dedicated:NoSchedule".to_string()
+        ],
+        "nothing changed"
+    );
+
+    // Without a node claim (a token not bound to a pod on a node): nothing.
+    let unbound = c.client(users::AGENT).await.unwrap();
+    assert_refused(
+        "unbound token removes the gate",
+        json_patch(
+            &unbound,
+            &a,
+            json!([{"op": "remove", "path": "/spec/taints/0"}]),
+        )
+        .await,
+        &["token without a node claim"],
+    );
+
+    // What the agent does: remove its taint and record the boot, add it back.
+    let ready = json_patch(
+        &agent_a,
+        &a,
+        json!([
+            {"op": "test", "path": "/spec/taints/0/key", "value": TAINT_KEY},
+            {"op": "remove", "path": "/spec/taints/0"},
+            {"op": "add", "path": "/metadata/annotations", "value": {READY_BOOT_ID_ANNOTATION: "boot-1"}},
+        ]),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        ready.metadata.annotations.unwrap()[READY_BOOT_ID_ANNOTATION],
+        "boot-1"
+    );
+    assert_eq!(taints(&c, &a).await, ["example.com/dedicated:NoSchedule"]);
+    json_patch(
+        &agent_a,
+        &a,
+        json!([{"op": "add", "path": "/spec/taints/-",
+                "value": {"key": TAINT_KEY, "value": "true", "effect": "NoSchedule"}}]),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        taints(&c, &a).await,
+        [
+            "example.com/dedicated:NoSchedule".to_string(),
+            format!("{TAINT_KEY}:NoSchedule")
+        ]
+    );
+    // Everyone else is never evaluated: the admin still labels and uncordons.
+    patch(
+        &admin,
+        &a,
+        json!({"metadata": {"labels": {"x": "y"}}, "spec": {"unschedulable": null}}),
+    )
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn the_webhook_token_can_only_add_the_taint() {
+    let c = Cluster::start().await.unwrap();
+    let a = node(&c, "conf-w").await;
+    let webhook = c.client(users::WEBHOOK).await.unwrap();
+    // Remove the gate as admin, so the webhook has something to add.
+    let admin = c.client(users::ADMIN).await.unwrap();
+    json_patch(
+        &admin,
+        &a,
+        json!([{"op": "remove", "path": "/spec/taints/0"}]),
+    )
+    .await
+    .unwrap();
+    let webhook_policy = "ValidatingAdmissionPolicy 'nodegate-webhook-confinement'";
+    assert_refused(
+        "webhook removes a taint",
+        json_patch(
+            &webhook,
+            &a,
+            json!([{"op": "remove", "path": "/spec/taints/0"}]),
+        )
+        .await,
+        &[webhook_policy, "may only add the taints"],
+    );
+    assert_refused(
+        "webhook adds a foreign taint",
+        json_patch(
+            &webhook,
+            &a,
+            json!([{"op": "add", "path": "/spec/taints/-",
+            "value": {"key": "example.com/evil", "effect": "NoExecute"}}]),
+        )
+        .await,
+        &[webhook_policy, "may only add the taints"],
+    );
+    assert_refused(
+        "webhook labels",
+        patch(
+            &webhook,
+            &a,
+            json!({"metadata": {"labels": {"nodegate.dev/exclude": "true"}}}),
+        )
+        .await,
+        &[webhook_policy, "may change nothing but spec.taints"],
+    );
+    json_patch(
+        &webhook,
+        &a,
+        json!([{"op": "add", "path": "/spec/taints/-",
+        "value": {"key": TAINT_KEY, "value": "true", "effect": "NoSchedule"}}]),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        taints(&c, &a).await,
+        [
+            "example.com/dedicated:NoSchedule".to_string(),
+            format!("{TAINT_KEY}:NoSchedule")
+        ]
+    );
+}
+
+/// Only the publisher writes the roster: a namespace editor (RBAC `edit` on
+/// ConfigMaps in `nodegate`) can neither rewrite, create nor delete a shard;
+/// the publisher's token can; other ConfigMaps are untouched by the policy.
+/// Emulator only: it needs an editor RoleBinding, which the emulator takes
+/// as RBAC input rather than through its API.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namespace_editor_cannot_rewrite_the_roster() {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use nodegate_emulator::{Emulator, EmulatorOptions};
+    if std::env::var_os("NODEGATE_E2E_KUBECONFIG").is_some() {
+        eprintln!("skipped on a real cluster: needs an editor RoleBinding");
+        return;
+    }
+    let mut rbac = nodegate_e2e::process::shipped_rbac().unwrap();
+    rbac.push(
+        r#"apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: editor, namespace: nodegate}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: editor}
+subjects: [{kind: User, name: editor}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: editor}
+rules: [{apiGroups: [""], resources: [configmaps], verbs: ["*"]}]
+"#
+        .into(),
+    );
+    let emu = Emulator::start(EmulatorOptions {
+        rbac: Some(rbac),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    emu.apply(&nodegate_e2e::process::shipped_roster_policy().unwrap())
+        .unwrap();
+    let shard = |name: &str, body: &str| -> ConfigMap {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "nodegate",
+                         "labels": {"nodegate.dev/roster": "nodegate-roster"}},
+            "data": {"shard.json": body},
+        }))
+        .unwrap()
+    };
+    let as_user = |u: &'static str| {
+        let emu = &emu;
+        async move { Api::<ConfigMap>::namespaced(emu.client(u).await.unwrap(), "nodegate") }
+    };
+    let publisher = as_user(users::ROSTER).await;
+    let editor = as_user("editor").await;
+    publisher
+        .create(&PostParams::default(), &shard("nodegate-roster-0", "{}"))
+        .await
+        .unwrap();
+    let poison = r#"{"version":1,"epoch":18446744073709551615,"shard":0,"shards":1,"nodes":[]}"#;
+    let refused = |r: Result<ConfigMap, kube::Error>, what: &str| match r {
+        Err(kube::Error::Api(e)) => {
+            assert_eq!(e.code, 403, "{what}: {}", e.message);
+            assert!(
+                e.message.contains(
+                    "only the nodegate-roster ServiceAccount may write roster shards, not editor"
+                ),
+                "{what}: {}",
+                e.message
+            );
+        }
+        other => panic!("{what}: {other:?}"),
+    };
+    let mut cur = publisher.get("nodegate-roster-0").await.unwrap();
+    cur.data = Some([("shard.json".to_string(), poison.to_string())].into());
+    refused(
+        editor
+            .replace("nodegate-roster-0", &PostParams::default(), &cur)
+            .await,
+        "rewrite",
+    );
+    refused(
+        editor
+            .create(&PostParams::default(), &shard("nodegate-roster-9", poison))
+            .await,
+        "create",
+    );
+    // An unlabelled look-alike name is a shard too.
+    let mut bare = shard("nodegate-roster-7", poison);
+    bare.metadata.labels = None;
+    refused(
+        editor.create(&PostParams::default(), &bare).await,
+        "create unlabelled",
+    );
+    match editor
+        .delete("nodegate-roster-0", &Default::default())
+        .await
+    {
+        Err(kube::Error::Api(e)) => assert_eq!(e.code, 403, "{}", e.message),
+        other => panic!("delete: {other:?}"),
+    }
+    assert_eq!(
+        publisher
+            .get("nodegate-roster-0")
+            .await
+            .unwrap()
+            .data
+            .unwrap()["shard.json"],
+        "{}"
+    );
+    // The policy is about shards only; the publisher still writes them.
+    let mut other: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "unrelated", "namespace": "nodegate"}, "data": {"a": "b"}}))
+    .unwrap();
+    other = editor.create(&PostParams::default(), &other).await.unwrap();
+    assert_eq!(other.data.unwrap()["a"], "b");
+    publisher
+        .replace("nodegate-roster-0", &PostParams::default(), &cur)
+        .await
+        .unwrap();
+}

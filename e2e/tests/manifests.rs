@@ -1,0 +1,165 @@
+//! Every manifest the project ships — the install, its overlay and every
+//! component — is created through the emulator's API with `kubectl create`,
+//! so the emulator's validation (CEL compiled in the environment upstream
+//! uses for each expression, structural rules, ConfigMap limits) sees each
+//! object a user would apply. A manifest it refuses fails CI.
+//!
+//! Kinds the emulator does not serve are listed with where they are checked
+//! instead; a kind that carries CEL is never among them.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use nodegate_emulator::{Emulator, EmulatorOptions, resources, users};
+use serde::Deserialize;
+use serde_json::Value;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// Kinds the emulator does not serve, and where they are validated instead
+/// (`.ci/validate-manifests`, `.ci/monitoring`: OpenAPI schemas, strict).
+const NOT_SERVED: &[(&str, &str)] = &[
+    ("ServiceAccount", "1.32 OpenAPI schema"),
+    (
+        "ClusterRole",
+        "1.32 OpenAPI schema; loaded as the emulator's RBAC",
+    ),
+    (
+        "ClusterRoleBinding",
+        "1.32 OpenAPI schema; loaded as the emulator's RBAC",
+    ),
+    ("Role", "1.32 OpenAPI schema; loaded as the emulator's RBAC"),
+    (
+        "RoleBinding",
+        "1.32 OpenAPI schema; loaded as the emulator's RBAC",
+    ),
+    ("PodDisruptionBudget", "1.32 OpenAPI schema"),
+    ("Certificate", ".ci/crd_schemas.py"),
+    ("Issuer", ".ci/crd_schemas.py"),
+    ("PodMonitor", ".ci/crd_schemas.py"),
+    ("PrometheusRule", ".ci/crd_schemas.py and promtool"),
+];
+
+/// Kinds whose objects hold CEL: each must go through the emulator.
+const CEL_KINDS: &[&str] = &[
+    "MutatingWebhookConfiguration",
+    "ValidatingWebhookConfiguration",
+    "MutatingAdmissionPolicy",
+    "MutatingAdmissionPolicyBinding",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+];
+
+/// `kubectl kustomize` of a directory holding a kustomization that includes
+/// the install and the given components (as `.ci/monitoring` builds them).
+fn render(base: &str, components: &[&str]) -> String {
+    let scratch = repo().join("target");
+    std::fs::create_dir_all(&scratch).unwrap();
+    let dir = tempfile::Builder::new()
+        .prefix("manifests-test-")
+        .tempdir_in(&scratch)
+        .unwrap();
+    let mut k = format!("resources: [../../{base}]\ncomponents:\n");
+    for c in components {
+        k.push_str(&format!("  - ../../manifests/components/{c}\n"));
+    }
+    if components.is_empty() {
+        k = format!("resources: [../../{base}]\n");
+    }
+    std::fs::write(dir.path().join("kustomization.yaml"), k).unwrap();
+    let out = Command::new("kubectl")
+        .arg("kustomize")
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "kustomize {base} {components:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// Creates every served object of `text` with `kubectl create` as admin in a
+/// fresh emulator; returns the kinds that were not served.
+async fn create_all(label: &str, text: &str) -> BTreeSet<String> {
+    let emu = Emulator::start(EmulatorOptions::default()).await.unwrap();
+    let mut served = Vec::new();
+    let mut skipped = BTreeSet::new();
+    for doc in serde_yaml::Deserializer::from_str(text) {
+        let v = Value::deserialize(doc).unwrap();
+        if v.is_null() {
+            continue;
+        }
+        let (av, kind) = (
+            v["apiVersion"].as_str().unwrap_or_default(),
+            v["kind"].as_str().unwrap_or_default(),
+        );
+        if resources::by_kind(av, kind).is_some() {
+            served.push(serde_yaml::to_string(&v).unwrap());
+        } else {
+            skipped.insert(kind.to_string());
+        }
+    }
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), served.join("---\n")).unwrap();
+    let out = Command::new("kubectl")
+        .env("KUBECONFIG", emu.kubeconfig(users::ADMIN).unwrap())
+        .args(["create", "-f"])
+        .arg(file.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{label}: the emulator refused a shipped manifest:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        stdout.lines().filter(|l| l.ends_with(" created")).count(),
+        served.len(),
+        "{label}: {stdout}"
+    );
+    skipped
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_shipped_manifest_is_created_through_the_emulators_validation() {
+    let cases: &[(&str, &str, &[&str])] = &[
+        ("install", "manifests", &[]),
+        (
+            "admission-policy overlay",
+            "manifests/overlays/admission-policy",
+            &[],
+        ),
+        ("cert-manager component", "manifests", &["cert-manager"]),
+        ("monitoring component", "manifests", &["monitoring"]),
+        ("pruning component", "manifests", &["pruning"]),
+        (
+            "every component",
+            "manifests",
+            &["cert-manager", "monitoring", "pruning"],
+        ),
+    ];
+    let mut skipped_all = BTreeSet::new();
+    for (label, base, components) in cases {
+        let text = render(base, components);
+        skipped_all.extend(create_all(label, &text).await);
+    }
+    let known: BTreeSet<String> = NOT_SERVED.iter().map(|(k, _)| k.to_string()).collect();
+    let unknown: Vec<&String> = skipped_all.difference(&known).collect();
+    assert!(
+        unknown.is_empty(),
+        "kinds neither served nor validated elsewhere: {unknown:?}"
+    );
+    for k in CEL_KINDS {
+        assert!(
+            !skipped_all.contains(*k),
+            "{k} carries CEL and must be served"
+        );
+    }
+}

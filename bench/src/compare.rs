@@ -169,7 +169,7 @@ pub async fn run(cfg: CompareConfig) -> anyhow::Result<Outcome> {
         "127.0.0.1:0".to_owned(),
         "--admin-listen".to_owned(),
         "127.0.0.1:0".to_owned(),
-        // No cluster here: rule 3's background patches have nothing to call.
+        // No cluster here: the reboot patches have nothing to call.
         "--disable-reboot-patches".to_owned(),
     ];
     hook_args.extend(tls_args.iter().cloned());

@@ -550,7 +550,7 @@ mod tests {
     }
 
     /// The CREATE comes from the node itself, carries not-ready (added by
-    /// TaintNodesByCondition) and lacks nodegate's taint: rule 1 patches it.
+    /// TaintNodesByCondition) and lacks nodegate's taint: the create is patched.
     #[test]
     fn create_needs_the_default_taint_appended() {
         let v = parsed(&kubelet_create(), &uid(0, 0));
@@ -572,7 +572,7 @@ mod tests {
     }
 
     /// The UPDATE is a main-resource write by the node controller on a node
-    /// whose recorded ready bootID is stale: rule 2 patches it.
+    /// whose recorded ready bootID is stale: the update is patched.
     #[test]
     fn update_is_a_post_reboot_controller_write() {
         let f = controller_update();

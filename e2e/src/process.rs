@@ -128,7 +128,7 @@ pub fn deployment_status(replicas: i64, available: i64) -> serde_json::Value {
 pub struct WebhookOptions {
     /// `--taint` values; empty means the binary's default.
     pub taints: Vec<String>,
-    /// KUBECONFIG for the reboot patches (rule 3); `None` disables them.
+    /// KUBECONFIG for the patches of rebooted nodes; `None` disables them.
     pub kubeconfig: Option<PathBuf>,
     pub extra_args: Vec<String>,
 }

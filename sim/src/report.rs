@@ -231,7 +231,8 @@ pub fn broken_guarantees(reports: &[ScenarioReport]) -> Vec<String> {
     }
     for r in reports.iter().filter(|r| r.webhook) {
         // Reboot-window binds are counted apart: there, the taint lands by a
-        // background patch after the kubelet's status write (issue 2, rule 3).
+        // background patch after the kubelet's status write, when the
+        // re-registration check could not run.
         let outside_window = r.violations;
         if outside_window > 0 {
             broken.push(format!(

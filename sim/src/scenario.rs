@@ -62,7 +62,8 @@ pub enum AdmissionMode {
     #[default]
     Webhook,
     /// `manifests/overlays/admission-policy/`: the MutatingAdmissionPolicy for
-    /// rules 1, 2, 4, 5, the webhook for `nodes/status` (rule 3).
+    /// creates and updates, the webhook for re-registrations and reboots seen
+    /// on `nodes/status`.
     Policy,
 }
 

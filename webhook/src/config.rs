@@ -94,8 +94,8 @@ pub struct Args {
     /// Then, in-flight requests get this long before connections close.
     #[arg(long, env = "NODEGATE_SHUTDOWN_TIMEOUT", default_value = "20s", value_parser = parse_duration)]
     pub shutdown_timeout: Duration,
-    /// Never use cluster credentials: reboot patches after status writes
-    /// (rule 3) are skipped and counted.
+    /// Never use cluster credentials: the patches of a rebooted node's main
+    /// resource (a status write cannot carry taints) are skipped and counted.
     #[arg(long, env = "NODEGATE_DISABLE_REBOOT_PATCHES")]
     pub disable_reboot_patches: bool,
     /// Without a command: serve.
@@ -106,8 +106,9 @@ pub struct Args {
 /// Commands besides serving.
 #[derive(Debug, Clone, clap::Subcommand)]
 pub enum Command {
-    /// Print the MutatingAdmissionPolicy and binding that do rules 1, 2, 4
-    /// and 5 in the API server (Kubernetes ≥ 1.36), for the same taints.
+    /// Print the MutatingAdmissionPolicy and binding that taint Node creates
+    /// and updates after a reboot inside the API server (Kubernetes ≥ 1.36),
+    /// for the same taints.
     Policy(PolicyArgs),
     /// Print the ValidatingAdmissionPolicies that confine the agent's and the
     /// webhook's ServiceAccounts (Kubernetes ≥ 1.32), for the same taints.

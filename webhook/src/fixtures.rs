@@ -1,6 +1,6 @@
 //! Realistic Node objects and AdmissionReviews, as the API server sends them.
 //!
-//! Used by the tests and by the performance harness (issue 5) so both post
+//! Used by the tests and by the performance harness so both post
 //! the same shapes: a kubelet CREATE of about 25 KB (50 images, full status)
 //! and node-controller / kubelet UPDATEs with `oldObject`.
 
@@ -199,7 +199,8 @@ pub fn node_controller_update_after_reboot(uid: &str, name: &str) -> Value {
     )
 }
 
-/// One main-resource admission the rules decide (rules 1, 2, 4, 5): the rule
+/// One main-resource admission the rules decide (create, update after a
+/// reboot, exclusion, idempotence): the rule
 /// table the webhook's unit tests iterate and the emulator runs through the
 /// MutatingAdmissionPolicy, so both admissions are held to the same cases.
 #[derive(Debug, Clone)]

@@ -1,5 +1,6 @@
 //! `nodegate-webhook policy`: the MutatingAdmissionPolicy and its binding that
-//! do the webhook's rules 1, 2, 4 and 5 inside the API server, generated from
+//! taint Node creates and updates after a reboot inside the API server, as the
+//! webhook does (exclusion and idempotence included), generated from
 //! the same `--taint` configuration as the webhook so the two never drift.
 //!
 //! Rule 3 (a reboot seen only on a `nodes/status` write) still needs the

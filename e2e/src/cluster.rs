@@ -167,14 +167,7 @@ impl Cluster {
                 let file = scratch
                     .path()
                     .join(format!("kubeconfig-{}", user.replace(':', "_")));
-                // Credentials inside: owner-only, like ~/.kube/config.
-                let mut f = std::fs::OpenOptions::new()
-                    .write(true)
-                    .create(true)
-                    .truncate(true)
-                    .mode(0o600)
-                    .open(&file)?;
-                std::io::Write::write_all(&mut f, &serde_json::to_vec(&kc)?)?;
+                write_private(&file, &kc)?;
                 Ok(file)
             }
         }
@@ -239,13 +232,7 @@ impl Cluster {
             ..Default::default()
         };
         let file = self.scratch().join(format!("kubeconfig-agent-{node}"));
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&file)?;
-        std::io::Write::write_all(&mut f, &serde_json::to_vec(&kc)?)?;
+        write_private(&file, &kc)?;
         Ok(file)
     }
 
@@ -297,6 +284,19 @@ impl Cluster {
         }
         Ok(cmd)
     }
+}
+
+/// Writes a kubeconfig with credentials inside: owner-only, like
+/// ~/.kube/config.
+fn write_private(file: &Path, kc: &kube::config::Kubeconfig) -> anyhow::Result<()> {
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(file)?;
+    std::io::Write::write_all(&mut f, &serde_json::to_vec(kc)?)?;
+    Ok(())
 }
 
 /// The credentials of the kubeconfig's current context.

@@ -198,7 +198,8 @@ pub fn write_files(
     Ok(())
 }
 
-fn write_atomic(path: &Path, data: &[u8], mode: u32) -> Result<(), CertError> {
+/// Writes `data` to `path` with `mode` through a temporary name and a rename.
+pub fn write_atomic(path: &Path, data: &[u8], mode: u32) -> Result<(), CertError> {
     let io = |source| CertError::Io {
         path: path.to_owned(),
         source,
@@ -240,6 +241,57 @@ fn write_atomic(path: &Path, data: &[u8], mode: u32) -> Result<(), CertError> {
 pub fn inject_ca_bundle(webhook_config_yaml: &str, ca_pem: &str) -> Result<String, CertError> {
     use serde_yaml::Value;
     let mut doc: Value = serde_yaml::from_str(webhook_config_yaml)?;
+    let bundle = base64::engine::general_purpose::STANDARD.encode(ca_pem);
+    for (i, hook) in webhooks_mut(&mut doc)?.iter_mut().enumerate() {
+        let hook = hook.as_mapping_mut().ok_or_else(|| {
+            CertError::NotWebhookConfig(format!("webhooks[{i}] is not a mapping"))
+        })?;
+        let client = hook
+            .entry("clientConfig".into())
+            .or_insert_with(|| Value::Mapping(Default::default()));
+        let client = client.as_mapping_mut().ok_or_else(|| {
+            CertError::NotWebhookConfig(format!("webhooks[{i}].clientConfig is not a mapping"))
+        })?;
+        client.insert("caBundle".into(), Value::String(bundle.clone()));
+    }
+    Ok(serde_yaml::to_string(&doc)?)
+}
+
+/// A strategic merge patch (`kubectl patch mutatingwebhookconfiguration NAME
+/// --patch-file`) that sets `clientConfig.caBundle` on every webhook of the
+/// given configuration, by webhook name (the list's merge key).
+///
+/// A patch, not a whole configuration for `kubectl apply`: client-side apply
+/// removes any field its last-applied configuration had and the next one
+/// lacks, so applying the install again (without the caBundle) after applying
+/// a configuration with it would silently empty `caBundle`. A patched field is
+/// never in the last-applied configuration, so re-applying keeps it.
+pub fn ca_bundle_patch(webhook_config_yaml: &str, ca_pem: &str) -> Result<String, CertError> {
+    use serde_yaml::{Mapping, Value};
+    let mut doc: Value = serde_yaml::from_str(webhook_config_yaml)?;
+    let bundle = base64::engine::general_purpose::STANDARD.encode(ca_pem);
+    let mut hooks = Vec::new();
+    for (i, hook) in webhooks_mut(&mut doc)?.iter().enumerate() {
+        let name = hook
+            .get("name")
+            .and_then(Value::as_str)
+            .filter(|n| !n.is_empty())
+            .ok_or_else(|| CertError::NotWebhookConfig(format!("webhooks[{i}] has no name")))?;
+        let mut client = Mapping::new();
+        client.insert("caBundle".into(), Value::String(bundle.clone()));
+        let mut entry = Mapping::new();
+        entry.insert("name".into(), Value::String(name.to_owned()));
+        entry.insert("clientConfig".into(), Value::Mapping(client));
+        hooks.push(Value::Mapping(entry));
+    }
+    let mut patch = Mapping::new();
+    patch.insert("webhooks".into(), Value::Sequence(hooks));
+    Ok(serde_yaml::to_string(&Value::Mapping(patch))?)
+}
+
+/// The non-empty `webhooks` list of a v1 MutatingWebhookConfiguration.
+fn webhooks_mut(doc: &mut serde_yaml::Value) -> Result<&mut Vec<serde_yaml::Value>, CertError> {
+    use serde_yaml::Value;
     let root = doc.as_mapping_mut().ok_or_else(|| {
         CertError::NotWebhookConfig("expected a single YAML mapping (one document)".into())
     })?;
@@ -256,25 +308,10 @@ pub fn inject_ca_bundle(webhook_config_yaml: &str, ca_pem: &str) -> Result<Strin
             "expected apiVersion admissionregistration.k8s.io/v1, found {api:?}"
         )));
     }
-    let webhooks = root
-        .get_mut("webhooks")
+    root.get_mut("webhooks")
         .and_then(Value::as_sequence_mut)
         .filter(|w| !w.is_empty())
-        .ok_or_else(|| CertError::NotWebhookConfig("it has no webhooks".into()))?;
-    let bundle = base64::engine::general_purpose::STANDARD.encode(ca_pem);
-    for (i, hook) in webhooks.iter_mut().enumerate() {
-        let hook = hook.as_mapping_mut().ok_or_else(|| {
-            CertError::NotWebhookConfig(format!("webhooks[{i}] is not a mapping"))
-        })?;
-        let client = hook
-            .entry("clientConfig".into())
-            .or_insert_with(|| Value::Mapping(Default::default()));
-        let client = client.as_mapping_mut().ok_or_else(|| {
-            CertError::NotWebhookConfig(format!("webhooks[{i}].clientConfig is not a mapping"))
-        })?;
-        client.insert("caBundle".into(), Value::String(bundle.clone()));
-    }
-    Ok(serde_yaml::to_string(&doc)?)
+        .ok_or_else(|| CertError::NotWebhookConfig("it has no webhooks".into()))
 }
 
 #[cfg(test)]
@@ -456,6 +493,34 @@ webhooks:
         // Round trip: injecting again replaces, never duplicates.
         let again = inject_ca_bundle(&out, ca.cert_pem()).unwrap();
         assert_eq!(again, out);
+    }
+
+    #[test]
+    fn patch_names_every_webhook_and_carries_only_its_ca_bundle() {
+        let ca = Ca::generate(1).unwrap();
+        let patch = ca_bundle_patch(CONFIG, ca.cert_pem()).unwrap();
+        let doc: serde_yaml::Value = serde_yaml::from_str(&patch).unwrap();
+        let hooks = doc["webhooks"].as_sequence().unwrap();
+        let names: Vec<_> = hooks.iter().map(|h| h["name"].as_str().unwrap()).collect();
+        assert_eq!(names, ["nodes.nodegate.dev", "status.nodegate.dev"]);
+        for hook in hooks {
+            // Only the merge key and the bundle: a patch must not reset the
+            // rest of the configuration.
+            assert_eq!(hook.as_mapping().unwrap().len(), 2, "{hook:?}");
+            assert_eq!(hook["clientConfig"].as_mapping().unwrap().len(), 1);
+            let pem = base64::engine::general_purpose::STANDARD
+                .decode(hook["clientConfig"]["caBundle"].as_str().unwrap())
+                .unwrap();
+            assert_eq!(pem, ca.cert_pem().as_bytes());
+        }
+        assert_eq!(doc.as_mapping().unwrap().len(), 1, "only webhooks");
+        let nameless = "apiVersion: admissionregistration.k8s.io/v1\nkind: MutatingWebhookConfiguration\nwebhooks: [{clientConfig: {}}]\n";
+        let err = ca_bundle_patch(nameless, "pem").unwrap_err().to_string();
+        assert!(err.contains("webhooks[0] has no name"), "{err}");
+        let err = ca_bundle_patch("apiVersion: v1\nkind: ConfigMap\n", "pem")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("ConfigMap"), "{err}");
     }
 
     #[test]

@@ -1,12 +1,12 @@
 //! `nodegate-certs`: generate a CA and the webhook's serving certificate, and
-//! optionally print the MutatingWebhookConfiguration with `caBundle` filled in.
+//! optionally the patch that puts `caBundle` into the MutatingWebhookConfiguration.
 
 use std::net::IpAddr;
 use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Parser;
-use nodegate_certs::{Ca, ServingRequest, inject_ca_bundle, write_files};
+use nodegate_certs::{Ca, ServingRequest, ca_bundle_patch, write_atomic, write_files};
 
 #[derive(Debug, Parser)]
 #[command(version, about)]
@@ -30,10 +30,14 @@ struct Args {
     /// Validity of the CA and the serving certificate, in days.
     #[arg(long, env = "NODEGATE_CERTS_DAYS", default_value_t = 365)]
     days: u32,
-    /// MutatingWebhookConfiguration YAML to print to stdout with caBundle set.
+    /// MutatingWebhookConfiguration YAML: also write `ca-bundle-patch.yaml`, the
+    /// strategic merge patch that sets its caBundle (for `kubectl patch`).
     #[arg(long, env = "NODEGATE_CERTS_WEBHOOK_CONFIG")]
     webhook_config: Option<PathBuf>,
 }
+
+/// The caBundle patch's file name inside `--out-dir`.
+const PATCH_FILE: &str = "ca-bundle-patch.yaml";
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
@@ -51,20 +55,19 @@ fn main() -> anyhow::Result<()> {
         days: args.days,
     })?;
     // Inject before writing so a bad config leaves no half-done output.
-    let filled = match (&config, &args.webhook_config) {
+    let patch = match (&config, &args.webhook_config) {
         (Some(config), Some(path)) => Some(
-            inject_ca_bundle(config, ca.cert_pem())
-                .with_context(|| format!("filling caBundle in {}", path.display()))?,
+            ca_bundle_patch(config, ca.cert_pem())
+                .with_context(|| format!("making the caBundle patch for {}", path.display()))?,
         ),
         _ => None,
     };
     write_files(&args.out_dir, ca.cert_pem(), &serving)?;
-    if let Some(out) = filled {
-        print!("{out}");
+    let mut wrote = "ca.crt,tls.crt,tls.key";
+    if let Some(patch) = patch {
+        write_atomic(&args.out_dir.join(PATCH_FILE), patch.as_bytes(), 0o644)?;
+        wrote = "ca.crt,tls.crt,tls.key,ca-bundle-patch.yaml";
     }
-    eprintln!(
-        "wrote {}/{{ca.crt,tls.crt,tls.key}}",
-        args.out_dir.display()
-    );
+    eprintln!("wrote {}/{{{wrote}}}", args.out_dir.display());
     Ok(())
 }

@@ -1,4 +1,4 @@
-//! The `nodegate-certs` binary: files written, caBundle printed, bad input
+//! The `nodegate-certs` binary: files and the caBundle patch written, bad input
 //! refused before anything is written.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -15,7 +15,7 @@ webhooks:
 ";
 
 #[test]
-fn writes_files_and_prints_the_config_with_ca_bundle() {
+fn writes_files_and_the_ca_bundle_patch_into_a_new_directory() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("mwc.yaml");
     std::fs::write(&config, CONFIG).unwrap();
@@ -48,7 +48,12 @@ fn writes_files_and_prints_the_config_with_ca_bundle() {
         .mode();
     assert_eq!(mode & 0o777, 0o600);
 
-    let printed: serde_yaml::Value = serde_yaml::from_slice(&out.stdout).unwrap();
+    // Nothing on stdout: a shell redirect into --out-dir would be opened
+    // before the directory exists.
+    assert!(out.stdout.is_empty());
+    let patch = std::fs::read_to_string(out_dir.join("ca-bundle-patch.yaml")).unwrap();
+    let printed: serde_yaml::Value = serde_yaml::from_str(&patch).unwrap();
+    assert_eq!(printed["webhooks"][0]["name"], "nodes.nodegate.dev");
     let bundle = printed["webhooks"][0]["clientConfig"]["caBundle"]
         .as_str()
         .unwrap();

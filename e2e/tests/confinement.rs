@@ -18,12 +18,15 @@ const TAINT_KEY: &str = "node.cilium.io/agent-not-ready";
 const AGENT_POLICY: &str = "ValidatingAdmissionPolicy 'nodegate-agent-confinement' with binding 'nodegate-agent-confinement'";
 
 /// A node as an admin sees it after a kubelet registered it, with a foreign
-/// taint and a cordon, so the attacks have something to remove.
+/// taint and a cordon, so the attacks have something to remove. It has an
+/// annotation from the start, as every real node has (the TTL controller's,
+/// added at an unknown moment), so adding one key never replaces the map.
 async fn node(c: &Cluster, base: &str) -> String {
     let name = c.node_name(base);
     let admin: Api<Node> = Api::all(c.client(users::ADMIN).await.unwrap());
     let n: Node = serde_json::from_value(json!({
-        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name},
+                     "annotations": {"example.com/owner": "nodegate-e2e"}},
         "spec": {"taints": [
             {"key": TAINT_KEY, "value": "true", "effect": "NoSchedule"},
             {"key": "example.com/dedicated", "value": "gpu", "effect": "NoSchedule"},
@@ -202,13 +205,19 @@ async fn a_stolen_agent_token_touches_nothing_but_its_own_nodes_gate() {
     );
 
     // What the agent does: remove its taint and record the boot, add it back.
+    // One annotation key, never the whole map: replacing it would drop the
+    // annotations controllers add (the policy rightly refuses that).
+    let key = format!(
+        "/metadata/annotations/{}",
+        READY_BOOT_ID_ANNOTATION.replace('/', "~1")
+    );
     let ready = json_patch(
         &agent_a,
         &a,
         json!([
             {"op": "test", "path": "/spec/taints/0/key", "value": TAINT_KEY},
             {"op": "remove", "path": "/spec/taints/0"},
-            {"op": "add", "path": "/metadata/annotations", "value": {READY_BOOT_ID_ANNOTATION: "boot-1"}},
+            {"op": "add", "path": key, "value": "boot-1"},
         ]),
     )
     .await

@@ -151,10 +151,13 @@ async fn kubectl_create_taint_and_get_behave_as_on_a_cluster() {
     )
     .await;
     let keys = text(&keys.stdout);
-    assert!(
-        keys.contains(TAINT_KEY) && keys.contains("node.kubernetes.io/not-ready"),
-        "{keys}"
-    );
+    assert!(keys.contains(TAINT_KEY), "{keys}");
+    // On a real cluster the node lifecycle controller adds and removes
+    // `node.kubernetes.io/not-ready` on its own schedule after the create,
+    // so only the emulator's stored create is asserted to carry it.
+    if !c.is_real() {
+        assert!(keys.contains("node.kubernetes.io/not-ready"), "{keys}");
+    }
 
     let out = kubectl(
         &c,

@@ -1,4 +1,5 @@
-//! Strategic merge patch for the fields of Nodes and Pods that clients patch.
+//! Strategic merge patch for the fields of Nodes, Pods and webhook
+//! configurations that clients patch.
 //!
 //! The real server reads merge keys from Go struct tags; here they are a table.
 //! Lists without an entry (such as `spec.taints`, which has no merge key) are
@@ -35,6 +36,9 @@ fn strategy(path: &str) -> ListStrategy {
             ListStrategy::MergeKey("mountPath")
         }
         "status.podIPs" | "status.hostIPs" => ListStrategy::MergeKey("ip"),
+        // MutatingWebhookConfiguration.Webhooks (`k8s.io/api/admissionregistration/v1/types.go`,
+        // `patchMergeKey:"name"`): what `kubectl apply` and `kubectl patch` send.
+        "webhooks" => ListStrategy::MergeKey("name"),
         _ => ListStrategy::Replace,
     }
 }

@@ -1,0 +1,64 @@
+//! The README's install commands, read from the README itself, so the tests
+//! that run them run exactly what a user copies.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+
+/// The repository's root directory.
+pub fn repo_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// The commands of the README's install block ("Certificates and
+/// manifests"), with continuation lines joined, in order.
+pub fn install_commands() -> anyhow::Result<Vec<String>> {
+    let readme =
+        std::fs::read_to_string(repo_dir().join("README.md")).context("reading README.md")?;
+    commands_after(&readme, "**Certificates and manifests**")
+}
+
+/// The commands of the first ```sh block after `heading`.
+pub fn commands_after(text: &str, heading: &str) -> anyhow::Result<Vec<String>> {
+    let start = text
+        .find(heading)
+        .with_context(|| format!("no {heading:?} in the README"))?;
+    let block = &text[start..];
+    let open = block
+        .find("```sh\n")
+        .with_context(|| format!("no sh block after {heading:?}"))?
+        + "```sh\n".len();
+    let close = block[open..].find("```").context("unclosed sh block")?;
+    let mut commands = Vec::new();
+    let mut current = String::new();
+    for line in block[open..open + close].lines() {
+        let line = line.trim();
+        if let Some(head) = line.strip_suffix('\\') {
+            current.push_str(head);
+            continue;
+        }
+        current.push_str(line);
+        if !current.trim().is_empty() && !current.trim_start().starts_with('#') {
+            commands.push(current.clone());
+        }
+        current.clear();
+    }
+    Ok(commands)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn continuation_lines_join_and_comments_drop() {
+        let text =
+            "x\n**Step**\n\n```sh\n# a comment\nfoo --a \\\n  --b\nbar\n```\n```sh\nbaz\n```\n";
+        assert_eq!(
+            commands_after(text, "**Step**").unwrap(),
+            ["foo --a --b", "bar"]
+        );
+        assert!(commands_after(text, "**Missing**").is_err());
+    }
+}

@@ -1,0 +1,1029 @@
+//! nodegate as users run it: the README's install, verbatim, on real nodes
+//! (real kubelets, containerd, the bridge CNI; `e2e/real-nodes/cluster`),
+//! then the scenarios a platform engineer relies on, each asserted from
+//! watches of Nodes and Pods.
+//!
+//! Needs the harness's cluster: `e2e/real-nodes/run` brings it up and runs
+//! this with `NODEGATE_REAL_NODES` set to its state directory. CI cannot build
+//! the Kubernetes binaries, so the test is ignored there (`--ignored` runs it).
+//!
+//! Order matters: every step starts from the state the previous one left.
+//! Orderings between a Node's and a Pod's versions are read from their
+//! resourceVersions, which one etcd numbers from one revision counter.
+//! Figures are printed as `FIGURE <name> <value>` lines.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::watcher;
+use nodegate_e2e::process::bin_path;
+use nodegate_e2e::readme::{install_commands, repo_dir};
+use serde_json::json;
+
+const GATE: &str = "node.cilium.io/agent-not-ready";
+const NS: &str = "nodegate";
+const WEBHOOK: &str = "nodes.nodegate.dev";
+
+// ---- the harness ----------------------------------------------------------------------------
+
+struct Harness {
+    state: PathBuf,
+    kubeconfig: PathBuf,
+    /// A fresh directory holding the repository's manifests, where the
+    /// README's commands run.
+    work: tempfile::TempDir,
+}
+
+impl Harness {
+    fn from_env() -> Harness {
+        let state = std::env::var_os("NODEGATE_REAL_NODES").map(PathBuf::from).expect(
+            "NODEGATE_REAL_NODES is not set: run e2e/real-nodes/run (it brings up the real nodes)",
+        );
+        let kubeconfig = state.join("admin.kubeconfig");
+        assert!(kubeconfig.exists(), "no cluster in {}", state.display());
+        let work = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(repo_dir().join("manifests"), work.path().join("manifests"))
+            .unwrap();
+        Harness {
+            state,
+            kubeconfig,
+            work,
+        }
+    }
+
+    fn cluster(&self, args: &[&str]) -> String {
+        let out = Command::new(repo_dir().join("e2e/real-nodes/cluster"))
+            .args(args)
+            .env("NODEGATE_REAL_NODES_DIR", &self.state)
+            .output()
+            .unwrap();
+        ok(&format!("cluster {args:?}"), out)
+    }
+
+    /// `bash -c` in the work directory, with the kubeconfig and the
+    /// workspace's binaries (nodegate-certs, nodegate-check) on PATH.
+    fn sh(&self, command: &str) -> Output {
+        let path = format!(
+            "{}:{}",
+            bin_path("nodegate-certs").parent().unwrap().display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        Command::new("bash")
+            .args(["-euo", "pipefail", "-c", command])
+            .current_dir(self.work.path())
+            .env("PATH", path)
+            .env("KUBECONFIG", &self.kubeconfig)
+            .env("KUBECACHEDIR", self.work.path().join(".kube-cache"))
+            .output()
+            .unwrap()
+    }
+
+    fn kubectl(&self, args: &str) -> String {
+        ok(
+            &format!("kubectl {args}"),
+            self.sh(&format!("kubectl {args}")),
+        )
+    }
+
+    async fn client(&self) -> kube::Client {
+        kubeconfig_client(&self.kubeconfig).await
+    }
+
+    /// `apiserver_admission_webhook_fail_open_count` for nodegate's webhook.
+    fn fail_open(&self) -> u64 {
+        metric_sum(
+            &self.kubectl("get --raw /metrics"),
+            "apiserver_admission_webhook_fail_open_count",
+            WEBHOOK,
+        )
+    }
+
+    /// Calls the API server made to nodegate's webhook.
+    fn webhook_calls(&self) -> u64 {
+        metric_sum(
+            &self.kubectl("get --raw /metrics"),
+            "apiserver_admission_webhook_request_total",
+            WEBHOOK,
+        )
+    }
+
+    fn node_dir(&self, node: &str) -> PathBuf {
+        self.state.join(node)
+    }
+}
+
+fn ok(what: &str, out: Output) -> String {
+    assert!(
+        out.status.success(),
+        "{what} failed: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn metric_sum(text: &str, metric: &str, name: &str) -> u64 {
+    let label = format!("name=\"{name}\"");
+    text.lines()
+        .filter(|l| l.starts_with(metric) && l.contains(&label))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+async fn kubeconfig_client(path: &Path) -> kube::Client {
+    let kc = kube::config::Kubeconfig::read_from(path).unwrap();
+    let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .unwrap();
+    kube::Client::try_from(config).unwrap()
+}
+
+fn figure(name: &str, value: impl std::fmt::Display) {
+    println!("FIGURE {name} {value}");
+}
+
+fn step(name: &str) {
+    println!("\n== {name}");
+}
+
+/// Polls `f` until it returns `Some`, or panics naming `what` at the deadline.
+async fn wait<T>(what: &str, secs: u64, mut f: impl AsyncFnMut() -> Option<T>) -> T {
+    let end = Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(Instant::now() < end, "timed out after {secs}s: {what}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+// ---- what the watches saw ---------------------------------------------------------------------
+
+#[derive(Clone)]
+struct Seen<T> {
+    at: Instant,
+    rv: u64,
+    obj: T,
+    deleted: bool,
+}
+
+#[derive(Clone, Default)]
+struct Recorder {
+    nodes: Arc<Mutex<Vec<Seen<Node>>>>,
+    pods: Arc<Mutex<Vec<Seen<Pod>>>>,
+}
+
+fn rv_of(meta: &kube::api::ObjectMeta) -> u64 {
+    meta.resource_version
+        .as_deref()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(0)
+}
+
+impl Recorder {
+    fn start(client: kube::Client) -> Recorder {
+        let r = Recorder::default();
+        tokio::spawn(record(Api::<Node>::all(client.clone()), r.nodes.clone()));
+        tokio::spawn(record(Api::<Pod>::all(client), r.pods.clone()));
+        r
+    }
+
+    fn nodes(&self, name: &str) -> Vec<Seen<Node>> {
+        self.nodes
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|s| s.obj.metadata.name.as_deref() == Some(name))
+            .cloned()
+            .collect()
+    }
+
+    fn pods(&self) -> Vec<Seen<Pod>> {
+        self.pods.lock().unwrap().clone()
+    }
+
+    fn node_now(&self, name: &str) -> Option<Node> {
+        self.nodes(name)
+            .into_iter()
+            .rev()
+            .find(|s| !s.deleted)
+            .map(|s| s.obj)
+    }
+}
+
+async fn record<K>(api: Api<K>, into: Arc<Mutex<Vec<Seen<K>>>>)
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
+{
+    let mut stream = watcher(api, watcher::Config::default()).boxed();
+    while let Some(ev) = stream.next().await {
+        let (obj, deleted) = match ev {
+            Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => (o, false),
+            Ok(watcher::Event::Delete(o)) => (o, true),
+            _ => continue,
+        };
+        let rv = rv_of(obj.meta());
+        into.lock().unwrap().push(Seen {
+            at: Instant::now(),
+            rv,
+            obj,
+            deleted,
+        });
+    }
+}
+
+fn gated(n: &Node) -> bool {
+    taints(n)
+        .iter()
+        .any(|(k, e)| k == GATE && e == "NoSchedule")
+}
+
+fn taints(n: &Node) -> Vec<(String, String)> {
+    n.spec
+        .as_ref()
+        .and_then(|s| s.taints.clone())
+        .unwrap_or_default()
+        .into_iter()
+        .map(|t| (t.key, t.effect))
+        .collect()
+}
+
+fn boot_id(n: &Node) -> Option<String> {
+    n.status
+        .as_ref()?
+        .node_info
+        .as_ref()
+        .map(|i| i.boot_id.clone())
+        .filter(|b| !b.is_empty())
+}
+
+fn node_of(p: &Pod) -> Option<&str> {
+    p.spec.as_ref()?.node_name.as_deref()
+}
+
+fn pod_ready(p: &Pod) -> bool {
+    p.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+fn ns_of(p: &Pod) -> &str {
+    p.metadata.namespace.as_deref().unwrap_or_default()
+}
+
+fn name_of(p: &Pod) -> &str {
+    p.metadata.name.as_deref().unwrap_or_default()
+}
+
+// ---- waits on the live cluster ------------------------------------------------------------------
+
+async fn live_pods(client: &kube::Client) -> Vec<Pod> {
+    Api::<Pod>::all(client.clone())
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+}
+
+async fn live_node(client: &kube::Client, name: &str) -> Option<Node> {
+    Api::<Node>::all(client.clone())
+        .get_opt(name)
+        .await
+        .unwrap()
+}
+
+async fn node_names(client: &kube::Client) -> Vec<String> {
+    Api::<Node>::all(client.clone())
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|n| n.metadata.name)
+        .collect()
+}
+
+/// Every nodegate Pod Running and Ready: an agent on each node, the webhook's
+/// replicas (and the roster's, when installed).
+async fn all_nodegate_ready(client: &kube::Client, webhooks: usize) {
+    let nodes = node_names(client).await;
+    wait("every nodegate Pod Ready", 240, async || {
+        let pods = live_pods(client).await;
+        let ours: Vec<&Pod> = pods
+            .iter()
+            .filter(|p| ns_of(p) == NS && p.metadata.deletion_timestamp.is_none())
+            .collect();
+        let agents: BTreeSet<&str> = ours
+            .iter()
+            .filter(|p| name_of(p).starts_with("nodegate-agent-") && pod_ready(p))
+            .filter_map(|p| node_of(p))
+            .collect();
+        let hooks = ours
+            .iter()
+            .filter(|p| name_of(p).starts_with("nodegate-webhook-") && pod_ready(p))
+            .count();
+        let not_ready = ours.iter().filter(|p| !pod_ready(p)).count();
+        (agents.len() == nodes.len() && hooks == webhooks && not_ready == 0).then_some(())
+    })
+    .await;
+}
+
+async fn wait_gated(client: &kube::Client, node: &str, want: bool, secs: u64) -> Instant {
+    wait(&format!("{node} gated={want}"), secs, async || {
+        let n = live_node(client, node).await?;
+        (gated(&n) == want).then(Instant::now)
+    })
+    .await
+}
+
+async fn agent_pod(client: &kube::Client, node: &str) -> Pod {
+    wait(&format!("a Ready agent Pod on {node}"), 180, async || {
+        live_pods(client).await.into_iter().find(|p| {
+            ns_of(p) == NS
+                && name_of(p).starts_with("nodegate-agent-")
+                && node_of(p) == Some(node)
+                && p.metadata.deletion_timestamp.is_none()
+                && pod_ready(p)
+        })
+    })
+    .await
+}
+
+fn workload(name: &str, node: &str, replicas: u32) -> String {
+    format!(
+        "apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: {name}, namespace: default}}
+spec:
+  replicas: {replicas}
+  selector: {{matchLabels: {{app: {name}}}}}
+  template:
+    metadata: {{labels: {{app: {name}, nodegate-e2e: workload}}}}
+    spec:
+      nodeSelector: {{kubernetes.io/hostname: {node}}}
+      terminationGracePeriodSeconds: 1
+      containers:
+        - name: main
+          image: localhost/pause:1
+          imagePullPolicy: Never
+"
+    )
+}
+
+/// Versions of `node` after `since` (by resourceVersion), in order.
+fn versions_after(r: &Recorder, node: &str, since: u64) -> Vec<Seen<Node>> {
+    let mut v: Vec<_> = r.nodes(node).into_iter().filter(|s| s.rv > since).collect();
+    v.sort_by_key(|s| s.rv);
+    v
+}
+
+/// The first pod version bound to `node` with resourceVersion in `(from, to)`,
+/// other than nodegate's own pods: a workload bound while the node was gated.
+fn bound_between(
+    r: &Recorder,
+    node: &str,
+    from: u64,
+    to: u64,
+    bound_before: &BTreeSet<String>,
+) -> Vec<String> {
+    let mut out = BTreeSet::new();
+    for s in r.pods() {
+        if s.rv > from
+            && s.rv < to
+            && node_of(&s.obj) == Some(node)
+            && ns_of(&s.obj) != NS
+            && !bound_before.contains(&s.obj.metadata.uid.clone().unwrap_or_default())
+        {
+            out.insert(name_of(&s.obj).to_string());
+        }
+    }
+    out.into_iter().collect()
+}
+
+fn uids_bound_to(r: &Recorder, node: &str, until: u64) -> BTreeSet<String> {
+    r.pods()
+        .into_iter()
+        .filter(|s| s.rv <= until && node_of(&s.obj) == Some(node))
+        .filter_map(|s| s.obj.metadata.uid)
+        .collect()
+}
+
+/// The last resourceVersion the watches saw (an upper bound for "now").
+fn last_rv(r: &Recorder) -> u64 {
+    let n = r
+        .nodes
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|s| s.rv)
+        .max()
+        .unwrap_or(0);
+    let p = r
+        .pods
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|s| s.rv)
+        .max()
+        .unwrap_or(0);
+    n.max(p)
+}
+
+/// The intervals during which `node` was gated, from its versions.
+fn gated_windows(r: &Recorder, node: &str, since: Instant) -> Vec<Duration> {
+    let mut v = r.nodes(node);
+    v.sort_by_key(|s| s.rv);
+    let mut out = Vec::new();
+    let mut start: Option<Instant> = None;
+    for s in v.into_iter().filter(|s| s.at >= since) {
+        match (gated(&s.obj), start) {
+            (true, None) => start = Some(s.at),
+            (false, Some(t)) => {
+                out.push(s.at - t);
+                start = None;
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+// ---- the scenarios ------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs real nodes: e2e/real-nodes/run"]
+async fn nodegate_on_real_nodes() {
+    let h = Harness::from_env();
+    let client = h.client().await;
+    let rec = Recorder::start(client.clone());
+    let nodes0 = node_names(&client).await;
+    assert!(
+        nodes0.len() >= 2,
+        "the harness brings up at least two nodes"
+    );
+
+    // 1. The README's install, verbatim, on nodes whose network agent runs.
+    step("install (README, verbatim) and nodegate-check");
+    for n in &nodes0 {
+        h.cluster(&["ready", n]);
+    }
+    for c in install_commands().unwrap() {
+        println!("$ {c}");
+        ok(&c, h.sh(&c));
+    }
+    all_nodegate_ready(&client, 2).await;
+    for n in &nodes0 {
+        wait_gated(&client, n, false, 120).await;
+    }
+    let check = h.sh("nodegate-check");
+    println!("{}", String::from_utf8_lossy(&check.stdout));
+    assert!(
+        check.status.success(),
+        "nodegate-check failed after the install"
+    );
+    let fail_open_installed = h.fail_open();
+    figure("fail_open_during_install", fail_open_installed);
+
+    // 2. A node joins after the install.
+    step("a node joins: tainted from its first stored version, nothing bound until ready");
+    let before_join = last_rv(&rec);
+    h.cluster(&["add-node", "node3"]);
+    let first = wait("node3's first version", 60, async || {
+        versions_after(&rec, "node3", before_join)
+            .into_iter()
+            .next()
+    })
+    .await;
+    assert!(
+        gated(&first.obj),
+        "node3's first stored version lacks the gate: {:?}",
+        taints(&first.obj)
+    );
+    let agent3 = agent_pod(&client, "node3").await;
+    h.kubectl(&format!(
+        "apply -f - <<'EOF'\n{}EOF",
+        workload("pinned", "node3", 2)
+    ));
+    wait(
+        "the pinned workload Pending on gated node3",
+        60,
+        async || {
+            let pods = live_pods(&client).await;
+            let pending: Vec<_> = pods
+                .iter()
+                .filter(|p| name_of(p).starts_with("pinned-"))
+                .filter(|p| {
+                    p.status
+                        .as_ref()
+                        .and_then(|s| s.conditions.as_ref())
+                        .is_some_and(|c| {
+                            c.iter()
+                                .any(|c| c.type_ == "PodScheduled" && c.status == "False")
+                        })
+                })
+                .collect();
+            (pending.len() == 2).then_some(())
+        },
+    )
+    .await;
+    assert!(gated(&live_node(&client, "node3").await.unwrap()));
+
+    // 3. The agent's own kubelet-issued token, stolen from node3.
+    step("the agent's kubelet-issued token: its own gate only");
+    token_confinement(&h, &agent3, "node3", &nodes0[0]).await;
+
+    let t_ready = Instant::now();
+    h.cluster(&["ready", "node3"]);
+    let t_untaint = wait_gated(&client, "node3", false, 120).await;
+    figure(
+        "join_ready_to_untaint_ms",
+        (t_untaint - t_ready).as_millis(),
+    );
+    let untaint_rv = wait("node3's untainted version in the watch", 30, async || {
+        versions_after(&rec, "node3", before_join)
+            .into_iter()
+            .find(|s| !gated(&s.obj))
+            .map(|s| s.rv)
+    })
+    .await;
+    wait("the pinned workload Running on node3", 120, async || {
+        let pods = live_pods(&client).await;
+        (pods
+            .iter()
+            .filter(|p| {
+                name_of(p).starts_with("pinned-") && node_of(p) == Some("node3") && pod_ready(p)
+            })
+            .count()
+            == 2)
+            .then_some(())
+    })
+    .await;
+    let early = bound_between(&rec, "node3", before_join, untaint_rv, &BTreeSet::new());
+    assert!(
+        early.is_empty(),
+        "workloads bound to node3 before its agent was ready: {early:?}"
+    );
+
+    // 4. A crash reboot of node3, its network agent not ready on the new boot.
+    step("crash reboot: gated before anything new is bound; ungated when ready");
+    let old_boot = boot_id(&live_node(&client, "node3").await.unwrap()).unwrap();
+    let before_crash = last_rv(&rec);
+    let bound_before = uids_bound_to(&rec, "node3", before_crash);
+    let restarts_before = restart_counts(&client, "node3").await;
+    let fail_open_before = h.fail_open();
+    let t_crash = Instant::now();
+    h.cluster(&["crash", "node3"]);
+    let new_boot_first = wait("node3's first version on the new boot", 120, async || {
+        versions_after(&rec, "node3", before_crash)
+            .into_iter()
+            .find(|s| boot_id(&s.obj).is_some_and(|b| b != old_boot))
+    })
+    .await;
+    assert!(
+        gated(&new_boot_first.obj),
+        "node3's first version on the new boot is not gated: {:?}",
+        taints(&new_boot_first.obj)
+    );
+    let gate_back = versions_after(&rec, "node3", before_crash)
+        .into_iter()
+        .find(|s| gated(&s.obj))
+        .unwrap();
+    figure("reboot_to_taint_ms", (gate_back.at - t_crash).as_millis());
+    // Wait until the kubelet has done what it does before the agent is ready:
+    // the CNI config of the last boot is on disk, so it restarts its pods.
+    let restarted = wait(
+        "node3's kubelet restarting its bound pods",
+        120,
+        async || {
+            let now = restart_counts(&client, "node3").await;
+            let restarted: Vec<String> = now
+                .iter()
+                .filter(|(p, n)| {
+                    !p.starts_with("nodegate-")
+                        && **n > restarts_before.get(*p).copied().unwrap_or(0)
+                })
+                .map(|(p, _)| p.clone())
+                .collect();
+            (restarted.len() >= 2).then_some(restarted)
+        },
+    )
+    .await;
+    figure("pods_restarted_before_agent_ready", restarted.len());
+    println!("restarted by the kubelet before node3's agent was ready: {restarted:?}");
+    assert!(
+        gated(&live_node(&client, "node3").await.unwrap()),
+        "node3 ungated before its agent was ready"
+    );
+    let t_ready = Instant::now();
+    h.cluster(&["ready", "node3"]);
+    let t_untaint = wait_gated(&client, "node3", false, 120).await;
+    figure(
+        "reboot_ready_to_untaint_ms",
+        (t_untaint - t_ready).as_millis(),
+    );
+    let untaint_rv = wait("node3 untainted in the watch", 30, async || {
+        versions_after(&rec, "node3", before_crash)
+            .into_iter()
+            .rev()
+            .find(|s| !gated(&s.obj))
+            .map(|s| s.rv)
+    })
+    .await;
+    let early = bound_between(&rec, "node3", before_crash, untaint_rv, &bound_before);
+    assert!(
+        early.is_empty(),
+        "new workloads bound to node3 before its agent was ready: {early:?}"
+    );
+    figure("fail_open_node3_crash", h.fail_open() - fail_open_before);
+
+    // 5. A kubelet restart on the same boot changes nothing.
+    step("kubelet restart on the same boot: nothing changes");
+    let before = last_rv(&rec);
+    let restarts_before = restart_counts(&client, "node3").await;
+    h.cluster(&["kubelet-restart", "node3"]);
+    lease_renewals(&h, "node3", 2).await;
+    let gated_after = versions_after(&rec, "node3", before)
+        .into_iter()
+        .filter(|s| gated(&s.obj))
+        .count();
+    assert_eq!(
+        gated_after, 0,
+        "a kubelet restart on the same boot gated node3"
+    );
+    assert_eq!(
+        restart_counts(&client, "node3").await,
+        restarts_before,
+        "a kubelet restart restarted pods"
+    );
+
+    // 6. The webhook gone: nodes still register; the agent's safety net.
+    step(
+        "webhook down: a new node registers, the safety net taints, the Event, the webhook returns",
+    );
+    h.kubectl(&format!(
+        "-n {NS} scale deployment nodegate-webhook --replicas=0"
+    ));
+    wait("no webhook Pod", 120, async || {
+        (!live_pods(&client)
+            .await
+            .iter()
+            .any(|p| name_of(p).starts_with("nodegate-webhook-")))
+        .then_some(())
+    })
+    .await;
+    let fail_open_before = h.fail_open();
+    let before = last_rv(&rec);
+    h.cluster(&["add-node", "node4"]);
+    let first = wait("node4's first version", 60, async || {
+        versions_after(&rec, "node4", before).into_iter().next()
+    })
+    .await;
+    assert!(!gated(&first.obj), "node4 was gated without a webhook?");
+    assert!(
+        h.fail_open() > fail_open_before,
+        "the registration did not fail open"
+    );
+    wait_gated(&client, "node4", true, 120).await;
+    wait(
+        "the NodegateWebhookMissed Event for node4",
+        60,
+        async || {
+            let ev =
+                h.kubectl("get events -A --field-selector reason=NodegateWebhookMissed -o json");
+            ev.contains("node4").then_some(())
+        },
+    )
+    .await;
+    h.kubectl(&format!(
+        "-n {NS} scale deployment nodegate-webhook --replicas=2"
+    ));
+    h.cluster(&["ready", "node4"]);
+    all_nodegate_ready(&client, 2).await;
+    wait_gated(&client, "node4", false, 120).await;
+
+    // 7. Rollouts of the agent and of the webhook.
+    step("rollout restart of the agent DaemonSet and the webhook Deployment");
+    let nodes = node_names(&client).await;
+    let t0 = Instant::now();
+    h.kubectl(&format!("-n {NS} rollout restart daemonset/nodegate-agent"));
+    h.kubectl(&format!(
+        "-n {NS} rollout status daemonset/nodegate-agent --timeout=300s"
+    ));
+    for n in &nodes {
+        wait_gated(&client, n, false, 120).await;
+    }
+    let windows: Vec<Duration> = nodes
+        .iter()
+        .flat_map(|n| gated_windows(&rec, n, t0))
+        .collect();
+    figure("agent_rollout_gated_nodes", windows.len());
+    figure(
+        "agent_rollout_max_gate_ms",
+        windows
+            .iter()
+            .max()
+            .copied()
+            .unwrap_or_default()
+            .as_millis(),
+    );
+    let fo = h.fail_open();
+    let calls = h.webhook_calls();
+    h.kubectl(&format!(
+        "-n {NS} rollout restart deployment/nodegate-webhook"
+    ));
+    h.kubectl(&format!(
+        "-n {NS} rollout status deployment/nodegate-webhook --timeout=300s"
+    ));
+    all_nodegate_ready(&client, 2).await;
+    figure("webhook_rollout_fail_open", h.fail_open() - fo);
+    figure("webhook_rollout_calls", h.webhook_calls() - calls);
+    for n in &nodes {
+        wait_gated(&client, n, false, 120).await;
+    }
+
+    // 8. An upgrade as users do it: the install applied again with a component.
+    step("upgrade: the install applied again with the pruning component");
+    let bundle = "get mutatingwebhookconfiguration nodegate -o jsonpath={.webhooks[0].clientConfig.caBundle}";
+    let ca_before = h.kubectl(bundle);
+    std::fs::create_dir_all(h.work.path().join("my-nodegate")).unwrap();
+    std::fs::write(
+        h.work.path().join("my-nodegate/kustomization.yaml"),
+        "resources: [../manifests]
+components: [../manifests/components/pruning]
+patches:
+  - target: {kind: DaemonSet, name: nodegate-agent}
+    patch: |-
+      - op: add
+        path: /spec/template/spec/containers/0/args/-
+        value: --on-node-delete=echo \"$NODEGATE_NODE_NAME $NODEGATE_DELETE_SOURCE\" >> /var/run/nodegate/pruned.log
+",
+    )
+    .unwrap();
+    let fo = h.fail_open();
+    h.kubectl("apply -k my-nodegate/");
+    h.kubectl(&format!(
+        "-n {NS} rollout status daemonset/nodegate-agent --timeout=300s"
+    ));
+    assert_eq!(
+        h.kubectl(bundle),
+        ca_before,
+        "the upgrade changed the caBundle"
+    );
+    wait("the roster Ready on the pod network", 180, async || {
+        let pods = live_pods(&client).await;
+        let ready: Vec<&Pod> = pods
+            .iter()
+            .filter(|p| name_of(p).starts_with("nodegate-roster-") && pod_ready(p))
+            .collect();
+        (ready.len() == 2
+            && ready.iter().all(|p| {
+                let s = p.status.as_ref().unwrap();
+                s.pod_ip.is_some() && s.pod_ip != s.host_ip
+            }))
+        .then_some(())
+    })
+    .await;
+    for n in &nodes {
+        wait_gated(&client, n, false, 120).await;
+    }
+    figure("upgrade_fail_open", h.fail_open() - fo);
+    assert_eq!(
+        h.fail_open(),
+        fo,
+        "admission calls failed open during the upgrade"
+    );
+    let check = h.sh("nodegate-check");
+    println!("{}", String::from_utf8_lossy(&check.stdout));
+    assert!(
+        check.status.success(),
+        "nodegate-check failed after the upgrade"
+    );
+
+    // 9. Pruning: a node deleted while the agents were down.
+    step("pruning: node4 deleted while the agents were down, pruned once by each");
+    wait("roster shards listing node4", 120, async || {
+        h.kubectl(&format!(
+            "-n {NS} get configmaps -l nodegate.dev/roster -o json"
+        ))
+        .contains("node4")
+        .then_some(())
+    })
+    .await;
+    h.kubectl(&format!(
+        "-n {NS} patch daemonset nodegate-agent --type merge -p '{{\"spec\":{{\"template\":{{\"spec\":{{\"nodeSelector\":{{\"nodegate.dev/e2e-agents\":\"down\"}}}}}}}}}}'"
+    ));
+    wait("no agent Pod", 120, async || {
+        (!live_pods(&client)
+            .await
+            .iter()
+            .any(|p| name_of(p).starts_with("nodegate-agent-")))
+        .then_some(())
+    })
+    .await;
+    h.cluster(&["stop", "node4"]);
+    h.kubectl("delete node node4");
+    wait("roster shards without node4", 120, async || {
+        (!h.kubectl(&format!(
+            "-n {NS} get configmaps -l nodegate.dev/roster -o json"
+        ))
+        .contains("node4"))
+        .then_some(())
+    })
+    .await;
+    h.kubectl(&format!(
+        "-n {NS} patch daemonset nodegate-agent --type json -p '[{{\"op\":\"remove\",\"path\":\"/spec/template/spec/nodeSelector\"}}]'"
+    ));
+    h.kubectl(&format!(
+        "-n {NS} rollout status daemonset/nodegate-agent --timeout=300s"
+    ));
+    let survivors = node_names(&client).await;
+    let pruned = |n: &str| {
+        std::fs::read_to_string(h.node_dir(n).join("run/nodegate/pruned.log"))
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.starts_with("node4 "))
+            .count()
+    };
+    wait("node4 pruned by every returning agent", 120, async || {
+        survivors.iter().all(|n| pruned(n) >= 1).then_some(())
+    })
+    .await;
+    all_nodegate_ready(&client, 2).await;
+    for n in &survivors {
+        assert_eq!(pruned(n), 1, "{n} pruned node4 {} times", pruned(n));
+    }
+    figure("pruned_once_by_agents", survivors.len());
+
+    // 10. A node that hosts a webhook replica crashes.
+    step("a webhook replica's node crashes: admission calls that fail open");
+    let host = live_pods(&client)
+        .await
+        .into_iter()
+        .find(|p| name_of(p).starts_with("nodegate-webhook-"))
+        .and_then(|p| node_of(&p).map(str::to_string))
+        .unwrap();
+    let old_boot = boot_id(&live_node(&client, &host).await.unwrap()).unwrap();
+    let before = last_rv(&rec);
+    let fo = h.fail_open();
+    let calls = h.webhook_calls();
+    h.cluster(&["crash", &host]);
+    let first = wait(
+        "the crashed node's first version on its new boot",
+        120,
+        async || {
+            versions_after(&rec, &host, before)
+                .into_iter()
+                .find(|s| boot_id(&s.obj).is_some_and(|b| b != old_boot))
+        },
+    )
+    .await;
+    figure(
+        "webhook_host_first_new_boot_version_gated",
+        gated(&first.obj),
+    );
+    wait_gated(&client, &host, true, 120).await;
+    h.cluster(&["ready", &host]);
+    all_nodegate_ready(&client, 2).await;
+    wait_gated(&client, &host, false, 120).await;
+    figure("webhook_host_crash_fail_open", h.fail_open() - fo);
+    figure("webhook_host_crash_calls", h.webhook_calls() - calls);
+
+    // Figures: memory as the nodes' cgroups report it.
+    step("memory");
+    for n in node_names(&client).await {
+        let agent = h.cluster(&["memory", &n, "nodegate-agent-"]);
+        figure(&format!("agent_rss_bytes_{n}"), agent.trim());
+    }
+    for p in live_pods(&client).await {
+        if name_of(&p).starts_with("nodegate-webhook-") {
+            let n = node_of(&p).unwrap().to_string();
+            let m = h.cluster(&["memory", &n, "nodegate-webhook-"]);
+            figure(&format!("webhook_rss_bytes_{n}"), m.trim());
+        }
+    }
+    let gated_now: Vec<String> = node_names(&client)
+        .await
+        .into_iter()
+        .filter(|n| rec.node_now(n).is_some_and(|n| gated(&n)))
+        .collect();
+    assert!(gated_now.is_empty(), "nodes left gated: {gated_now:?}");
+}
+
+/// The token the kubelet projected into the agent's Pod on `node`, used as a
+/// thief would: its own gate (dry-run, so the live gate stays), refused on
+/// another node and on its own node's labels.
+async fn token_confinement(h: &Harness, agent: &Pod, node: &str, other: &str) {
+    let uid = agent.metadata.uid.as_deref().unwrap();
+    let vols = h.node_dir(node).join(format!(
+        "kubelet/pods/{uid}/volumes/kubernetes.io~projected"
+    ));
+    let token = std::fs::read_dir(&vols)
+        .unwrap()
+        .filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("token")).ok())
+        .next()
+        .expect("the projected token in the kubelet's pod directory");
+    let kc = h.work.path().join("stolen.kubeconfig");
+    let server = h.kubectl("config view --minify -o jsonpath={.clusters[0].cluster.server}");
+    std::fs::write(
+        &kc,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters: [{{name: c, cluster: {{server: \"{server}\", certificate-authority: \"{}\"}}}}]\nusers: [{{name: u, user: {{token: \"{token}\"}}}}]\ncontexts: [{{name: c, context: {{cluster: c, user: u}}}}]\ncurrent-context: c\n",
+            h.state.join("pki/ca.crt").display()
+        ),
+    )
+    .unwrap();
+    let thief = kubeconfig_client(&kc).await;
+    let nodes: Api<Node> = Api::all(thief);
+    let dry = PatchParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let own = nodes.get(node).await.unwrap();
+    let idx = taints(&own)
+        .iter()
+        .position(|(k, _)| k == GATE)
+        .expect("the node is gated");
+    let remove: json_patch::Patch = serde_json::from_value(json!([
+        {"op": "test", "path": format!("/spec/taints/{idx}/key"), "value": GATE},
+        {"op": "remove", "path": format!("/spec/taints/{idx}")},
+    ]))
+    .unwrap();
+    let out = nodes
+        .patch(node, &dry, &Patch::<()>::Json(remove))
+        .await
+        .expect("the agent's token removes its own node's gate");
+    assert!(!gated(&out), "the dry-run removal kept the gate");
+    let refused = |r: Result<Node, kube::Error>, what: &str| match r {
+        Err(kube::Error::Api(e)) => {
+            assert_eq!(e.code, 403, "{what}: {}", e.message);
+            println!("refused as expected: {what}: {}", e.message);
+        }
+        other => panic!("{what}: not refused: {other:?}"),
+    };
+    let taint_other: json_patch::Patch = serde_json::from_value(json!([
+        {"op": "add", "path": "/spec/taints/-", "value": {"key": GATE, "value": "true", "effect": "NoSchedule"}},
+    ]))
+    .unwrap();
+    refused(
+        nodes
+            .patch(other, &dry, &Patch::<()>::Json(taint_other))
+            .await,
+        "the agent's token taints another node",
+    );
+    refused(
+        nodes
+            .patch(
+                node,
+                &dry,
+                &Patch::Merge(json!({"metadata": {"labels": {"nodegate.dev/exclude": "true"}}})),
+            )
+            .await,
+        "the agent's token labels its own node",
+    );
+}
+
+async fn restart_counts(client: &kube::Client, node: &str) -> BTreeMap<String, i32> {
+    live_pods(client)
+        .await
+        .into_iter()
+        .filter(|p| node_of(p) == Some(node))
+        .map(|p| {
+            let n: i32 = p
+                .status
+                .as_ref()
+                .and_then(|s| s.container_statuses.as_ref())
+                .map(|c| c.iter().map(|c| c.restart_count).sum())
+                .unwrap_or(0);
+            (name_of(&p).to_string(), n)
+        })
+        .collect()
+}
+
+/// Waits for `count` renewals of `node`'s Lease (every 10 s): its kubelet is
+/// back and has re-registered and reported.
+async fn lease_renewals(h: &Harness, node: &str, count: usize) {
+    let read = || {
+        h.kubectl(&format!(
+            "-n kube-node-lease get lease {node} -o jsonpath={{.spec.renewTime}}"
+        ))
+    };
+    let mut seen = BTreeSet::from([read()]);
+    wait(
+        &format!("{count} renewals of {node}'s Lease"),
+        120,
+        async || {
+            seen.insert(read());
+            (seen.len() > count).then_some(())
+        },
+    )
+    .await;
+}

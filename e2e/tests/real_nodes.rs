@@ -256,6 +256,16 @@ fn taints(n: &Node) -> Vec<(String, String)> {
         .collect()
 }
 
+fn taints_json(n: &Node) -> Vec<serde_json::Value> {
+    n.spec
+        .as_ref()
+        .and_then(|s| s.taints.clone())
+        .unwrap_or_default()
+        .into_iter()
+        .map(|t| serde_json::to_value(t).unwrap())
+        .collect()
+}
+
 fn boot_id(n: &Node) -> Option<String> {
     n.status
         .as_ref()?
@@ -922,15 +932,14 @@ patches:
 /// thief would: its own gate (dry-run, so the live gate stays), refused on
 /// another node and on its own node's labels.
 async fn token_confinement(h: &Harness, agent: &Pod, node: &str, other: &str) {
-    let uid = agent.metadata.uid.as_deref().unwrap();
-    let vols = h.node_dir(node).join(format!(
-        "kubelet/pods/{uid}/volumes/kubernetes.io~projected"
+    // Read where the kubelet projected it, from inside the container (the
+    // projected volume is a tmpfs in the node's own mount namespace).
+    let token = h.kubectl(&format!(
+        "-n {NS} exec {} -c agent -- sh -c 'read -r t < /var/run/secrets/kubernetes.io/serviceaccount/token; echo \"$t\"'",
+        name_of(agent)
     ));
-    let token = std::fs::read_dir(&vols)
-        .unwrap()
-        .filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("token")).ok())
-        .next()
-        .expect("the projected token in the kubelet's pod directory");
+    let token = token.trim();
+    assert!(token.starts_with("ey"), "not a JWT: {token:.20}");
     let kc = h.work.path().join("stolen.kubeconfig");
     let server = h.kubectl("config view --minify -o jsonpath={.clusters[0].cluster.server}");
     std::fs::write(
@@ -969,13 +978,13 @@ async fn token_confinement(h: &Harness, agent: &Pod, node: &str, other: &str) {
         }
         other => panic!("{what}: not refused: {other:?}"),
     };
-    let taint_other: json_patch::Patch = serde_json::from_value(json!([
-        {"op": "add", "path": "/spec/taints/-", "value": {"key": GATE, "value": "true", "effect": "NoSchedule"}},
-    ]))
-    .unwrap();
+    // The other node's whole taint list, with the gate added (it may have
+    // no `taints` field to add into).
+    let mut others = taints_json(&nodes.get(other).await.unwrap());
+    others.push(json!({"key": GATE, "value": "true", "effect": "NoSchedule"}));
     refused(
         nodes
-            .patch(other, &dry, &Patch::<()>::Json(taint_other))
+            .patch(other, &dry, &Patch::Merge(json!({"spec": {"taints": others}})))
             .await,
         "the agent's token taints another node",
     );

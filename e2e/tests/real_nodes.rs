@@ -294,6 +294,55 @@ fn name_of(p: &Pod) -> &str {
     p.metadata.name.as_deref().unwrap_or_default()
 }
 
+// ---- admission as a client sees it ----------------------------------------------------------------
+
+/// Server-side dry-run creates of a canary Node, four a second, each checked
+/// for the gate: what a kubelet registering at that moment would have got.
+/// Nothing is stored.
+#[derive(Clone, Default)]
+struct Prober {
+    counts: Arc<Mutex<(u64, u64)>>,
+}
+
+impl Prober {
+    fn start(client: kube::Client) -> Prober {
+        let p = Prober::default();
+        let counts = p.counts.clone();
+        tokio::spawn(async move {
+            let api: Api<Node> = Api::all(client);
+            let dry = kube::api::PostParams {
+                dry_run: true,
+                ..Default::default()
+            };
+            for i in 0u64.. {
+                let canary: Node = serde_json::from_value(json!({
+                    "metadata": {"name": format!("nodegate-e2e-canary-{i}")}
+                }))
+                .unwrap();
+                if let Ok(n) = api.create(&dry, &canary).await {
+                    let mut c = counts.lock().unwrap();
+                    c.0 += 1;
+                    if !gated(&n) {
+                        c.1 += 1;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        });
+        p
+    }
+
+    /// (creates answered, of which came back without the gate)
+    fn counts(&self) -> (u64, u64) {
+        *self.counts.lock().unwrap()
+    }
+
+    fn since(&self, before: (u64, u64)) -> (u64, u64) {
+        let now = self.counts();
+        (now.0 - before.0, now.1 - before.1)
+    }
+}
+
 // ---- waits on the live cluster ------------------------------------------------------------------
 
 async fn live_pods(client: &kube::Client) -> Vec<Pod> {
@@ -502,6 +551,7 @@ async fn nodegate_on_real_nodes() {
     );
     let fail_open_installed = h.fail_open();
     figure("fail_open_during_install", fail_open_installed);
+    let prober = Prober::start(client.clone());
 
     // 2. A node joins after the install.
     step("a node joins: tainted from its first stored version, nothing bound until ready");
@@ -754,8 +804,19 @@ async fn nodegate_on_real_nodes() {
         "-n {NS} rollout status deployment/nodegate-webhook --timeout=300s"
     ));
     all_nodegate_ready(&client, 2).await;
+    let (sent, ungated) = prober.since(probes);
     figure("webhook_rollout_fail_open", h.fail_open() - fo);
     figure("webhook_rollout_calls", h.webhook_calls() - calls);
+    figure("webhook_rollout_canaries", sent);
+    figure("webhook_rollout_canaries_ungated", ungated);
+    assert!(
+        sent > 0,
+        "no canary create was answered during the webhook's rollout"
+    );
+    assert_eq!(
+        ungated, 0,
+        "canary creates came back ungated during the webhook's rollout"
+    );
     for n in &nodes {
         wait_gated(&client, n, false, 120).await;
     }
@@ -779,6 +840,7 @@ patches:
     )
     .unwrap();
     let fo = h.fail_open();
+    let probes = prober.counts();
     h.kubectl("apply -k my-nodegate/");
     h.kubectl(&format!(
         "-n {NS} rollout status daemonset/nodegate-agent --timeout=300s"
@@ -885,6 +947,7 @@ patches:
     let before = last_rv(&rec);
     let fo = h.fail_open();
     let calls = h.webhook_calls();
+    let probes = prober.counts();
     h.cluster(&["crash", &host]);
     let first = wait(
         "the crashed node's first version on its new boot",
@@ -904,20 +967,23 @@ patches:
     h.cluster(&["ready", &host]);
     all_nodegate_ready(&client, 2).await;
     wait_gated(&client, &host, false, 120).await;
+    let (sent, ungated) = prober.since(probes);
     figure("webhook_host_crash_fail_open", h.fail_open() - fo);
     figure("webhook_host_crash_calls", h.webhook_calls() - calls);
+    figure("webhook_host_crash_canaries", sent);
+    figure("webhook_host_crash_canaries_ungated", ungated);
 
     // Figures: memory as the nodes' cgroups report it.
     step("memory");
     for n in node_names(&client).await {
         let agent = h.cluster(&["memory", &n, "nodegate-agent-"]);
-        figure(&format!("agent_rss_bytes_{n}"), agent.trim());
+        figure(&format!("agent_memory_{n}"), agent.trim());
     }
     for p in live_pods(&client).await {
         if name_of(&p).starts_with("nodegate-webhook-") {
             let n = node_of(&p).unwrap().to_string();
             let m = h.cluster(&["memory", &n, "nodegate-webhook-"]);
-            figure(&format!("webhook_rss_bytes_{n}"), m.trim());
+            figure(&format!("webhook_memory_{n}"), m.trim());
         }
     }
     let gated_now: Vec<String> = node_names(&client)
@@ -984,7 +1050,11 @@ async fn token_confinement(h: &Harness, agent: &Pod, node: &str, other: &str) {
     others.push(json!({"key": GATE, "value": "true", "effect": "NoSchedule"}));
     refused(
         nodes
-            .patch(other, &dry, &Patch::Merge(json!({"spec": {"taints": others}})))
+            .patch(
+                other,
+                &dry,
+                &Patch::Merge(json!({"spec": {"taints": others}})),
+            )
             .await,
         "the agent's token taints another node",
     );

@@ -797,6 +797,7 @@ async fn nodegate_on_real_nodes() {
     );
     let fo = h.fail_open();
     let calls = h.webhook_calls();
+    let probes = prober.counts();
     h.kubectl(&format!(
         "-n {NS} rollout restart deployment/nodegate-webhook"
     ));

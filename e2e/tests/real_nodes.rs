@@ -868,11 +868,18 @@ patches:
     for n in &nodes {
         wait_gated(&client, n, false, 120).await;
     }
+    let (sent, ungated) = prober.since(probes);
     figure("upgrade_fail_open", h.fail_open() - fo);
+    figure("upgrade_canaries", sent);
+    figure("upgrade_canaries_ungated", ungated);
     assert_eq!(
         h.fail_open(),
         fo,
         "admission calls failed open during the upgrade"
+    );
+    assert!(
+        sent > 0 && ungated == 0,
+        "canaries during the upgrade: {sent} answered, {ungated} ungated"
     );
     let check = h.sh("nodegate-check");
     println!("{}", String::from_utf8_lossy(&check.stdout));

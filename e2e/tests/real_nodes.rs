@@ -343,6 +343,44 @@ impl Prober {
     }
 }
 
+/// Admission during a window: the API server's fail-open and call counters
+/// for the webhook, and the canaries answered and ungated.
+struct Window {
+    fail_open: u64,
+    calls: u64,
+    canaries: (u64, u64),
+}
+
+impl Window {
+    fn open(h: &Harness, prober: &Prober) -> Window {
+        Window {
+            fail_open: h.fail_open(),
+            calls: h.webhook_calls(),
+            canaries: prober.counts(),
+        }
+    }
+
+    /// Prints the window's figures as `<what>_*`; returns (fail-open calls,
+    /// canaries answered, canaries ungated).
+    fn close(self, h: &Harness, prober: &Prober, what: &str) -> (u64, u64, u64) {
+        let fail_open = h.fail_open() - self.fail_open;
+        let (sent, ungated) = prober.since(self.canaries);
+        figure(&format!("{what}_fail_open"), fail_open);
+        figure(&format!("{what}_calls"), h.webhook_calls() - self.calls);
+        figure(&format!("{what}_canaries"), sent);
+        figure(&format!("{what}_canaries_ungated"), ungated);
+        (fail_open, sent, ungated)
+    }
+
+    /// As `close`, and asserts that nothing failed open.
+    fn close_none_open(self, h: &Harness, prober: &Prober, what: &str) {
+        let (fail_open, sent, ungated) = self.close(h, prober, what);
+        assert_eq!(fail_open, 0, "{what}: admission calls failed open");
+        assert!(sent > 0, "{what}: no canary create was answered");
+        assert_eq!(ungated, 0, "{what}: canary creates came back ungated");
+    }
+}
+
 // ---- waits on the live cluster ------------------------------------------------------------------
 
 async fn live_pods(client: &kube::Client) -> Vec<Pod> {
@@ -639,7 +677,7 @@ async fn nodegate_on_real_nodes() {
     let before_crash = last_rv(&rec);
     let bound_before = uids_bound_to(&rec, "node3", before_crash);
     let restarts_before = restart_counts(&client, "node3").await;
-    let fail_open_before = h.fail_open();
+    let window = Window::open(&h, &prober);
     let t_crash = Instant::now();
     h.cluster(&["crash", "node3"]);
     let new_boot_first = wait("node3's first version on the new boot", 120, async || {
@@ -703,7 +741,8 @@ async fn nodegate_on_real_nodes() {
         early.is_empty(),
         "new workloads bound to node3 before its agent was ready: {early:?}"
     );
-    figure("fail_open_node3_crash", h.fail_open() - fail_open_before);
+    // node3 is a worker: no webhook replica ran there.
+    window.close_none_open(&h, &prober, "worker_crash");
 
     // 5. A kubelet restart on the same boot changes nothing.
     step("kubelet restart on the same boot: nothing changes");
@@ -795,9 +834,7 @@ async fn nodegate_on_real_nodes() {
             .unwrap_or_default()
             .as_millis(),
     );
-    let fo = h.fail_open();
-    let calls = h.webhook_calls();
-    let probes = prober.counts();
+    let window = Window::open(&h, &prober);
     h.kubectl(&format!(
         "-n {NS} rollout restart deployment/nodegate-webhook"
     ));
@@ -805,23 +842,10 @@ async fn nodegate_on_real_nodes() {
         "-n {NS} rollout status deployment/nodegate-webhook --timeout=300s"
     ));
     all_nodegate_ready(&client, 2).await;
-    let (sent, ungated) = prober.since(probes);
-    figure("webhook_rollout_fail_open", h.fail_open() - fo);
-    figure("webhook_rollout_calls", h.webhook_calls() - calls);
-    figure("webhook_rollout_canaries", sent);
-    figure("webhook_rollout_canaries_ungated", ungated);
-    assert!(
-        sent > 0,
-        "no canary create was answered during the webhook's rollout"
-    );
-    assert_eq!(
-        ungated, 0,
-        "canary creates came back ungated during the webhook's rollout"
-    );
+    window.close_none_open(&h, &prober, "webhook_rollout");
     for n in &nodes {
         wait_gated(&client, n, false, 120).await;
     }
-
     // 8. An upgrade as users do it: the install applied again with a component.
     step("upgrade: the install applied again with the pruning component");
     let bundle = "get mutatingwebhookconfiguration nodegate -o jsonpath={.webhooks[0].clientConfig.caBundle}";
@@ -840,8 +864,7 @@ patches:
 ",
     )
     .unwrap();
-    let fo = h.fail_open();
-    let probes = prober.counts();
+    let window = Window::open(&h, &prober);
     h.kubectl("apply -k my-nodegate/");
     h.kubectl(&format!(
         "-n {NS} rollout status daemonset/nodegate-agent --timeout=300s"
@@ -868,19 +891,7 @@ patches:
     for n in &nodes {
         wait_gated(&client, n, false, 120).await;
     }
-    let (sent, ungated) = prober.since(probes);
-    figure("upgrade_fail_open", h.fail_open() - fo);
-    figure("upgrade_canaries", sent);
-    figure("upgrade_canaries_ungated", ungated);
-    assert_eq!(
-        h.fail_open(),
-        fo,
-        "admission calls failed open during the upgrade"
-    );
-    assert!(
-        sent > 0 && ungated == 0,
-        "canaries during the upgrade: {sent} answered, {ungated} ungated"
-    );
+    window.close_none_open(&h, &prober, "upgrade");
     let check = h.sh("nodegate-check");
     println!("{}", String::from_utf8_lossy(&check.stdout));
     assert!(
@@ -953,9 +964,7 @@ patches:
         .unwrap();
     let old_boot = boot_id(&live_node(&client, &host).await.unwrap()).unwrap();
     let before = last_rv(&rec);
-    let fo = h.fail_open();
-    let calls = h.webhook_calls();
-    let probes = prober.counts();
+    let window = Window::open(&h, &prober);
     h.cluster(&["crash", &host]);
     let first = wait(
         "the crashed node's first version on its new boot",
@@ -975,11 +984,7 @@ patches:
     h.cluster(&["ready", &host]);
     all_nodegate_ready(&client, 2).await;
     wait_gated(&client, &host, false, 120).await;
-    let (sent, ungated) = prober.since(probes);
-    figure("webhook_host_crash_fail_open", h.fail_open() - fo);
-    figure("webhook_host_crash_calls", h.webhook_calls() - calls);
-    figure("webhook_host_crash_canaries", sent);
-    figure("webhook_host_crash_canaries_ungated", ungated);
+    window.close(&h, &prober, "webhook_host_crash");
 
     // Figures: memory as the nodes' cgroups report it.
     step("memory");

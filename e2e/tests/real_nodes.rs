@@ -764,18 +764,20 @@ async fn nodegate_on_real_nodes() {
         "a kubelet restart restarted pods"
     );
 
-    // 6. The webhook gone: nodes still register; the agent's safety net.
-    step(
-        "webhook down: a new node registers, the safety net taints, the Event, the webhook returns",
-    );
+    // 6. The webhook's Pods deleted and their nodes drained (every node
+    // cordoned, so the replacements stay Pending): nodes still register, the
+    // agent's safety net gates them, and the webhook comes back.
+    step("webhook Pods deleted, nodes drained: a new node registers, the safety net, the Event");
+    let cordoned = node_names(&client).await;
+    h.kubectl(&format!("cordon {}", cordoned.join(" ")));
     h.kubectl(&format!(
-        "-n {NS} scale deployment nodegate-webhook --replicas=0"
+        "-n {NS} delete pod -l app.kubernetes.io/name=nodegate-webhook --wait=false"
     ));
-    wait("no webhook Pod", 120, async || {
-        (!live_pods(&client)
-            .await
-            .iter()
-            .any(|p| name_of(p).starts_with("nodegate-webhook-")))
+    wait("no webhook Pod running", 120, async || {
+        (!live_pods(&client).await.iter().any(|p| {
+            name_of(p).starts_with("nodegate-webhook-")
+                && p.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Pending")
+        }))
         .then_some(())
     })
     .await;
@@ -802,9 +804,7 @@ async fn nodegate_on_real_nodes() {
         },
     )
     .await;
-    h.kubectl(&format!(
-        "-n {NS} scale deployment nodegate-webhook --replicas=2"
-    ));
+    h.kubectl(&format!("uncordon {}", cordoned.join(" ")));
     h.cluster(&["ready", "node4"]);
     all_nodegate_ready(&client, 2).await;
     wait_gated(&client, "node4", false, 120).await;

@@ -320,7 +320,13 @@ async fn webhook_taints_agent_untaints_after_probe_file_and_after_reboot() {
         others.iter().all(|t| t.key != TAINT_KEY),
         "only our taint removed: {others:?}"
     );
-    assert!(agent.logged("node ready: taint removed"));
+    // Logged and counted once the API server has answered the write, which
+    // can be after a reader sees the taint gone.
+    eventually("the removal logged and counted", || async {
+        agent.logged("node ready: taint removed")
+            && agent.metric("nodegate_agent_taint_removals_total").await == Some(1.0)
+    })
+    .await;
     assert!(agent.logged("since_node_creation_ms"));
     let evs = node_events(&c, &node_a).await;
     assert!(
@@ -1013,13 +1019,16 @@ async fn continuous_mode_retaints_while_down() {
         our_taint(&node(&nodes, &node_c).await)
     })
     .await;
-    assert_eq!(
+    // The agent counts the write once the API server has answered it, which
+    // can be after a reader sees the taint.
+    eventually("re-taint counted, not ready", || async {
         agent
             .metric("nodegate_agent_taint_adds_total{reason=\"continuous\"}")
-            .await,
-        Some(1.0)
-    );
-    assert_eq!(agent.metric("nodegate_agent_ready").await, Some(0.0));
+            .await
+            == Some(1.0)
+            && agent.metric("nodegate_agent_ready").await == Some(0.0)
+    })
+    .await;
 
     std::fs::write(&probe, b"ok").unwrap();
     eventually("untainted when back", || async {

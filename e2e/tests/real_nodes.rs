@@ -556,6 +556,32 @@ fn gated_windows(r: &Recorder, node: &str, since: Instant) -> Vec<Duration> {
 
 // ---- the scenarios ------------------------------------------------------------------------------
 
+/// Runs in CI: without the Kubernetes binaries the harness refuses in one
+/// line naming what is missing, exits non-zero, and makes nothing.
+#[test]
+fn without_kubernetes_binaries_the_harness_says_so_in_one_line() {
+    let empty = tempfile::tempdir().unwrap();
+    // A PATH with nothing on it but the shell the script runs in.
+    let bin = empty.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    std::os::unix::fs::symlink("/bin/bash", bin.join("bash")).unwrap();
+    let out = Command::new(repo_dir().join("e2e/real-nodes/cluster"))
+        .arg("check")
+        .env("KUBE_BIN_DIR", empty.path())
+        .env("PATH", &bin)
+        .env("NODEGATE_REAL_NODES_DIR", empty.path().join("state"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("no kube-apiserver kube-controller-manager kube-scheduler kubelet"),
+        "{err}"
+    );
+    assert!(!empty.path().join("state").exists(), "check made state");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs real nodes: e2e/real-nodes/run"]
 async fn nodegate_on_real_nodes() {

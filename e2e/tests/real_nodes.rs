@@ -593,19 +593,50 @@ async fn nodegate_on_real_nodes() {
         nodes0.len() >= 2,
         "the harness brings up at least two nodes"
     );
+    install(&h, &client, &nodes0).await;
+    let c = Ctx {
+        prober: Prober::start(client.clone()),
+        h,
+        client,
+        rec,
+        nodes0,
+    };
+    join(&c).await;
+    crash_reboot(&c).await;
+    kubelet_restart(&c).await;
+    webhook_drained(&c).await;
+    rollouts(&c).await;
+    upgrade(&c).await;
+    pruning(&c).await;
+    webhook_host_crash(&c).await;
+    memory_and_nothing_gated(&c).await;
+}
 
-    // 1. The README's install, verbatim, on nodes whose network agent runs.
+/// What every scenario after the install shares.
+struct Ctx {
+    h: Harness,
+    client: kube::Client,
+    /// Every version of every Node and Pod since the start.
+    rec: Recorder,
+    /// Canary creates from the end of the install on.
+    prober: Prober,
+    /// The nodes the harness brought up (the others join in the scenarios).
+    nodes0: Vec<String>,
+}
+
+/// 1. The README's install, verbatim, on nodes whose network agent runs.
+async fn install(h: &Harness, client: &kube::Client, nodes0: &[String]) {
     step("install (README, verbatim) and nodegate-check");
-    for n in &nodes0 {
+    for n in nodes0 {
         h.cluster(&["ready", n]);
     }
     for c in install_commands().unwrap() {
         println!("$ {c}");
         ok(&c, h.sh(&c));
     }
-    all_nodegate_ready(&client, 2).await;
-    for n in &nodes0 {
-        wait_gated(&client, n, false, 120).await;
+    all_nodegate_ready(client, 2).await;
+    for n in nodes0 {
+        wait_gated(client, n, false, 120).await;
     }
     let check = h.sh("nodegate-check");
     println!("{}", String::from_utf8_lossy(&check.stdout));
@@ -615,16 +646,22 @@ async fn nodegate_on_real_nodes() {
     );
     let fail_open_installed = h.fail_open();
     figure("fail_open_during_install", fail_open_installed);
-    let prober = Prober::start(client.clone());
+}
 
-    // 2. A node joins after the install.
+/// 2. A node joins after the install; 3. its agent's token, stolen.
+async fn join(c: &Ctx) {
+    let Ctx {
+        h,
+        client,
+        rec,
+        nodes0,
+        ..
+    } = c;
     step("a node joins: tainted from its first stored version, nothing bound until ready");
-    let before_join = last_rv(&rec);
+    let before_join = last_rv(rec);
     h.cluster(&["add-node", "node3"]);
     let first = wait("node3's first version", 60, async || {
-        versions_after(&rec, "node3", before_join)
-            .into_iter()
-            .next()
+        versions_after(rec, "node3", before_join).into_iter().next()
     })
     .await;
     assert!(
@@ -632,7 +669,7 @@ async fn nodegate_on_real_nodes() {
         "node3's first stored version lacks the gate: {:?}",
         taints(&first.obj)
     );
-    let agent3 = agent_pod(&client, "node3").await;
+    let agent3 = agent_pod(client, "node3").await;
     h.kubectl(&format!(
         "apply -f - <<'EOF'\n{}EOF",
         workload("pinned", "node3", 2)
@@ -641,7 +678,7 @@ async fn nodegate_on_real_nodes() {
         "the pinned workload Pending on gated node3",
         60,
         async || {
-            let pods = live_pods(&client).await;
+            let pods = live_pods(client).await;
             let pending: Vec<_> = pods
                 .iter()
                 .filter(|p| name_of(p).starts_with("pinned-"))
@@ -659,28 +696,28 @@ async fn nodegate_on_real_nodes() {
         },
     )
     .await;
-    assert!(gated(&live_node(&client, "node3").await.unwrap()));
+    assert!(gated(&live_node(client, "node3").await.unwrap()));
 
-    // 3. The agent's own kubelet-issued token, stolen from node3.
+    // The agent's own kubelet-issued token, stolen from node3.
     step("the agent's kubelet-issued token: its own gate only");
-    token_confinement(&h, &agent3, "node3", &nodes0[0]).await;
+    token_confinement(h, &agent3, "node3", &nodes0[0]).await;
 
     let t_ready = Instant::now();
     h.cluster(&["ready", "node3"]);
-    let t_untaint = wait_gated(&client, "node3", false, 120).await;
+    let t_untaint = wait_gated(client, "node3", false, 120).await;
     figure(
         "join_ready_to_untaint_ms",
         (t_untaint - t_ready).as_millis(),
     );
     let untaint_rv = wait("node3's untainted version in the watch", 30, async || {
-        versions_after(&rec, "node3", before_join)
+        versions_after(rec, "node3", before_join)
             .into_iter()
             .find(|s| !gated(&s.obj))
             .map(|s| s.rv)
     })
     .await;
     wait("the pinned workload Running on node3", 120, async || {
-        let pods = live_pods(&client).await;
+        let pods = live_pods(client).await;
         (pods
             .iter()
             .filter(|p| {
@@ -691,23 +728,32 @@ async fn nodegate_on_real_nodes() {
             .then_some(())
     })
     .await;
-    let early = bound_between(&rec, "node3", before_join, untaint_rv, &BTreeSet::new());
+    let early = bound_between(rec, "node3", before_join, untaint_rv, &BTreeSet::new());
     assert!(
         early.is_empty(),
         "workloads bound to node3 before its agent was ready: {early:?}"
     );
+}
 
-    // 4. A crash reboot of node3, its network agent not ready on the new boot.
+/// 4. A crash reboot of node3, its network agent not ready on the new boot.
+async fn crash_reboot(c: &Ctx) {
+    let Ctx {
+        h,
+        client,
+        rec,
+        prober,
+        ..
+    } = c;
     step("crash reboot: gated before anything new is bound; ungated when ready");
-    let old_boot = boot_id(&live_node(&client, "node3").await.unwrap()).unwrap();
-    let before_crash = last_rv(&rec);
-    let bound_before = uids_bound_to(&rec, "node3", before_crash);
-    let restarts_before = restart_counts(&client, "node3").await;
-    let window = Window::open(&h, &prober);
+    let old_boot = boot_id(&live_node(client, "node3").await.unwrap()).unwrap();
+    let before_crash = last_rv(rec);
+    let bound_before = uids_bound_to(rec, "node3", before_crash);
+    let restarts_before = restart_counts(client, "node3").await;
+    let window = Window::open(h, prober);
     let t_crash = Instant::now();
     h.cluster(&["crash", "node3"]);
     let new_boot_first = wait("node3's first version on the new boot", 120, async || {
-        versions_after(&rec, "node3", before_crash)
+        versions_after(rec, "node3", before_crash)
             .into_iter()
             .find(|s| boot_id(&s.obj).is_some_and(|b| b != old_boot))
     })
@@ -717,7 +763,7 @@ async fn nodegate_on_real_nodes() {
         "node3's first version on the new boot is not gated: {:?}",
         taints(&new_boot_first.obj)
     );
-    let gate_back = versions_after(&rec, "node3", before_crash)
+    let gate_back = versions_after(rec, "node3", before_crash)
         .into_iter()
         .find(|s| gated(&s.obj))
         .unwrap();
@@ -728,7 +774,7 @@ async fn nodegate_on_real_nodes() {
         "node3's kubelet restarting its bound pods",
         120,
         async || {
-            let now = restart_counts(&client, "node3").await;
+            let now = restart_counts(client, "node3").await;
             let restarted: Vec<String> = now
                 .iter()
                 .filter(|(p, n)| {
@@ -744,39 +790,42 @@ async fn nodegate_on_real_nodes() {
     figure("pods_restarted_before_agent_ready", restarted.len());
     println!("restarted by the kubelet before node3's agent was ready: {restarted:?}");
     assert!(
-        gated(&live_node(&client, "node3").await.unwrap()),
+        gated(&live_node(client, "node3").await.unwrap()),
         "node3 ungated before its agent was ready"
     );
     let t_ready = Instant::now();
     h.cluster(&["ready", "node3"]);
-    let t_untaint = wait_gated(&client, "node3", false, 120).await;
+    let t_untaint = wait_gated(client, "node3", false, 120).await;
     figure(
         "reboot_ready_to_untaint_ms",
         (t_untaint - t_ready).as_millis(),
     );
     let untaint_rv = wait("node3 untainted in the watch", 30, async || {
-        versions_after(&rec, "node3", before_crash)
+        versions_after(rec, "node3", before_crash)
             .into_iter()
             .rev()
             .find(|s| !gated(&s.obj))
             .map(|s| s.rv)
     })
     .await;
-    let early = bound_between(&rec, "node3", before_crash, untaint_rv, &bound_before);
+    let early = bound_between(rec, "node3", before_crash, untaint_rv, &bound_before);
     assert!(
         early.is_empty(),
         "new workloads bound to node3 before its agent was ready: {early:?}"
     );
     // node3 is a worker: no webhook replica ran there.
-    window.close_none_open(&h, &prober, "worker_crash");
+    window.close_none_open(h, prober, "worker_crash");
+}
 
-    // 5. A kubelet restart on the same boot changes nothing.
+/// 5. A kubelet restart on the same boot changes nothing.
+async fn kubelet_restart(c: &Ctx) {
+    let Ctx { h, client, rec, .. } = c;
     step("kubelet restart on the same boot: nothing changes");
-    let before = last_rv(&rec);
-    let restarts_before = restart_counts(&client, "node3").await;
+    let before = last_rv(rec);
+    let restarts_before = restart_counts(client, "node3").await;
     h.cluster(&["kubelet-restart", "node3"]);
-    lease_renewals(&h, "node3", 2).await;
-    let gated_after = versions_after(&rec, "node3", before)
+    lease_renewals(h, "node3", 2).await;
+    let gated_after = versions_after(rec, "node3", before)
         .into_iter()
         .filter(|s| gated(&s.obj))
         .count();
@@ -785,22 +834,25 @@ async fn nodegate_on_real_nodes() {
         "a kubelet restart on the same boot gated node3"
     );
     assert_eq!(
-        restart_counts(&client, "node3").await,
+        restart_counts(client, "node3").await,
         restarts_before,
         "a kubelet restart restarted pods"
     );
+}
 
-    // 6. The webhook's Pods deleted and their nodes drained (every node
-    // cordoned, so the replacements stay Pending): nodes still register, the
-    // agent's safety net gates them, and the webhook comes back.
+/// 6. The webhook's Pods deleted and every node cordoned.
+async fn webhook_drained(c: &Ctx) {
+    let Ctx { h, client, rec, .. } = c;
+    // Every node cordoned, so the replacements stay Pending: nodes still
+    // register, the agent's safety net gates them, the webhook comes back.
     step("webhook Pods deleted, nodes drained: a new node registers, the safety net, the Event");
-    let cordoned = node_names(&client).await;
+    let cordoned = node_names(client).await;
     h.kubectl(&format!("cordon {}", cordoned.join(" ")));
     h.kubectl(&format!(
         "-n {NS} delete pod -l app.kubernetes.io/name=nodegate-webhook --wait=false"
     ));
     wait("no webhook Pod running", 120, async || {
-        (!live_pods(&client).await.iter().any(|p| {
+        (!live_pods(client).await.iter().any(|p| {
             name_of(p).starts_with("nodegate-webhook-")
                 && p.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Pending")
         }))
@@ -808,10 +860,10 @@ async fn nodegate_on_real_nodes() {
     })
     .await;
     let fail_open_before = h.fail_open();
-    let before = last_rv(&rec);
+    let before = last_rv(rec);
     h.cluster(&["add-node", "node4"]);
     let first = wait("node4's first version", 60, async || {
-        versions_after(&rec, "node4", before).into_iter().next()
+        versions_after(rec, "node4", before).into_iter().next()
     })
     .await;
     assert!(!gated(&first.obj), "node4 was gated without a webhook?");
@@ -819,7 +871,7 @@ async fn nodegate_on_real_nodes() {
         h.fail_open() > fail_open_before,
         "the registration did not fail open"
     );
-    wait_gated(&client, "node4", true, 120).await;
+    wait_gated(client, "node4", true, 120).await;
     wait(
         "the NodegateWebhookMissed Event for node4",
         60,
@@ -832,23 +884,32 @@ async fn nodegate_on_real_nodes() {
     .await;
     h.kubectl(&format!("uncordon {}", cordoned.join(" ")));
     h.cluster(&["ready", "node4"]);
-    all_nodegate_ready(&client, 2).await;
-    wait_gated(&client, "node4", false, 120).await;
+    all_nodegate_ready(client, 2).await;
+    wait_gated(client, "node4", false, 120).await;
+}
 
-    // 7. Rollouts of the agent and of the webhook.
+/// 7. Rollouts of the agent and of the webhook.
+async fn rollouts(c: &Ctx) {
+    let Ctx {
+        h,
+        client,
+        rec,
+        prober,
+        ..
+    } = c;
     step("rollout restart of the agent DaemonSet and the webhook Deployment");
-    let nodes = node_names(&client).await;
+    let nodes = node_names(client).await;
     let t0 = Instant::now();
     h.kubectl(&format!("-n {NS} rollout restart daemonset/nodegate-agent"));
     h.kubectl(&format!(
         "-n {NS} rollout status daemonset/nodegate-agent --timeout=300s"
     ));
     for n in &nodes {
-        wait_gated(&client, n, false, 120).await;
+        wait_gated(client, n, false, 120).await;
     }
     let windows: Vec<Duration> = nodes
         .iter()
-        .flat_map(|n| gated_windows(&rec, n, t0))
+        .flat_map(|n| gated_windows(rec, n, t0))
         .collect();
     figure("agent_rollout_gated_nodes", windows.len());
     figure(
@@ -860,19 +921,26 @@ async fn nodegate_on_real_nodes() {
             .unwrap_or_default()
             .as_millis(),
     );
-    let window = Window::open(&h, &prober);
+    let window = Window::open(h, prober);
     h.kubectl(&format!(
         "-n {NS} rollout restart deployment/nodegate-webhook"
     ));
     h.kubectl(&format!(
         "-n {NS} rollout status deployment/nodegate-webhook --timeout=300s"
     ));
-    all_nodegate_ready(&client, 2).await;
-    window.close_none_open(&h, &prober, "webhook_rollout");
+    all_nodegate_ready(client, 2).await;
+    window.close_none_open(h, prober, "webhook_rollout");
     for n in &nodes {
-        wait_gated(&client, n, false, 120).await;
+        wait_gated(client, n, false, 120).await;
     }
-    // 8. An upgrade as users do it: the install applied again with a component.
+}
+
+/// 8. An upgrade as users do it: the install applied again with a component.
+async fn upgrade(c: &Ctx) {
+    let Ctx {
+        h, client, prober, ..
+    } = c;
+    let nodes = node_names(client).await;
     step("upgrade: the install applied again with the pruning component");
     let bundle = "get mutatingwebhookconfiguration nodegate -o jsonpath={.webhooks[0].clientConfig.caBundle}";
     let ca_before = h.kubectl(bundle);
@@ -890,7 +958,7 @@ patches:
 ",
     )
     .unwrap();
-    let window = Window::open(&h, &prober);
+    let window = Window::open(h, prober);
     h.kubectl("apply -k my-nodegate/");
     h.kubectl(&format!(
         "-n {NS} rollout status daemonset/nodegate-agent --timeout=300s"
@@ -901,7 +969,7 @@ patches:
         "the upgrade changed the caBundle"
     );
     wait("the roster Ready on the pod network", 180, async || {
-        let pods = live_pods(&client).await;
+        let pods = live_pods(client).await;
         let ready: Vec<&Pod> = pods
             .iter()
             .filter(|p| name_of(p).starts_with("nodegate-roster-") && pod_ready(p))
@@ -915,17 +983,20 @@ patches:
     })
     .await;
     for n in &nodes {
-        wait_gated(&client, n, false, 120).await;
+        wait_gated(client, n, false, 120).await;
     }
-    window.close_none_open(&h, &prober, "upgrade");
+    window.close_none_open(h, prober, "upgrade");
     let check = h.sh("nodegate-check");
     println!("{}", String::from_utf8_lossy(&check.stdout));
     assert!(
         check.status.success(),
         "nodegate-check failed after the upgrade"
     );
+}
 
-    // 9. Pruning: a node deleted while the agents were down.
+/// 9. Pruning: a node deleted while the agents were down.
+async fn pruning(c: &Ctx) {
+    let Ctx { h, client, .. } = c;
     step("pruning: node4 deleted while the agents were down, pruned once by each");
     wait("roster shards listing node4", 120, async || {
         h.kubectl(&format!(
@@ -939,7 +1010,7 @@ patches:
         "-n {NS} patch daemonset nodegate-agent --type merge -p '{{\"spec\":{{\"template\":{{\"spec\":{{\"nodeSelector\":{{\"nodegate.dev/e2e-agents\":\"down\"}}}}}}}}}}'"
     ));
     wait("no agent Pod", 120, async || {
-        (!live_pods(&client)
+        (!live_pods(client)
             .await
             .iter()
             .any(|p| name_of(p).starts_with("nodegate-agent-")))
@@ -962,7 +1033,7 @@ patches:
     h.kubectl(&format!(
         "-n {NS} rollout status daemonset/nodegate-agent --timeout=300s"
     ));
-    let survivors = node_names(&client).await;
+    let survivors = node_names(client).await;
     let pruned = |n: &str| {
         std::fs::read_to_string(h.node_dir(n).join("run/nodegate/pruned.log"))
             .unwrap_or_default()
@@ -974,29 +1045,38 @@ patches:
         survivors.iter().all(|n| pruned(n) >= 1).then_some(())
     })
     .await;
-    all_nodegate_ready(&client, 2).await;
+    all_nodegate_ready(client, 2).await;
     for n in &survivors {
         assert_eq!(pruned(n), 1, "{n} pruned node4 {} times", pruned(n));
     }
     figure("pruned_once_by_agents", survivors.len());
+}
 
-    // 10. A node that hosts a webhook replica crashes.
+/// 10. A node that hosts a webhook replica crashes.
+async fn webhook_host_crash(c: &Ctx) {
+    let Ctx {
+        h,
+        client,
+        rec,
+        prober,
+        ..
+    } = c;
     step("a webhook replica's node crashes: admission calls that fail open");
-    let host = live_pods(&client)
+    let host = live_pods(client)
         .await
         .into_iter()
         .find(|p| name_of(p).starts_with("nodegate-webhook-"))
         .and_then(|p| node_of(&p).map(str::to_string))
         .unwrap();
-    let old_boot = boot_id(&live_node(&client, &host).await.unwrap()).unwrap();
-    let before = last_rv(&rec);
-    let window = Window::open(&h, &prober);
+    let old_boot = boot_id(&live_node(client, &host).await.unwrap()).unwrap();
+    let before = last_rv(rec);
+    let window = Window::open(h, prober);
     h.cluster(&["crash", &host]);
     let first = wait(
         "the crashed node's first version on its new boot",
         120,
         async || {
-            versions_after(&rec, &host, before)
+            versions_after(rec, &host, before)
                 .into_iter()
                 .find(|s| boot_id(&s.obj).is_some_and(|b| b != old_boot))
         },
@@ -1006,26 +1086,29 @@ patches:
         "webhook_host_first_new_boot_version_gated",
         gated(&first.obj),
     );
-    wait_gated(&client, &host, true, 120).await;
+    wait_gated(client, &host, true, 120).await;
     h.cluster(&["ready", &host]);
-    all_nodegate_ready(&client, 2).await;
-    wait_gated(&client, &host, false, 120).await;
-    window.close(&h, &prober, "webhook_host_crash");
+    all_nodegate_ready(client, 2).await;
+    wait_gated(client, &host, false, 120).await;
+    window.close(h, prober, "webhook_host_crash");
+}
 
-    // Figures: memory as the nodes' cgroups report it.
+/// Figures: memory as the nodes' cgroups report it; and no node left gated.
+async fn memory_and_nothing_gated(c: &Ctx) {
+    let Ctx { h, client, rec, .. } = c;
     step("memory");
-    for n in node_names(&client).await {
+    for n in node_names(client).await {
         let agent = h.cluster(&["memory", &n, "nodegate-agent-"]);
         figure(&format!("agent_memory_{n}"), agent.trim());
     }
-    for p in live_pods(&client).await {
+    for p in live_pods(client).await {
         if name_of(&p).starts_with("nodegate-webhook-") {
             let n = node_of(&p).unwrap().to_string();
             let m = h.cluster(&["memory", &n, "nodegate-webhook-"]);
             figure(&format!("webhook_memory_{n}"), m.trim());
         }
     }
-    let gated_now: Vec<String> = node_names(&client)
+    let gated_now: Vec<String> = node_names(client)
         .await
         .into_iter()
         .filter(|n| rec.node_now(n).is_some_and(|n| gated(&n)))

@@ -143,4 +143,30 @@ async fn applying_the_install_again_keeps_the_patched_ca_bundle() {
         "",
         "client-side apply keeps a field its last apply set: the emulator no longer shows the defect"
     );
+
+    // The migration docs/install.md gives an install made the old way: the
+    // last-applied annotation replaced, the object untouched; applies are
+    // then safe.
+    ok(
+        "old way again",
+        sh(d, Some(&kubeconfig), "kubectl apply -f old-mwc.yaml"),
+    );
+    ok(
+        "migration",
+        sh(
+            d,
+            Some(&kubeconfig),
+            &format!("kubectl apply set-last-applied -f {}", mwc.display()),
+        ),
+    );
+    assert_eq!(ok("read", sh(d, Some(&kubeconfig), bundle)), "cGVt");
+    ok(
+        "apply after the migration",
+        sh(d, Some(&kubeconfig), &apply),
+    );
+    assert_eq!(
+        ok("read", sh(d, Some(&kubeconfig), bundle)),
+        "cGVt",
+        "applying after the migration emptied caBundle"
+    );
 }

@@ -580,6 +580,13 @@ fn without_kubernetes_binaries_the_harness_says_so_in_one_line() {
         "{err}"
     );
     assert!(!empty.path().join("state").exists(), "check made state");
+    // The one command parses (it runs nothing in CI).
+    let parsed = Command::new("bash")
+        .arg("-n")
+        .arg(repo_dir().join("e2e/real-nodes/run"))
+        .status()
+        .unwrap();
+    assert!(parsed.success());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -709,20 +709,7 @@ async fn join(c: &Ctx) {
     step("the agent's kubelet-issued token: its own gate only");
     token_confinement(h, &agent3, "node3", &nodes0[0]).await;
 
-    let t_ready = Instant::now();
-    h.cluster(&["ready", "node3"]);
-    let t_untaint = wait_gated(client, "node3", false, 120).await;
-    figure(
-        "join_ready_to_untaint_ms",
-        (t_untaint - t_ready).as_millis(),
-    );
-    let untaint_rv = wait("node3's untainted version in the watch", 30, async || {
-        versions_after(rec, "node3", before_join)
-            .into_iter()
-            .find(|s| !gated(&s.obj))
-            .map(|s| s.rv)
-    })
-    .await;
+    let untaint_rv = ready_and_ungated(c, "node3", "join_ready_to_untaint_ms").await;
     wait("the pinned workload Running on node3", 120, async || {
         let pods = live_pods(client).await;
         (pods
@@ -800,21 +787,7 @@ async fn crash_reboot(c: &Ctx) {
         gated(&live_node(client, "node3").await.unwrap()),
         "node3 ungated before its agent was ready"
     );
-    let t_ready = Instant::now();
-    h.cluster(&["ready", "node3"]);
-    let t_untaint = wait_gated(client, "node3", false, 120).await;
-    figure(
-        "reboot_ready_to_untaint_ms",
-        (t_untaint - t_ready).as_millis(),
-    );
-    let untaint_rv = wait("node3 untainted in the watch", 30, async || {
-        versions_after(rec, "node3", before_crash)
-            .into_iter()
-            .rev()
-            .find(|s| !gated(&s.obj))
-            .map(|s| s.rv)
-    })
-    .await;
+    let untaint_rv = ready_and_ungated(c, "node3", "reboot_ready_to_untaint_ms").await;
     let early = bound_between(rec, "node3", before_crash, untaint_rv, &bound_before);
     assert!(
         early.is_empty(),
@@ -1121,6 +1094,29 @@ async fn memory_and_nothing_gated(c: &Ctx) {
         .filter(|n| rec.node_now(n).is_some_and(|n| gated(&n)))
         .collect();
     assert!(gated_now.is_empty(), "nodes left gated: {gated_now:?}");
+}
+
+/// Makes `node`'s stand-in ready, prints how long until its gate was gone
+/// as `figure_name`, and returns the resourceVersion of its first version
+/// without the gate from then on.
+async fn ready_and_ungated(c: &Ctx, node: &str, figure_name: &str) -> u64 {
+    let Ctx { h, client, rec, .. } = c;
+    let ready_rv = last_rv(rec);
+    let t_ready = Instant::now();
+    h.cluster(&["ready", node]);
+    let t_untaint = wait_gated(client, node, false, 120).await;
+    figure(figure_name, (t_untaint - t_ready).as_millis());
+    wait(
+        &format!("{node}'s ungated version in the watch"),
+        30,
+        async || {
+            versions_after(rec, node, ready_rv)
+                .into_iter()
+                .find(|s| !gated(&s.obj))
+                .map(|s| s.rv)
+        },
+    )
+    .await
 }
 
 /// The token the kubelet projected into the agent's Pod on `node`, used as a

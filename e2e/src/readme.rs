@@ -1,9 +1,12 @@
-//! The README's install commands, read from the README itself, so the tests
-//! that run them run exactly what a user copies.
+//! The README's install commands, read from the README itself, and a shell
+//! to run them as a user would, so the tests run exactly what a user copies.
 
 use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
 
-use anyhow::Context;
+use anyhow::{Context, bail};
+
+use crate::process::bin_path;
 
 /// The repository's root directory.
 pub fn repo_dir() -> PathBuf {
@@ -44,6 +47,47 @@ pub fn commands_after(text: &str, heading: &str) -> anyhow::Result<Vec<String>> 
         current.clear();
     }
     Ok(commands)
+}
+
+/// A fresh directory holding the repository's manifests, as a clone has them.
+pub fn user_dir() -> anyhow::Result<tempfile::TempDir> {
+    let dir = tempfile::tempdir()?;
+    std::os::unix::fs::symlink(repo_dir().join("manifests"), dir.path().join("manifests"))?;
+    Ok(dir)
+}
+
+/// `bash -euo pipefail -c command` in `dir`, with the workspace's binaries
+/// (nodegate-certs, nodegate-check) first on `PATH`, a kubectl cache of its
+/// own, and `kubeconfig` as `KUBECONFIG` when given.
+pub fn shell(dir: &Path, kubeconfig: Option<&Path>, command: &str) -> anyhow::Result<Output> {
+    let certs = bin_path("nodegate-certs");
+    let bins = certs.parent().context("no target directory")?;
+    let path = format!(
+        "{}:{}",
+        bins.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let mut cmd = Command::new("bash");
+    cmd.args(["-euo", "pipefail", "-c", command])
+        .current_dir(dir)
+        .env("PATH", path)
+        .env("KUBECACHEDIR", dir.join(".kube-cache"));
+    if let Some(k) = kubeconfig {
+        cmd.env("KUBECONFIG", k);
+    }
+    Ok(cmd.output()?)
+}
+
+/// The command's stdout if it succeeded; otherwise an error with both outputs.
+pub fn stdout_if_ok(what: &str, out: Output) -> anyhow::Result<String> {
+    if !out.status.success() {
+        bail!(
+            "{what} failed: {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8(out.stdout)?)
 }
 
 #[cfg(test)]

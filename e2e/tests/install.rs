@@ -10,37 +10,18 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 
 use nodegate_e2e::process::{bin_path, manifests_dir};
-use nodegate_e2e::readme::{install_commands, repo_dir};
+use nodegate_e2e::readme::{install_commands, shell, stdout_if_ok, user_dir};
 use nodegate_emulator::{Emulator, EmulatorOptions, users};
 
 fn sh(dir: &Path, kubeconfig: Option<&Path>, command: &str) -> Output {
-    let path = format!(
-        "{}:{}",
-        bin_path("nodegate-certs").parent().unwrap().display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
-    let mut cmd = Command::new("bash");
-    cmd.args(["-euo", "pipefail", "-c", command])
-        .current_dir(dir)
-        .env("PATH", path)
-        .env("KUBECACHEDIR", dir.join(".kube-cache"));
-    if let Some(k) = kubeconfig {
-        cmd.env("KUBECONFIG", k);
-    }
-    cmd.output().unwrap()
+    shell(dir, kubeconfig, command).unwrap()
 }
 
 fn ok(what: &str, out: Output) -> String {
-    assert!(
-        out.status.success(),
-        "{what}: {}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
+    stdout_if_ok(what, out).unwrap()
 }
 
 /// A fresh directory with the repository's manifests in it, as a clone has them.
@@ -49,9 +30,7 @@ fn fresh_dir() -> tempfile::TempDir {
         bin_path("nodegate-certs").exists(),
         "build nodegate-certs first (cargo build -p nodegate-certs)"
     );
-    let dir = tempfile::tempdir().unwrap();
-    std::os::unix::fs::symlink(repo_dir().join("manifests"), dir.path().join("manifests")).unwrap();
-    dir
+    user_dir().unwrap()
 }
 
 #[test]

@@ -23,8 +23,7 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::watcher;
-use nodegate_e2e::process::bin_path;
-use nodegate_e2e::readme::{install_commands, repo_dir};
+use nodegate_e2e::readme::{install_commands, repo_dir, shell, stdout_if_ok, user_dir};
 use serde_json::json;
 
 const GATE: &str = "node.cilium.io/agent-not-ready";
@@ -48,9 +47,7 @@ impl Harness {
         );
         let kubeconfig = state.join("admin.kubeconfig");
         assert!(kubeconfig.exists(), "no cluster in {}", state.display());
-        let work = tempfile::tempdir().unwrap();
-        std::os::unix::fs::symlink(repo_dir().join("manifests"), work.path().join("manifests"))
-            .unwrap();
+        let work = user_dir().unwrap();
         Harness {
             state,
             kubeconfig,
@@ -70,19 +67,7 @@ impl Harness {
     /// `bash -c` in the work directory, with the kubeconfig and the
     /// workspace's binaries (nodegate-certs, nodegate-check) on PATH.
     fn sh(&self, command: &str) -> Output {
-        let path = format!(
-            "{}:{}",
-            bin_path("nodegate-certs").parent().unwrap().display(),
-            std::env::var("PATH").unwrap_or_default()
-        );
-        Command::new("bash")
-            .args(["-euo", "pipefail", "-c", command])
-            .current_dir(self.work.path())
-            .env("PATH", path)
-            .env("KUBECONFIG", &self.kubeconfig)
-            .env("KUBECACHEDIR", self.work.path().join(".kube-cache"))
-            .output()
-            .unwrap()
+        shell(self.work.path(), Some(&self.kubeconfig), command).unwrap()
     }
 
     fn kubectl(&self, args: &str) -> String {
@@ -120,13 +105,7 @@ impl Harness {
 }
 
 fn ok(what: &str, out: Output) -> String {
-    assert!(
-        out.status.success(),
-        "{what} failed: {}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
+    stdout_if_ok(what, out).unwrap()
 }
 
 fn metric_sum(text: &str, metric: &str, name: &str) -> u64 {
@@ -412,24 +391,31 @@ async fn node_names(client: &kube::Client) -> Vec<String> {
 /// Every nodegate Pod Running and Ready: an agent on each node, the webhook's
 /// replicas (and the roster's, when installed).
 async fn all_nodegate_ready(client: &kube::Client, webhooks: usize) {
-    let nodes = node_names(client).await;
     wait("every nodegate Pod Ready", 240, async || {
+        let nodes = node_names(client).await;
         let pods = live_pods(client).await;
         let ours: Vec<&Pod> = pods
             .iter()
             .filter(|p| ns_of(p) == NS && p.metadata.deletion_timestamp.is_none())
             .collect();
+        // A pod of a deleted node keeps its last status, Ready included, and
+        // its endpoint, until the pod garbage collector removes it: never
+        // count it as serving.
+        let serving =
+            |p: &&&Pod| pod_ready(p) && node_of(p).is_some_and(|n| nodes.iter().any(|x| x == n));
         let agents: BTreeSet<&str> = ours
             .iter()
-            .filter(|p| name_of(p).starts_with("nodegate-agent-") && pod_ready(p))
+            .filter(|p| name_of(p).starts_with("nodegate-agent-"))
+            .filter(serving)
             .filter_map(|p| node_of(p))
             .collect();
         let hooks = ours
             .iter()
-            .filter(|p| name_of(p).starts_with("nodegate-webhook-") && pod_ready(p))
+            .filter(|p| name_of(p).starts_with("nodegate-webhook-"))
+            .filter(serving)
             .count();
-        let not_ready = ours.iter().filter(|p| !pod_ready(p)).count();
-        (agents.len() == nodes.len() && hooks == webhooks && not_ready == 0).then_some(())
+        let not_serving = ours.iter().filter(|p| !serving(p)).count();
+        (agents.len() == nodes.len() && hooks == webhooks && not_serving == 0).then_some(())
     })
     .await;
 }
@@ -516,23 +502,10 @@ fn uids_bound_to(r: &Recorder, node: &str, until: u64) -> BTreeSet<String> {
 
 /// The last resourceVersion the watches saw (an upper bound for "now").
 fn last_rv(r: &Recorder) -> u64 {
-    let n = r
-        .nodes
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|s| s.rv)
-        .max()
-        .unwrap_or(0);
-    let p = r
-        .pods
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|s| s.rv)
-        .max()
-        .unwrap_or(0);
-    n.max(p)
+    fn max<T>(seen: &Mutex<Vec<Seen<T>>>) -> u64 {
+        seen.lock().unwrap().iter().map(|s| s.rv).max().unwrap_or(0)
+    }
+    max(&r.nodes).max(max(&r.pods))
 }
 
 /// The intervals during which `node` was gated, from its versions.
@@ -1045,7 +1018,7 @@ async fn webhook_host_crash(c: &Ctx) {
     let host = live_pods(client)
         .await
         .into_iter()
-        .find(|p| name_of(p).starts_with("nodegate-webhook-"))
+        .find(|p| name_of(p).starts_with("nodegate-webhook-") && pod_ready(p))
         .and_then(|p| node_of(&p).map(str::to_string))
         .unwrap();
     let old_boot = boot_id(&live_node(client, &host).await.unwrap()).unwrap();

@@ -168,7 +168,13 @@ pub async fn run_with_handlers(
     let writer = NodeWriter {
         api: Api::<Node>::all(client.clone()),
         name: args.node_name.clone(),
-        specs: args.taints.clone(),
+        specs: args
+            .taints
+            .iter()
+            .chain(&args.boot_taints)
+            .cloned()
+            .collect(),
+        boot_specs: args.boot_taints.clone(),
         metrics: metrics.clone(),
     };
     let wake = Arc::new(Notify::new());

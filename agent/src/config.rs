@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use clap::{ArgAction, Parser};
 use nodegate_shared::keys::DEFAULT_TAINT;
-use nodegate_shared::taint::{TaintSpec, check_unique};
+use nodegate_shared::taint::{TaintSpec, check_taints};
 
 use crate::probe::{ProbeSpec, ProbeSpecError};
 use crate::readiness::Thresholds;
@@ -30,6 +30,17 @@ pub struct Args {
     /// Taint managed by the agent, `key[=value]:Effect`; repeatable. Must match the webhook's.
     #[arg(long = "taint", env = "NODEGATE_TAINTS", value_delimiter = ',', default_value = DEFAULT_TAINT)]
     pub taints: Vec<TaintSpec>,
+
+    /// Strict mode's boot gate, `key[=value]:NoExecute`; repeatable. Removed
+    /// with the taints when ready; added only by the start-up safety net on a
+    /// boot other than the one recorded as ready, never on shutdown. Must
+    /// match the webhook's.
+    #[arg(
+        long = "boot-taint",
+        env = "NODEGATE_BOOT_TAINTS",
+        value_delimiter = ','
+    )]
+    pub boot_taints: Vec<TaintSpec>,
 
     /// HTTP GET that must answer 2xx; repeatable.
     #[arg(long, env = "NODEGATE_PROBE_HTTP", value_delimiter = ',')]
@@ -184,7 +195,7 @@ impl Args {
         if self.node_name.trim().is_empty() {
             return Err(ConfigError::NodeName);
         }
-        check_unique(&self.taints)?;
+        check_taints(&self.taints, &self.boot_taints)?;
         self.probe_specs()?;
         let qps_ok = self.prune_confirm_qps.is_finite() && self.prune_confirm_qps > 0.0;
         if !qps_ok || !(0.0..=1.0).contains(&self.prune_hold_share) {

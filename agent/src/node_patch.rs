@@ -6,6 +6,7 @@
 use json_patch::{AddOperation, Patch, PatchOperation, RemoveOperation, TestOperation};
 use jsonptr::PointerBuf;
 use nodegate_shared::keys::READY_BOOT_ID_ANNOTATION;
+use nodegate_shared::node::rebooted_since_ready;
 use nodegate_shared::{NodeView, TaintSpec};
 use serde_json::{Value, json};
 
@@ -122,14 +123,33 @@ impl Origin {
     }
 }
 
-/// Whether the taint added for `reason` applies to `node` as freshly read:
-/// the safety net only when the webhook missed this boot, the shutdown and
-/// continuous re-taints always.
-pub fn add_applies(reason: AddReason, node: &NodeView, specs: &[TaintSpec]) -> bool {
-    match reason {
+/// The taints the agent adds for `reason` to `node` as freshly read, out of
+/// `specs` (every taint it manages; `boot` is strict mode's boot gate among
+/// them). The safety net acts only when the webhook missed this boot; the
+/// shutdown and continuous re-taints always. The boot gate evicts, so it
+/// comes only with a boot other than the one the node recorded as ready:
+/// never on the same boot (an agent rollout or a probe failure), and never
+/// on a node without a recorded boot (nodegate installed on a running
+/// cluster), where it would evict what already runs there.
+pub fn taints_to_add<'a>(
+    reason: AddReason,
+    node: &NodeView,
+    specs: &'a [TaintSpec],
+    boot: &[TaintSpec],
+) -> Vec<&'a TaintSpec> {
+    let applies = match reason {
         AddReason::SafetyNet => safety_net_applies(node, specs),
         AddReason::Shutdown | AddReason::Continuous => true,
+    };
+    if !applies {
+        return Vec::new();
     }
+    let new_boot = reason == AddReason::SafetyNet
+        && rebooted_since_ready(node.ready_boot_id(), node.boot_id());
+    node.missing(specs)
+        .into_iter()
+        .filter(|s| new_boot || !boot.contains(s))
+        .collect()
 }
 
 /// What `NodeWriter::add_missing` did, and the node as it left it.
@@ -250,9 +270,47 @@ mod tests {
             json!({"metadata": {"annotations": {"nodegate.dev/ready-boot-id": "b"}},
                                 "status": {"nodeInfo": {"bootID": "b"}}}),
         );
-        assert!(!add_applies(AddReason::SafetyNet, &ready, &s));
-        assert!(add_applies(AddReason::Shutdown, &ready, &s));
-        assert!(add_applies(AddReason::Continuous, &ready, &s));
+        assert!(taints_to_add(AddReason::SafetyNet, &ready, &s, &[]).is_empty());
+        assert_eq!(taints_to_add(AddReason::Shutdown, &ready, &s, &[]).len(), 1);
+        assert_eq!(
+            taints_to_add(AddReason::Continuous, &ready, &s, &[]).len(),
+            1
+        );
+    }
+
+    /// Strict mode: the boot gate comes only with a new boot, from the
+    /// safety net; every other re-taint adds the ordinary taint alone.
+    #[test]
+    fn the_boot_gate_is_added_only_on_a_boot_not_recorded_as_ready() {
+        let gate: TaintSpec = "node.cilium.io/agent-not-ready=true:NoExecute"
+            .parse()
+            .unwrap();
+        let all = vec![specs()[0].clone(), gate.clone()];
+        let boot = std::slice::from_ref(&gate);
+        let on = |ready: Option<&str>| {
+            let ann = ready.map_or(json!({}), |r| json!({"nodegate.dev/ready-boot-id": r}));
+            view(
+                json!({"metadata": {"annotations": ann}, "status": {"nodeInfo": {"bootID": "b2"}}}),
+            )
+        };
+        let shown = |v: Vec<&TaintSpec>| v.iter().map(|t| t.effect().as_str()).collect::<Vec<_>>();
+        // (reason, recorded ready boot, effects added)
+        let cases: [(AddReason, Option<&str>, &[&str]); 6] = [
+            (
+                AddReason::SafetyNet,
+                Some("b1"),
+                &["NoSchedule", "NoExecute"],
+            ),
+            (AddReason::SafetyNet, Some("b2"), &[]),
+            (AddReason::SafetyNet, None, &["NoSchedule"]),
+            (AddReason::Shutdown, Some("b1"), &["NoSchedule"]),
+            (AddReason::Shutdown, Some("b2"), &["NoSchedule"]),
+            (AddReason::Continuous, Some("b2"), &["NoSchedule"]),
+        ];
+        for (reason, ready, want) in cases {
+            let got = shown(taints_to_add(reason, &on(ready), &all, boot));
+            assert_eq!(got, want, "{reason:?} with ready boot {ready:?}");
+        }
     }
 
     #[test]

@@ -16,7 +16,7 @@ use tokio::time::Instant;
 
 use crate::metrics::{Metrics, Reason};
 use crate::node_patch::{
-    AddReason, Added, EventType, MarkReady, ReadyOutcome, add_applies, ready_patch,
+    AddReason, Added, EventType, MarkReady, ReadyOutcome, ready_patch, taints_to_add,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -35,7 +35,10 @@ pub enum WriteError {
 pub struct NodeWriter {
     pub api: Api<Node>,
     pub name: String,
+    /// Every taint the agent manages (and removes when ready).
     pub specs: Vec<TaintSpec>,
+    /// Strict mode's boot gate among them, added only on a new boot.
+    pub boot_specs: Vec<TaintSpec>,
     pub metrics: Metrics,
 }
 
@@ -156,19 +159,17 @@ impl NodeWriter {
     }
 
     /// Adds the missing configured taints (guarded by a `test` of the list
-    /// read) when [`add_applies`] holds for `reason` on a fresh read.
+    /// read) that [`taints_to_add`] picks for `reason` on a fresh read.
     pub async fn add_missing(
         &self,
         reason: AddReason,
         deadline: Instant,
     ) -> Result<Added, WriteError> {
         let specs = self.specs.clone();
+        let boot = self.boot_specs.clone();
         let (taints, latest) = self
             .patch_loop(deadline, |_, view| {
-                if !add_applies(reason, view, &specs) {
-                    return None;
-                }
-                let missing = view.missing(&specs);
+                let missing = taints_to_add(reason, view, &specs, &boot);
                 if missing.is_empty() {
                     return None;
                 }

@@ -41,6 +41,7 @@ fn setup() -> (NodeWriter, MockHandle, Metrics) {
         api: Api::<Node>::all(client),
         name: "n1".into(),
         specs: vec![TAINT.parse().unwrap()],
+        boot_specs: Vec::new(),
         metrics: metrics.clone(),
     };
     (t, handle, metrics)

@@ -431,3 +431,132 @@ rules: [{apiGroups: [""], resources: [configmaps], verbs: ["*"]}]
         .await
         .unwrap();
 }
+
+/// Strict mode's boot gate evicts every workload that does not tolerate it,
+/// so a stolen agent token must not be able to put it on its node while the
+/// node runs the boot it recorded as ready, nor move the record to make it
+/// look rebooted. On a real boot change the agent's safety net needs it.
+/// Emulator only: a real cluster runs one install, and the real-nodes suite
+/// attacks the strict-mode install there.
+#[tokio::test]
+async fn in_strict_mode_a_stolen_agent_token_cannot_evict_its_nodes_workloads() {
+    use nodegate_shared::keys::DEFAULT_TAINT;
+    let c = Cluster::start().await.unwrap();
+    let Some(emu) = c.emulator() else {
+        println!("skipped on a real cluster: e2e/real-nodes attacks the strict-mode install");
+        return;
+    };
+    let gate = json!({"key": TAINT_KEY, "value": "true", "effect": "NoExecute"});
+    emu.apply(&nodegate_webhook::confinement::render(
+        &[DEFAULT_TAINT.parse().unwrap()],
+        &["node.cilium.io/agent-not-ready=true:NoExecute"
+            .parse()
+            .unwrap()],
+    ))
+    .unwrap();
+    let a = node(&c, "strict-a").await;
+    let admin = c.client(users::ADMIN).await.unwrap();
+    let nodes: Api<Node> = Api::all(admin.clone());
+    let boot = |id: &str| json!({"status": {"nodeInfo": {"bootID": id}}});
+    nodes
+        .patch_status(&a, &PatchParams::default(), &Patch::Merge(boot("b1")))
+        .await
+        .unwrap();
+    patch(
+        &admin,
+        &a,
+        json!({"metadata": {"annotations": {READY_BOOT_ID_ANNOTATION: "b1"}}}),
+    )
+    .await
+    .unwrap();
+    let agent = c.agent_client(&a).await.unwrap();
+    let add_gate = json!([{"op": "add", "path": "/spec/taints/-", "value": gate}]);
+    let gate_msg = "may add the boot gate node.cilium.io/agent-not-ready:NoExecute";
+    let record_msg = "only to the node's current bootID, and not remove it";
+
+    assert_refused(
+        "gate on the boot recorded as ready",
+        json_patch(&agent, &a, add_gate.clone()).await,
+        &[AGENT_POLICY, gate_msg, &a],
+    );
+    let ann = format!(
+        "/metadata/annotations/{}",
+        READY_BOOT_ID_ANNOTATION.replace('/', "~1")
+    );
+    assert_refused(
+        "record removed",
+        json_patch(&agent, &a, json!([{"op": "remove", "path": ann}])).await,
+        &[AGENT_POLICY, record_msg],
+    );
+    assert_refused(
+        "record moved to another boot",
+        json_patch(
+            &agent,
+            &a,
+            json!([{"op": "replace", "path": ann, "value": "b0"}]),
+        )
+        .await,
+        &[AGENT_POLICY, record_msg],
+    );
+    // Both in one write: the rule reads the stored record.
+    assert_refused(
+        "record moved and gate added at once",
+        json_patch(
+            &agent,
+            &a,
+            json!([{"op": "replace", "path": ann, "value": "b0"},
+                   {"op": "add", "path": "/spec/taints/-", "value": gate}]),
+        )
+        .await,
+        &[AGENT_POLICY],
+    );
+    assert_eq!(
+        taints(&c, &a).await,
+        [
+            "node.cilium.io/agent-not-ready:NoSchedule",
+            "example.com/dedicated:NoSchedule"
+        ]
+    );
+
+    // The node reboots: the safety net's write goes through, and so does
+    // the ready patch of the new boot, which removes both.
+    nodes
+        .patch_status(&a, &PatchParams::default(), &Patch::Merge(boot("b2")))
+        .await
+        .unwrap();
+    json_patch(&agent, &a, add_gate).await.unwrap();
+    assert!(
+        taints(&c, &a)
+            .await
+            .contains(&"node.cilium.io/agent-not-ready:NoExecute".to_string())
+    );
+    let gated = nodes.get(&a).await.unwrap();
+    let ours: Vec<usize> = gated
+        .spec
+        .unwrap()
+        .taints
+        .unwrap()
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| t.key == TAINT_KEY)
+        .map(|(i, _)| i)
+        .rev()
+        .collect();
+    let mut ready: Vec<Value> = ours
+        .iter()
+        .map(|i| json!({"op": "remove", "path": format!("/spec/taints/{i}")}))
+        .collect();
+    ready.push(json!({"op": "replace", "path": ann, "value": "b2"}));
+    json_patch(&agent, &a, json!(ready)).await.unwrap();
+    assert_eq!(taints(&c, &a).await, ["example.com/dedicated:NoSchedule"]);
+    assert_refused(
+        "record moved back to the old boot",
+        json_patch(
+            &agent,
+            &a,
+            json!([{"op": "replace", "path": ann, "value": "b1"}]),
+        )
+        .await,
+        &[AGENT_POLICY, record_msg],
+    );
+}

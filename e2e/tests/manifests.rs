@@ -139,10 +139,16 @@ async fn every_shipped_manifest_is_created_through_the_emulators_validation() {
         ("cert-manager component", "manifests", &["cert-manager"]),
         ("monitoring component", "manifests", &["monitoring"]),
         ("pruning component", "manifests", &["pruning"]),
+        ("strict-mode component", "manifests", &["strict-mode"]),
+        (
+            "admission-policy overlay in strict mode",
+            "manifests/overlays/admission-policy",
+            &["strict-mode"],
+        ),
         (
             "every component",
             "manifests",
-            &["cert-manager", "monitoring", "pruning"],
+            &["cert-manager", "monitoring", "pruning", "strict-mode"],
         ),
     ];
     let mut skipped_all = BTreeSet::new();
@@ -161,5 +167,106 @@ async fn every_shipped_manifest_is_created_through_the_emulators_validation() {
             !skipped_all.contains(*k),
             "{k} carries CEL and must be served"
         );
+    }
+}
+
+/// `v` with every run of whitespace in its strings made one space:
+/// kustomize re-folds multi-line scalars (a more-indented line gains a blank
+/// line before it), which changes no CEL expression.
+fn squeezed(v: &Value) -> Value {
+    match v {
+        Value::String(s) => Value::String(s.split_whitespace().collect::<Vec<_>>().join(" ")),
+        Value::Array(a) => Value::Array(a.iter().map(squeezed).collect()),
+        Value::Object(o) => {
+            Value::Object(o.iter().map(|(k, v)| (k.clone(), squeezed(v))).collect())
+        }
+        other => other.clone(),
+    }
+}
+
+/// The documents of a YAML stream, keyed by kind and name.
+fn by_kind_and_name(text: &str) -> std::collections::BTreeMap<(String, String), Value> {
+    serde_yaml::Deserializer::from_str(text)
+        .map(|d| Value::deserialize(d).unwrap())
+        .filter(|v| !v.is_null())
+        .map(|v| {
+            let key = (
+                v["kind"].as_str().unwrap().to_owned(),
+                v["metadata"]["name"].as_str().unwrap().to_owned(),
+            );
+            (key, v)
+        })
+        .collect()
+}
+
+fn container_args(
+    objects: &std::collections::BTreeMap<(String, String), Value>,
+    kind: &str,
+    name: &str,
+) -> Vec<String> {
+    let o = &objects[&(kind.to_owned(), name.to_owned())];
+    o["spec"]["template"]["spec"]["containers"][0]["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// Strict mode is the component alone: it gives the webhook and the agent
+/// the same boot gate, and the policies it ships are the generators' output
+/// for those flags, under the plain install and under the admission-policy
+/// overlay; without it the install has no NoExecute taint anywhere.
+#[test]
+fn strict_mode_is_one_component_and_matches_the_generators() {
+    use nodegate_shared::TaintSpec;
+    use nodegate_shared::keys::DEFAULT_TAINT;
+    use nodegate_webhook::{confinement, policy};
+    const GATE: &str = "node.cilium.io/agent-not-ready=true:NoExecute";
+    let ordinary: Vec<TaintSpec> = vec![DEFAULT_TAINT.parse().unwrap()];
+    let gate: Vec<TaintSpec> = vec![GATE.parse().unwrap()];
+    let flag = format!("--boot-taint={GATE}");
+
+    for base in ["manifests", "manifests/overlays/admission-policy"] {
+        let plain = render(base, &[]);
+        assert!(
+            !plain.contains("NoExecute") && !plain.contains("--boot-taint"),
+            "{base} without strict mode has a boot gate"
+        );
+
+        let built = by_kind_and_name(&render(base, &["strict-mode"]));
+        for (kind, name) in [
+            ("Deployment", "nodegate-webhook"),
+            ("DaemonSet", "nodegate-agent"),
+        ] {
+            let args = container_args(&built, kind, name);
+            assert_eq!(
+                args.iter().filter(|a| **a == flag).count(),
+                1,
+                "{base}: {kind} {name} args {args:?}"
+            );
+            assert!(
+                args.contains(&format!("--taint={DEFAULT_TAINT}")),
+                "{base}: {kind} {name}"
+            );
+        }
+        let mut generated = by_kind_and_name(&confinement::render(&ordinary, &gate));
+        if base.ends_with("admission-policy") {
+            generated.extend(by_kind_and_name(&policy::render(
+                &ordinary,
+                &gate,
+                policy::ApiVersion::V1,
+            )));
+        }
+        for (key, want) in generated {
+            let got = built
+                .get(&key)
+                .unwrap_or_else(|| panic!("{base}: {key:?} missing"));
+            assert_eq!(
+                squeezed(&got["spec"]),
+                squeezed(&want["spec"]),
+                "{base}: {key:?} differs from the generator's output"
+            );
+        }
     }
 }

@@ -56,7 +56,7 @@ static EXTRA_NONE: nodegate_emulator::users::Extra = nodegate_emulator::users::E
 /// The Node after the generated policy, as the emulator's plugin applies it,
 /// and again as a reinvocation would (which must change nothing).
 fn through_policy(taints: &[TaintSpec], c: &RuleCase) -> Value {
-    let docs = documents(&render(taints, ApiVersion::V1));
+    let docs = documents(&render(taints, &[], ApiVersion::V1));
     let invocations = policy::from_objects(&[&docs[0]], &[&docs[1]]);
     assert_eq!(invocations.len(), 1);
     let inv = &invocations[0];
@@ -284,8 +284,12 @@ async fn a_condition_error_follows_the_policys_failure_policy() {
 #[tokio::test]
 async fn dry_run_create_gets_nodegates_taint_from_the_policy_and_stores_nothing() {
     let emu = Emulator::start(EmulatorOptions::default()).await.unwrap();
-    emu.apply(&render(&[DEFAULT_TAINT.parse().unwrap()], ApiVersion::V1))
-        .unwrap();
+    emu.apply(&render(
+        &[DEFAULT_TAINT.parse().unwrap()],
+        &[],
+        ApiVersion::V1,
+    ))
+    .unwrap();
     let api: Api<Node> = Api::all(emu.client(users::ADMIN).await.unwrap());
     let pp = PostParams {
         dry_run: true,
@@ -311,7 +315,7 @@ async fn dry_run_create_gets_nodegates_taint_from_the_policy_and_stores_nothing(
 /// The policy the overlay shipped before: its variable built the taints with
 /// `Object.spec.taints{…}`, a type that exists only where mutations compile.
 fn policy_with_object_literal_in_variable() -> String {
-    render(&[DEFAULT_TAINT.parse().unwrap()], ApiVersion::V1).replace(
+    render(&[DEFAULT_TAINT.parse().unwrap()], &[], ApiVersion::V1).replace(
         "{'key': 'node.cilium.io/agent-not-ready', 'value': 'true', 'effect': 'NoSchedule'}",
         "Object.spec.taints{key: 'node.cilium.io/agent-not-ready', value: 'true', effect: 'NoSchedule'}",
     )
@@ -334,7 +338,7 @@ async fn a_policy_using_object_types_in_a_variable_is_refused_at_create_like_the
     let old = policy_with_object_literal_in_variable();
     assert_ne!(
         old,
-        render(&[DEFAULT_TAINT.parse().unwrap()], ApiVersion::V1)
+        render(&[DEFAULT_TAINT.parse().unwrap()], &[], ApiVersion::V1)
     );
     let out = kubectl_create(&emu, &old);
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -362,7 +366,7 @@ async fn a_policy_using_object_types_in_a_variable_is_refused_at_create_like_the
     let emu = Emulator::start(EmulatorOptions::default()).await.unwrap();
     let out = kubectl_create(
         &emu,
-        &render(&[DEFAULT_TAINT.parse().unwrap()], ApiVersion::V1),
+        &render(&[DEFAULT_TAINT.parse().unwrap()], &[], ApiVersion::V1),
     );
     assert!(
         out.status.success(),
@@ -393,7 +397,7 @@ fn the_generated_policy_compiles_in_the_upstream_environments_for_every_taint_sh
         ],
     ] {
         for v in [ApiVersion::V1, ApiVersion::V1beta1] {
-            for doc in documents(&render(&taints, v)) {
+            for doc in documents(&render(&taints, &[], v)) {
                 let kind = doc["kind"].as_str().unwrap();
                 assert_eq!(
                     validation::validate(kind, &doc),

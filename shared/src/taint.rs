@@ -67,6 +67,10 @@ pub enum TaintError {
     Reserved(String),
     #[error("taint {0} is listed twice (key and effect identify a taint)")]
     Duplicate(String),
+    #[error(
+        "boot taint {0} must have effect NoExecute: the kubelet checks only NoExecute taints when it admits the pods bound to it"
+    )]
+    BootEffect(String),
 }
 
 /// One configured taint. Identity is key + effect, as in the API server.
@@ -157,6 +161,17 @@ pub fn check_unique(specs: &[TaintSpec]) -> Result<(), TaintError> {
         }
     }
     Ok(())
+}
+
+/// Checks the ordinary taints and the boot gate (strict mode) together: no
+/// duplicates across both lists, and every boot taint NoExecute, since only
+/// that effect stops a kubelet from starting pods already bound to it.
+pub fn check_taints(taints: &[TaintSpec], boot: &[TaintSpec]) -> Result<(), TaintError> {
+    if let Some(b) = boot.iter().find(|b| b.effect != Effect::NoExecute) {
+        return Err(TaintError::BootEffect(b.to_string()));
+    }
+    let all: Vec<TaintSpec> = taints.iter().chain(boot).cloned().collect();
+    check_unique(&all)
 }
 
 fn key_err(key: &str, reason: impl Into<String>) -> TaintError {
@@ -318,5 +333,18 @@ mod tests {
         assert!(matches!(check_unique(&dup), Err(TaintError::Duplicate(_))));
         let ok = vec![t, "a/b:NoExecute".parse().unwrap()];
         assert!(check_unique(&ok).is_ok());
+    }
+
+    #[test]
+    fn boot_taints_are_noexecute_and_distinct_from_the_ordinary_ones() {
+        let ordinary: Vec<TaintSpec> = vec!["a/b=true:NoSchedule".parse().unwrap()];
+        let gate: Vec<TaintSpec> = vec!["a/b=true:NoExecute".parse().unwrap()];
+        assert!(check_taints(&ordinary, &gate).is_ok());
+        assert!(check_taints(&ordinary, &[]).is_ok());
+        let err = check_taints(&ordinary, &ordinary).unwrap_err();
+        assert!(matches!(err, TaintError::BootEffect(_)), "{err}");
+        assert!(err.to_string().contains("must have effect NoExecute"));
+        let err = check_taints(&gate, &gate).unwrap_err();
+        assert!(matches!(err, TaintError::Duplicate(_)), "{err}");
     }
 }

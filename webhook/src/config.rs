@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use nodegate_shared::TaintSpec;
 use nodegate_shared::keys::DEFAULT_TAINT;
-use nodegate_shared::taint::check_unique;
+use nodegate_shared::taint::check_taints;
 
 use crate::limits::RequestLimits;
 use crate::patcher::PatcherOptions;
@@ -127,6 +127,38 @@ pub struct TaintArgs {
         default_value = DEFAULT_TAINT
     )]
     pub taints: Vec<TaintSpec>,
+    /// Strict mode's boot gate, `key[=value]:NoExecute` (repeatable): added
+    /// with the taints on every path the webhook taints (a new node, a
+    /// re-registration or status write showing a new boot), so the kubelet
+    /// refuses the pods already bound to a rebooted node until the agent is
+    /// ready. The confinement lets the agent add it only on a new boot.
+    #[arg(
+        long = "boot-taint",
+        env = "NODEGATE_BOOT_TAINTS",
+        value_delimiter = ','
+    )]
+    pub boot_taints: Vec<TaintSpec>,
+}
+
+impl TaintArgs {
+    /// Refuses an empty `--taint`, duplicates across both lists and a boot
+    /// taint other than NoExecute.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        if self.taints.is_empty() {
+            anyhow::bail!("at least one --taint is required");
+        }
+        check_taints(&self.taints, &self.boot_taints)?;
+        Ok(())
+    }
+
+    /// Every taint the webhook adds: the ordinary ones, then the boot gate.
+    pub fn all(&self) -> Vec<TaintSpec> {
+        self.taints
+            .iter()
+            .chain(&self.boot_taints)
+            .cloned()
+            .collect()
+    }
 }
 
 /// `nodegate-webhook policy` flags.
@@ -211,10 +243,7 @@ impl TryFrom<Args> for Config {
     type Error = anyhow::Error;
 
     fn try_from(a: Args) -> Result<Self, Self::Error> {
-        if a.taints.taints.is_empty() {
-            anyhow::bail!("at least one --taint is required");
-        }
-        check_unique(&a.taints.taints)?;
+        a.taints.validate()?;
         if a.tls_reload_interval.is_zero() {
             anyhow::bail!("--tls-reload-interval must be positive");
         }
@@ -230,7 +259,7 @@ impl TryFrom<Args> for Config {
             admin_listen: bind(a.admin_listen),
             tls_cert: a.tls_cert,
             tls_key: a.tls_key,
-            taints: a.taints.taints,
+            taints: a.taints.all(),
             tls_reload_interval: a.tls_reload_interval,
             header_read_timeout: a.header_read_timeout,
             tls_handshake_timeout: a.tls_handshake_timeout,
@@ -325,6 +354,42 @@ mod tests {
         assert!(parse_bytes("0").is_err());
         assert!(parse_bytes("2MB").is_err());
         assert!(parse_bytes("-1").is_err());
+    }
+
+    #[test]
+    fn boot_taints_join_the_taints_and_must_be_noexecute() {
+        let a = Args::try_parse_from([
+            "x",
+            "--boot-taint",
+            "node.cilium.io/agent-not-ready=true:NoExecute",
+        ])
+        .unwrap();
+        let shown: Vec<String> = Config::try_from(a)
+            .unwrap()
+            .taints
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(
+            shown,
+            [
+                DEFAULT_TAINT,
+                "node.cilium.io/agent-not-ready=true:NoExecute"
+            ]
+        );
+        let a = Args::try_parse_from(["x", "--boot-taint", DEFAULT_TAINT]).unwrap();
+        let err = Config::try_from(a).unwrap_err().to_string();
+        assert!(err.contains("must have effect NoExecute"), "{err}");
+        let a = Args::try_parse_from([
+            "x",
+            "--taint",
+            "a/b:NoExecute",
+            "--boot-taint",
+            "a/b:NoExecute",
+        ])
+        .unwrap();
+        let err = Config::try_from(a).unwrap_err().to_string();
+        assert!(err.contains("listed twice"), "{err}");
     }
 
     #[test]

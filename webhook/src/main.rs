@@ -7,16 +7,23 @@ use tracing_subscriber::EnvFilter;
 async fn main() -> anyhow::Result<()> {
     let args = nodegate_webhook::Args::parse();
     if let Some(nodegate_webhook::config::Command::Policy(p)) = &args.command {
-        nodegate_shared::taint::check_unique(&p.taints.taints)?;
+        p.taints.validate()?;
         print!(
             "{}",
-            nodegate_webhook::policy::render(&p.taints.taints, p.api_version)
+            nodegate_webhook::policy::render(
+                &p.taints.taints,
+                &p.taints.boot_taints,
+                p.api_version
+            )
         );
         return Ok(());
     }
     if let Some(nodegate_webhook::config::Command::Confinement(t)) = &args.command {
-        nodegate_shared::taint::check_unique(&t.taints)?;
-        print!("{}", nodegate_webhook::confinement::render(&t.taints));
+        t.validate()?;
+        print!(
+            "{}",
+            nodegate_webhook::confinement::render(&t.taints, &t.boot_taints)
+        );
         return Ok(());
     }
     tracing_subscriber::fmt()

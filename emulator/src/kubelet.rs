@@ -1,12 +1,16 @@
 //! A simulated kubelet that writes its Node exactly the way kubelet does
 //! (`pkg/kubelet/kubelet_node_status.go`): every start POSTs a create; on
 //! AlreadyExists it GETs the node and writes `nodes/status` with a strategic
-//! merge patch. Heartbeats are status patches too.
+//! merge patch. Heartbeats are status patches too. Pods bound to the node
+//! go through the kubelet's admission ([`crate::pod_admission`], after
+//! `pkg/kubelet/kubelet.go` `HandlePodAdditions` and `rejectPod`).
 
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Node, Pod, Taint};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
+use crate::pod_admission::{self, Admission};
+use crate::tolerations::COMPARISON_OPERATORS_DEFAULT;
 use crate::users;
 use crate::util;
 
@@ -194,30 +198,80 @@ impl SimKubelet {
         self.register().await
     }
 
-    /// Marks every pod bound to this node Running (what the kubelet reports
-    /// once the containers started).
+    /// The kubelet's start: every pod bound to it goes through admission
+    /// (`HandlePodAdditions` with the API source's first list — a restart
+    /// re-admits pods already running, a reboot too). Refused pods get
+    /// `rejectPod`'s status (phase Failed), admitted ones Running.
+    pub async fn admit_pods(&self) -> anyhow::Result<PodAdmissions> {
+        self.admit(true).await
+    }
+
+    /// Pods bound since: the ones not yet Running go through admission
+    /// (`HandlePodAdditions` for pods added later). Returns how many started.
     pub async fn sync_pods(&self) -> anyhow::Result<usize> {
+        Ok(self.admit(false).await?.started.len())
+    }
+
+    /// The Node as the kubelet's informer holds it: a GET of its own object
+    /// (the informer's lag is not modelled); before it exists, the node the
+    /// kubelet would register (`getNodeAnyWay` falls back to `initialNode`).
+    async fn node_taints(&self) -> anyhow::Result<Vec<Taint>> {
+        let node = match self.api().get_opt(&self.name).await? {
+            Some(n) => n,
+            None => serde_json::from_value(self.initial_node())?,
+        };
+        Ok(node.spec.and_then(|s| s.taints).unwrap_or_default())
+    }
+
+    async fn admit(&self, all: bool) -> anyhow::Result<PodAdmissions> {
+        let taints = self.node_taints().await?;
         let pods: Api<Pod> = Api::all(self.client.clone());
         let list = pods
             .list(&ListParams::default().fields(&format!("spec.nodeName={}", self.name)))
             .await?;
-        let mut n = 0;
+        let mut done = PodAdmissions::default();
         for p in list.items {
-            let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
-            if phase == Some("Running") {
+            let running = p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
+            if running && !all {
                 continue;
             }
             let ns = p.metadata.namespace.clone().unwrap_or_default();
             let name = p.metadata.name.clone().unwrap_or_default();
+            let status = match pod_admission::admit(&taints, &p, COMPARISON_OPERATORS_DEFAULT) {
+                Admission::Skipped(_) => continue,
+                Admission::Admitted if running => {
+                    done.kept.push(format!("{ns}/{name}"));
+                    continue;
+                }
+                Admission::Admitted => {
+                    done.started.push(format!("{ns}/{name}"));
+                    json!({"phase": "Running"})
+                }
+                Admission::Rejected { reason, message } => {
+                    let status = pod_admission::rejected_status(&reason, &message);
+                    done.rejected.push((format!("{ns}/{name}"), reason));
+                    status
+                }
+            };
             let api: Api<Pod> = Api::namespaced(self.client.clone(), &ns);
             api.patch_status(
                 &name,
                 &PatchParams::default(),
-                &Patch::Merge(json!({"status": {"phase": "Running"}})),
+                &Patch::Merge(json!({ "status": status })),
             )
             .await?;
-            n += 1;
         }
-        Ok(n)
+        Ok(done)
     }
+}
+
+/// What one admission pass of a kubelet did (pods as `namespace/name`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PodAdmissions {
+    /// Admitted and marked Running.
+    pub started: Vec<String>,
+    /// Admitted again while Running (no write).
+    pub kept: Vec<String>,
+    /// Refused, with the reason written to their status.
+    pub rejected: Vec<(String, String)>,
 }

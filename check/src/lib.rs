@@ -16,13 +16,16 @@
 //! - [`canary`]: the dry-run create;
 //! - [`workloads`]: Service, webhook Deployment, agent DaemonSet, taints;
 //! - [`confinement`]: the agent's and webhook's credentials are confined (a
-//!   dry-run of a forbidden change as the agent is refused).
+//!   dry-run of a forbidden change as the agent is refused);
+//! - [`strict_mode`]: strict mode's boot gate is off, or on and the same in
+//!   the webhook, the agent and the policies generated for them.
 
 pub mod admission_policy;
 pub mod canary;
 pub mod confinement;
 pub mod report;
 pub mod serving;
+pub mod strict_mode;
 pub mod webhook_config;
 pub mod workloads;
 
@@ -183,4 +186,5 @@ pub async fn run_with_client(
     }
     webhook_config::check_apiserver_metrics(&client, args, report).await;
     confinement::check(&client, config, args, report).await;
+    strict_mode::check(&client, args, report).await;
 }

@@ -321,3 +321,175 @@ async fn verifies_the_agents_confinement_and_fails_without_it() {
     assert!(line(&out, "FAIL", "credential confinement").contains("can rewrite every Node"));
     assert!(line(&out, "FAIL", "confinement dry-run").contains("nodegate.dev/exclude=true"));
 }
+
+/// `kubectl kustomize` of the install `base` with `components`, as an
+/// operator builds it, keyed by kind and name.
+fn kustomized(
+    base: &str,
+    components: &[&str],
+) -> std::collections::BTreeMap<(String, String), serde_json::Value> {
+    // The kustomization refers to the repository by a relative path.
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let scratch = repo.join("target");
+    std::fs::create_dir_all(&scratch).unwrap();
+    let dir = tempfile::Builder::new()
+        .prefix("check-test-")
+        .tempdir_in(&scratch)
+        .unwrap();
+    let mut k = format!("resources: [../../{base}]\n");
+    if !components.is_empty() {
+        k.push_str("components:\n");
+        for c in components {
+            k.push_str(&format!("  - ../../manifests/components/{c}\n"));
+        }
+    }
+    std::fs::write(dir.path().join("kustomization.yaml"), k).unwrap();
+    let out = Command::new("kubectl")
+        .arg("kustomize")
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "kustomize {base} {components:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    nodegate_emulator::server::parse_documents(&text)
+        .unwrap()
+        .into_iter()
+        .map(|v| {
+            let key = (
+                v["kind"].as_str().unwrap().to_owned(),
+                v["metadata"]["name"].as_str().unwrap().to_owned(),
+            );
+            (key, v)
+        })
+        .collect()
+}
+
+/// Applies the rendered `kind`s named `name` of `objects`; workloads get
+/// the statuses of the emulated install (one webhook replica available, the
+/// agent on no node) so only their args change.
+fn apply_rendered(
+    emu: &Emulator,
+    objects: &std::collections::BTreeMap<(String, String), serde_json::Value>,
+    which: &[(&str, &str)],
+) {
+    for (kind, name) in which {
+        let mut v = objects[&(kind.to_string(), name.to_string())].clone();
+        match *kind {
+            "Deployment" => {
+                v["spec"]["replicas"] = serde_json::json!(1);
+                v["status"] = deployment_status(1, 1);
+            }
+            "DaemonSet" => {
+                v["status"] = serde_json::json!({
+                    "desiredNumberScheduled": 0, "currentNumberScheduled": 0, "numberReady": 0,
+                    "numberAvailable": 0, "numberMisscheduled": 0, "updatedNumberScheduled": 0,
+                });
+            }
+            _ => {}
+        }
+        emu.apply(&v.to_string()).unwrap();
+    }
+}
+
+const WORKLOADS: &[(&str, &str)] = &[
+    ("Deployment", "nodegate-webhook"),
+    ("DaemonSet", "nodegate-agent"),
+];
+const CONFINEMENT: &[(&str, &str)] = &[
+    ("ValidatingAdmissionPolicy", "nodegate-agent-confinement"),
+    ("ValidatingAdmissionPolicy", "nodegate-webhook-confinement"),
+    (
+        "ValidatingAdmissionPolicyBinding",
+        "nodegate-agent-confinement",
+    ),
+    (
+        "ValidatingAdmissionPolicyBinding",
+        "nodegate-webhook-confinement",
+    ),
+];
+
+/// Strict mode as the component installs it, and each way it is half
+/// installed: the flags without the confinement (the gate's writes are
+/// refused), and the agent's args rolled back alone (nothing removes the
+/// gate).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reports_strict_mode_off_on_and_half_installed() {
+    let (emu, _webhook, home) = installed(None).await;
+    let kubeconfig = home.path().join("kubeconfig");
+    let (code, out) = check(&kubeconfig, &[]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        line(&out, "PASS", "strict mode")
+            .contains("off: neither the webhook nor the agent runs with --boot-taint")
+    );
+
+    let strict = kustomized("manifests", &["strict-mode"]);
+    apply_rendered(&emu, &strict, WORKLOADS);
+    let (code, out) = check(&kubeconfig, &[]);
+    assert_eq!(code, 1, "{out}");
+    let l = line(&out, "FAIL", "strict mode");
+    assert!(
+        l.contains("on (boot gate node.cilium.io/agent-not-ready=true:NoExecute), but")
+            && l.contains("nodegate-agent-confinement was generated without --boot-taint")
+            && l.contains("refuses the agent's write that removes")
+            && l.contains("nodegate-webhook-confinement was generated without --boot-taint"),
+        "{l}"
+    );
+
+    // The component's confinement, re-folded by kustomize, is its generator's.
+    apply_rendered(&emu, &strict, CONFINEMENT);
+    let (code, out) = check(&kubeconfig, &[]);
+    assert_eq!(code, 0, "{out}");
+    let l = line(&out, "PASS", "strict mode");
+    assert!(
+        l.contains("on (boot gate node.cilium.io/agent-not-ready=true:NoExecute): the webhook and the agent run with the same --boot-taint and --taint flags")
+            && l.contains("are generated for them"),
+        "{l}"
+    );
+
+    let plain = kustomized("manifests", &[]);
+    apply_rendered(&emu, &plain, &[("DaemonSet", "nodegate-agent")]);
+    let (code, out) = check(&kubeconfig, &[]);
+    assert_eq!(code, 1, "{out}");
+    let l = line(&out, "FAIL", "strict mode");
+    assert!(
+        l.contains("inconsistent: the webhook adds the boot gate node.cilium.io/agent-not-ready=true:NoExecute but the agent DaemonSet has no --boot-taint")
+            && l.contains("all its workloads are evicted")
+            && l.contains("add --boot-taint=node.cilium.io/agent-not-ready=true:NoExecute to the agent's args"),
+        "{l}"
+    );
+}
+
+/// Under the admission-policy overlay the policy must add the gate too: the
+/// overlay's policy alone does not, the strict-mode component's does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn strict_mode_needs_the_gate_in_the_admission_policy() {
+    use nodegate_e2e::process::{policy_mode_webhook_config, shipped_policy};
+    let policy = shipped_policy().unwrap();
+    let (emu, _webhook, home) =
+        installed_with(Some(policy_mode_webhook_config().unwrap()), Some(&policy)).await;
+    let kubeconfig = home.path().join("kubeconfig");
+    let strict = kustomized("manifests/overlays/admission-policy", &["strict-mode"]);
+    apply_rendered(&emu, &strict, WORKLOADS);
+    apply_rendered(&emu, &strict, CONFINEMENT);
+    let (code, out) = check(&kubeconfig, &[]);
+    assert_eq!(code, 1, "{out}");
+    let l = line(&out, "FAIL", "strict mode");
+    assert!(
+        l.contains("MutatingAdmissionPolicy nodegate does not add the boot gate node.cilium.io/agent-not-ready=true:NoExecute"),
+        "{l}"
+    );
+
+    apply_rendered(&emu, &strict, &[("MutatingAdmissionPolicy", "nodegate")]);
+    let (code, out) = check(&kubeconfig, &[]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        line(&out, "PASS", "strict mode")
+            .contains("MutatingAdmissionPolicy nodegate adds the gate")
+    );
+    line(&out, "PASS", "admission policy");
+}

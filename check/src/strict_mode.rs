@@ -1,0 +1,619 @@
+//! Strict mode (`--boot-taint`, the `strict-mode` component): on or off, and
+//! whether every piece agrees on the boot gate. The gate is NoExecute, so a
+//! disagreement does not fail safe: a gate the agent does not list is never
+//! removed (every node's workloads evicted), one only the agent adds comes
+//! after the kubelet started the bound pods, and confinement or an admission
+//! policy generated without it refuses or skips the writes that carry it.
+//!
+//! [`flags`] and [`verdict`] decide from what was read; [`check`] only reads.
+
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::core::v1::{Container, PodSpec};
+use kube::Client;
+use kube::api::{Api, ApiResource, DynamicObject};
+use kube::core::GroupVersionKind;
+use nodegate_shared::TaintSpec;
+use nodegate_shared::keys::DEFAULT_TAINT;
+use nodegate_shared::taint::check_taints;
+use nodegate_webhook::{confinement, policy};
+use serde_json::Value;
+
+use crate::workloads::container_flag;
+use crate::{Args, Report, Status};
+
+pub const CHECK: &str = "strict mode";
+const AGENT_POLICY: &str = "nodegate-agent-confinement";
+const WEBHOOK_POLICY: &str = "nodegate-webhook-confinement";
+/// The name `nodegate-webhook policy` gives its policy.
+const GENERATED_POLICY: &str = "nodegate";
+
+/// The taint flags one container runs with.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Flags {
+    /// `--taint` (default: nodegate's default taint).
+    pub taints: Vec<TaintSpec>,
+    /// `--boot-taint`: strict mode's boot gate, empty when off.
+    pub boot: Vec<TaintSpec>,
+}
+
+/// The flags of a webhook or agent container as its clap reads them (args
+/// win over `NODEGATE_TAINTS` / `NODEGATE_BOOT_TAINTS`); `Err` says why the
+/// binary would refuse to start with them.
+pub fn flags(c: &Container) -> Result<Flags, String> {
+    let parse = |flag: &str, env: &str| -> Result<Vec<TaintSpec>, String> {
+        container_flag(c, flag, env)
+            .iter()
+            .map(|s| s.parse().map_err(|e| format!("{flag}={s}: {e}")))
+            .collect()
+    };
+    let mut taints = parse("--taint", "NODEGATE_TAINTS")?;
+    if taints.is_empty() {
+        taints.extend(DEFAULT_TAINT.parse::<TaintSpec>().ok());
+    }
+    let boot = parse("--boot-taint", "NODEGATE_BOOT_TAINTS")?;
+    check_taints(&taints, &boot).map_err(|e| e.to_string())?;
+    Ok(Flags { taints, boot })
+}
+
+/// What [`verdict`] decides on.
+#[derive(Debug, Clone, Default)]
+pub struct Inputs {
+    /// The webhook Deployment's flags.
+    pub webhook: Flags,
+    /// The agent DaemonSet's flags.
+    pub agent: Flags,
+    /// `spec` of `nodegate-agent-confinement`; `None` when missing (the
+    /// credential confinement check reports that).
+    pub agent_policy: Option<Value>,
+    /// `spec` of `nodegate-webhook-confinement`; `None` when missing.
+    pub webhook_policy: Option<Value>,
+    /// Name and `spec` of the MutatingAdmissionPolicy, when installed.
+    pub admission_policy: Option<(String, Value)>,
+}
+
+fn listed(taints: &[TaintSpec]) -> String {
+    let v: Vec<String> = taints.iter().map(ToString::to_string).collect();
+    v.join(", ")
+}
+
+/// Same taints, in any order.
+fn same(a: &[TaintSpec], b: &[TaintSpec]) -> bool {
+    let sorted = |t: &[TaintSpec]| {
+        let mut v: Vec<String> = t.iter().map(ToString::to_string).collect();
+        v.sort();
+        v
+    };
+    sorted(a) == sorted(b)
+}
+
+/// A string with every run of whitespace made one space: kustomize re-folds
+/// multi-line scalars, which changes no CEL expression.
+fn squeezed(v: &Value) -> String {
+    v.as_str()
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// `(first, second)` of each entry of `spec[list]`, squeezed.
+fn pairs(spec: &Value, list: &str, first: &str, second: &str) -> Vec<(String, String)> {
+    spec[list]
+        .as_array()
+        .map(|l| {
+            l.iter()
+                .map(|e| (squeezed(&e[first]), squeezed(&e[second])))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// `spec` of the document `kind`/`name` in a generator's YAML stream.
+fn generated(yaml: &str, kind: &str, name: &str) -> Option<Value> {
+    yaml.split("\n---\n")
+        .filter_map(|d| serde_yaml::from_str::<Value>(d).ok())
+        .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+        .map(|d| d["spec"].clone())
+}
+
+/// How an installed policy compares with the generator's output.
+#[derive(Debug, PartialEq, Eq)]
+enum Match {
+    /// Generated for the running flags.
+    Current,
+    /// Generated for the same taints without `--boot-taint`.
+    WithoutGate,
+    Other,
+}
+
+fn compare(
+    installed: &Value,
+    strict: Option<Value>,
+    plain: Option<Value>,
+    shape: impl Fn(&Value) -> Vec<(String, String)>,
+) -> Match {
+    let got = shape(installed);
+    if strict.is_some_and(|s| shape(&s) == got) {
+        Match::Current
+    } else if plain.is_some_and(|p| shape(&p) == got) {
+        Match::WithoutGate
+    } else {
+        Match::Other
+    }
+}
+
+/// What is wrong with the confinement policies and the admission policy for
+/// the agreed flags `f` (strict mode on), and notes for the pass line.
+fn policy_problems(i: &Inputs, f: &Flags, problems: &mut Vec<String>, notes: &mut Vec<String>) {
+    let gate = listed(&f.boot);
+    let shown_flags: Vec<String> = f
+        .taints
+        .iter()
+        .map(|t| format!("--taint={t}"))
+        .chain(f.boot.iter().map(|t| format!("--boot-taint={t}")))
+        .collect();
+    let shown_flags = shown_flags.join(" ");
+    let vap = "ValidatingAdmissionPolicy";
+    let strict = confinement::render(&f.taints, &f.boot);
+    let plain = confinement::render(&f.taints, &[]);
+    let validations = |s: &Value| pairs(s, "validations", "expression", "messageExpression");
+    let regenerate = format!(
+        "apply the strict-mode component's confinement or the output of `nodegate-webhook confinement {shown_flags}`"
+    );
+    for (name, installed, without_gate) in [
+        (
+            AGENT_POLICY,
+            &i.agent_policy,
+            format!(
+                "it refuses the agent's write that removes {gate} with the taints, so every new or rebooted node stays NoExecute-tainted and its workloads are evicted"
+            ),
+        ),
+        (
+            WEBHOOK_POLICY,
+            &i.webhook_policy,
+            format!(
+                "it refuses the webhook's re-taint of a node whose reboot shows only in a status write (the patch adds {gate}), so such a node is never gated"
+            ),
+        ),
+    ] {
+        let Some(installed) = installed else {
+            notes.push(format!("{name} not installed (see credential confinement)"));
+            continue;
+        };
+        let want = (generated(&strict, vap, name), generated(&plain, vap, name));
+        match compare(installed, want.0, want.1, validations) {
+            Match::Current => {}
+            Match::WithoutGate => problems.push(format!(
+                "{name} was generated without --boot-taint: {without_gate}; {regenerate}"
+            )),
+            Match::Other => problems.push(format!(
+                "{name} is not generated for {shown_flags}: it may refuse the agent's removal of the gate (nodes stay gated) or the webhook's adding it (nodes never gated); {regenerate}"
+            )),
+        }
+    }
+    if problems.is_empty() && notes.is_empty() {
+        notes.push(format!(
+            "{AGENT_POLICY} and {WEBHOOK_POLICY} are generated for them"
+        ));
+    }
+
+    let Some((name, installed)) = &i.admission_policy else {
+        return;
+    };
+    let kind = "MutatingAdmissionPolicy";
+    let want = (
+        generated(
+            &policy::render(&f.taints, &f.boot, policy::ApiVersion::V1),
+            kind,
+            GENERATED_POLICY,
+        ),
+        generated(
+            &policy::render(&f.taints, &[], policy::ApiVersion::V1),
+            kind,
+            GENERATED_POLICY,
+        ),
+    );
+    // Its variables list every taint it adds.
+    let variables = |s: &Value| pairs(s, "variables", "name", "expression");
+    let regenerate = format!(
+        "apply the strict-mode component over the admission-policy overlay, or the output of `nodegate-webhook policy {shown_flags}`"
+    );
+    match compare(installed, want.0, want.1, variables) {
+        Match::Current => notes.push(format!("MutatingAdmissionPolicy {name} adds the gate")),
+        Match::WithoutGate => problems.push(format!(
+            "MutatingAdmissionPolicy {name} does not add the boot gate {gate}: a node whose reboot shows in a Node update is tainted without it, so its kubelet starts the pods bound to it before the agent is ready; {regenerate}"
+        )),
+        Match::Other => problems.push(format!(
+            "MutatingAdmissionPolicy {name} is not generated for {shown_flags}: the taints it adds are not the webhook's; {regenerate}"
+        )),
+    }
+}
+
+/// The strict-mode line: off, on and consistent, or every inconsistency
+/// with what it does to nodes and how to fix it.
+pub fn verdict(i: &Inputs) -> (Status, String) {
+    let (w, a) = (&i.webhook, &i.agent);
+    let mut problems = Vec::new();
+    if !same(&w.taints, &a.taints) {
+        problems.push(format!(
+            "the webhook adds the taints {} while the agent removes {}: a taint the agent does not list stays on every node; give both the same --taint flags",
+            listed(&w.taints),
+            listed(&a.taints)
+        ));
+    }
+    match (w.boot.is_empty(), a.boot.is_empty()) {
+        (true, true) => {
+            return if problems.is_empty() {
+                (
+                    Status::Pass,
+                    "off: neither the webhook nor the agent runs with --boot-taint".into(),
+                )
+            } else {
+                (Status::Fail, format!("off, but {}", problems.join("; ")))
+            };
+        }
+        (false, true) => problems.push(format!(
+            "the webhook adds the boot gate {gate} but the agent DaemonSet has no --boot-taint: nothing removes the gate, so every new or rebooted node stays NoExecute-tainted and all its workloads are evicted; add --boot-taint={gate} to the agent's args (the strict-mode component sets both)",
+            gate = listed(&w.boot)
+        )),
+        (true, false) => problems.push(format!(
+            "the agent runs with --boot-taint={gate} but the webhook Deployment does not: the gate then comes only from the agent's start-up safety net, after the kubelet already started the pods bound to a rebooted node; add --boot-taint={gate} to the webhook's args (the strict-mode component sets both)",
+            gate = listed(&a.boot)
+        )),
+        (false, false) if !same(&w.boot, &a.boot) => problems.push(format!(
+            "the webhook's boot gate {} differs from the agent's {}: the agent never removes a gate it does not list, so nodes stay NoExecute-tainted and their workloads evicted; give both the same --boot-taint flags",
+            listed(&w.boot),
+            listed(&a.boot)
+        )),
+        (false, false) => {}
+    }
+    let agreed = same(&w.boot, &a.boot);
+    let mut notes = Vec::new();
+    if problems.is_empty() {
+        policy_problems(i, w, &mut problems, &mut notes);
+    }
+    let on = format!("on (boot gate {})", listed(&w.boot));
+    if problems.is_empty() {
+        notes.insert(
+            0,
+            "the webhook and the agent run with the same --boot-taint and --taint flags".into(),
+        );
+        (Status::Pass, format!("{on}: {}", notes.join("; ")))
+    } else if agreed {
+        (Status::Fail, format!("{on}, but {}", problems.join("; ")))
+    } else {
+        (
+            Status::Fail,
+            format!("inconsistent: {}", problems.join("; ")),
+        )
+    }
+}
+
+fn resource(kind: &str, plural: &str) -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", kind),
+        plural,
+    )
+}
+
+fn first_container(spec: Option<PodSpec>) -> Option<Container> {
+    spec.and_then(|p| p.containers.into_iter().next())
+}
+
+/// `spec` of a cluster-scoped object, `None` when absent or unreadable
+/// (also when the API server does not serve the kind).
+async fn spec_of(client: &Client, res: &ApiResource, name: &str) -> Option<Value> {
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), res);
+    let obj = api.get_opt(name).await.ok().flatten()?;
+    Some(obj.data.get("spec").cloned().unwrap_or(Value::Null))
+}
+
+/// Reads the webhook's and the agent's container 0, the confinement
+/// policies and the admission policy, and reports [`verdict`].
+pub async fn check(client: &Client, args: &Args, report: &mut Report) {
+    let ns = &args.namespace;
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    let webhook = match deployments.get_opt(&args.deployment).await {
+        Ok(d) => d.and_then(|d| first_container(d.spec.and_then(|s| s.template.spec))),
+        Err(e) => {
+            report.add(
+                CHECK,
+                Status::Skip,
+                format!("cannot read Deployment {ns}/{}: {e}", args.deployment),
+            );
+            return;
+        }
+    };
+    let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), ns);
+    let agent = match daemonsets.get_opt(&args.daemonset).await {
+        Ok(d) => d.and_then(|d| first_container(d.spec.and_then(|s| s.template.spec))),
+        Err(e) => {
+            report.add(
+                CHECK,
+                Status::Skip,
+                format!("cannot read DaemonSet {ns}/{}: {e}", args.daemonset),
+            );
+            return;
+        }
+    };
+    let (Some(webhook), Some(agent)) = (webhook, agent) else {
+        report.add(
+            CHECK,
+            Status::Skip,
+            "the webhook Deployment or the agent DaemonSet (or its container) is missing",
+        );
+        return;
+    };
+    let (webhook, agent) = match (flags(&webhook), flags(&agent)) {
+        (Ok(w), Ok(a)) => (w, a),
+        (w, a) => {
+            let mut why = Vec::new();
+            if let Err(e) = w {
+                why.push(format!(
+                    "nodegate-webhook refuses to start with the Deployment's flags: {e}"
+                ));
+            }
+            if let Err(e) = a {
+                why.push(format!(
+                    "nodegate-agent refuses to start with the DaemonSet's flags: {e}"
+                ));
+            }
+            report.add(CHECK, Status::Fail, why.join("; "));
+            return;
+        }
+    };
+    let vap = resource("ValidatingAdmissionPolicy", "validatingadmissionpolicies");
+    let map = resource("MutatingAdmissionPolicy", "mutatingadmissionpolicies");
+    let inputs = Inputs {
+        webhook,
+        agent,
+        agent_policy: spec_of(client, &vap, AGENT_POLICY).await,
+        webhook_policy: spec_of(client, &vap, WEBHOOK_POLICY).await,
+        admission_policy: spec_of(client, &map, &args.policy)
+            .await
+            .map(|s| (args.policy.clone(), s)),
+    };
+    let (status, detail) = verdict(&inputs);
+    report.add(CHECK, status, detail);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const GATE: &str = "node.cilium.io/agent-not-ready=true:NoExecute";
+
+    fn t(s: &str) -> TaintSpec {
+        s.parse().unwrap()
+    }
+
+    fn f(taints: &[&str], boot: &[&str]) -> Flags {
+        Flags {
+            taints: taints.iter().map(|s| t(s)).collect(),
+            boot: boot.iter().map(|s| t(s)).collect(),
+        }
+    }
+
+    fn container(args: &[&str], env: &[(&str, &str)]) -> Container {
+        let env: Vec<Value> = env
+            .iter()
+            .map(|(n, v)| json!({"name": n, "value": v}))
+            .collect();
+        serde_json::from_value(json!({"name": "c", "args": args, "env": env})).unwrap()
+    }
+
+    /// What the install ships: confinement (and admission policy) generated
+    /// for `taints` and `boot`.
+    fn installed(taints: &[&str], boot: &[&str], with_policy: bool) -> Inputs {
+        let g = f(taints, boot);
+        let text = confinement::render(&g.taints, &g.boot);
+        Inputs {
+            agent_policy: generated(&text, "ValidatingAdmissionPolicy", AGENT_POLICY),
+            webhook_policy: generated(&text, "ValidatingAdmissionPolicy", WEBHOOK_POLICY),
+            admission_policy: with_policy.then(|| {
+                let text = policy::render(&g.taints, &g.boot, policy::ApiVersion::V1);
+                (
+                    "nodegate".to_string(),
+                    generated(&text, "MutatingAdmissionPolicy", "nodegate").unwrap(),
+                )
+            }),
+            webhook: g.clone(),
+            agent: g,
+        }
+    }
+
+    #[test]
+    fn flags_are_read_as_the_binaries_read_them() {
+        let none = flags(&container(&["--listen=0.0.0.0:9443"], &[])).unwrap();
+        assert_eq!(none, f(&[DEFAULT_TAINT], &[]));
+        let on = flags(&container(
+            &[&format!("--taint={DEFAULT_TAINT}"), "--boot-taint", GATE],
+            &[],
+        ))
+        .unwrap();
+        assert_eq!(on, f(&[DEFAULT_TAINT], &[GATE]));
+        // The env var counts only without the arg.
+        let env = flags(&container(&[], &[("NODEGATE_BOOT_TAINTS", GATE)])).unwrap();
+        assert_eq!(env, f(&[DEFAULT_TAINT], &[GATE]));
+        let both = flags(&container(
+            &["--boot-taint=a.io/b:NoExecute"],
+            &[("NODEGATE_BOOT_TAINTS", GATE)],
+        ))
+        .unwrap();
+        assert_eq!(both, f(&[DEFAULT_TAINT], &["a.io/b:NoExecute"]));
+        // Flags the binaries refuse.
+        let err = flags(&container(&[&format!("--boot-taint={DEFAULT_TAINT}")], &[])).unwrap_err();
+        assert!(err.contains("must have effect NoExecute"), "{err}");
+        let err = flags(&container(&["--boot-taint=nope"], &[])).unwrap_err();
+        assert!(err.starts_with("--boot-taint=nope: "), "{err}");
+    }
+
+    #[test]
+    fn verdicts() {
+        let gate_only_on = |webhook: bool| {
+            let mut i = installed(&[DEFAULT_TAINT], &[GATE], false);
+            if webhook {
+                i.agent.boot.clear();
+            } else {
+                i.webhook.boot.clear();
+            }
+            i
+        };
+        let mut other_gate = installed(&[DEFAULT_TAINT], &[GATE], false);
+        other_gate.agent.boot = vec![t("example.com/gate:NoExecute")];
+        let mut other_taints = installed(&[DEFAULT_TAINT], &[GATE], false);
+        other_taints
+            .agent
+            .taints
+            .push(t("example.com/x:NoSchedule"));
+        let mut off_other_taints = installed(&[DEFAULT_TAINT], &[], false);
+        off_other_taints.agent.taints = vec![t("example.com/x:NoSchedule")];
+        let old_confinement = |agent: bool| {
+            let mut i = installed(&[DEFAULT_TAINT], &[GATE], false);
+            let plain = installed(&[DEFAULT_TAINT], &[], false);
+            if agent {
+                i.agent_policy = plain.agent_policy;
+            } else {
+                i.webhook_policy = plain.webhook_policy;
+            }
+            i
+        };
+        let mut foreign_confinement = installed(&[DEFAULT_TAINT], &[GATE], false);
+        foreign_confinement.agent_policy =
+            installed(&["example.com/x:NoSchedule"], &[GATE], false).agent_policy;
+        let mut old_policy = installed(&[DEFAULT_TAINT], &[GATE], false);
+        old_policy.admission_policy = installed(&[DEFAULT_TAINT], &[], true).admission_policy;
+        let mut no_confinement = installed(&[DEFAULT_TAINT], &[GATE], false);
+        no_confinement.agent_policy = None;
+        // kustomize re-folds multi-line scalars.
+        let mut refolded = installed(&[DEFAULT_TAINT], &[GATE], true);
+        for v in refolded.agent_policy.as_mut().unwrap()["validations"]
+            .as_array_mut()
+            .unwrap()
+        {
+            let e = v["expression"].as_str().unwrap().replace(" || ", "\n\n|| ");
+            v["expression"] = json!(e);
+        }
+
+        let cases: Vec<(&str, Inputs, Status, &[&str])> = vec![
+            (
+                "default install",
+                installed(&[DEFAULT_TAINT], &[], false),
+                Status::Pass,
+                &["off: neither the webhook nor the agent runs with --boot-taint"],
+            ),
+            (
+                "strict-mode component",
+                installed(&[DEFAULT_TAINT], &[GATE], false),
+                Status::Pass,
+                &[
+                    "on (boot gate node.cilium.io/agent-not-ready=true:NoExecute): ",
+                    "are generated for them",
+                ],
+            ),
+            (
+                "strict-mode component over the admission-policy overlay",
+                installed(&[DEFAULT_TAINT], &[GATE], true),
+                Status::Pass,
+                &["MutatingAdmissionPolicy nodegate adds the gate"],
+            ),
+            (
+                "re-folded by kustomize",
+                refolded,
+                Status::Pass,
+                &["on (boot gate"],
+            ),
+            (
+                "gate only on the webhook",
+                gate_only_on(true),
+                Status::Fail,
+                &[
+                    "inconsistent: the webhook adds the boot gate node.cilium.io/agent-not-ready=true:NoExecute but the agent DaemonSet has no --boot-taint",
+                    "stays NoExecute-tainted and all its workloads are evicted",
+                    "add --boot-taint=node.cilium.io/agent-not-ready=true:NoExecute to the agent's args",
+                ],
+            ),
+            (
+                "gate only on the agent",
+                gate_only_on(false),
+                Status::Fail,
+                &[
+                    "only from the agent's start-up safety net",
+                    "to the webhook's args",
+                ],
+            ),
+            (
+                "different gates",
+                other_gate,
+                Status::Fail,
+                &["differs from the agent's example.com/gate:NoExecute"],
+            ),
+            (
+                "different taints",
+                other_taints,
+                Status::Fail,
+                &[
+                    "on (boot gate",
+                    "while the agent removes",
+                    "same --taint flags",
+                ],
+            ),
+            (
+                "different taints, strict mode off",
+                off_other_taints,
+                Status::Fail,
+                &[
+                    "off, but the webhook adds the taints node.cilium.io/agent-not-ready=true:NoSchedule while the agent removes example.com/x:NoSchedule",
+                ],
+            ),
+            (
+                "agent confinement not regenerated",
+                old_confinement(true),
+                Status::Fail,
+                &[
+                    "nodegate-agent-confinement was generated without --boot-taint",
+                    "refuses the agent's write that removes",
+                    "nodegate-webhook confinement --taint=node.cilium.io/agent-not-ready=true:NoSchedule --boot-taint=node.cilium.io/agent-not-ready=true:NoExecute",
+                ],
+            ),
+            (
+                "webhook confinement not regenerated",
+                old_confinement(false),
+                Status::Fail,
+                &[
+                    "nodegate-webhook-confinement was generated without --boot-taint",
+                    "never gated",
+                ],
+            ),
+            (
+                "confinement for other taints",
+                foreign_confinement,
+                Status::Fail,
+                &["nodegate-agent-confinement is not generated for --taint="],
+            ),
+            (
+                "admission policy without the gate",
+                old_policy,
+                Status::Fail,
+                &[
+                    "MutatingAdmissionPolicy nodegate does not add the boot gate",
+                    "nodegate-webhook policy --taint=",
+                ],
+            ),
+            (
+                "confinement missing",
+                no_confinement,
+                Status::Pass,
+                &["nodegate-agent-confinement not installed (see credential confinement)"],
+            ),
+        ];
+        for (name, inputs, status, want) in cases {
+            let (got, detail) = verdict(&inputs);
+            assert_eq!(got, status, "{name}: {detail}");
+            for w in want {
+                assert!(detail.contains(w), "{name}: {detail:?} lacks {w:?}");
+            }
+        }
+    }
+}

@@ -1,7 +1,8 @@
 //! The decisive check: a server-side dry-run create of a canary Node goes
 //! through the API server's real admission chain (matchConditions, caBundle,
-//! the webhook call) and stores nothing. Every configured taint and the
-//! webhook's warning must come back.
+//! the webhook call) and stores nothing. Every configured taint, strict
+//! mode's boot gate when configured, and the webhook's warning for each must
+//! come back.
 
 use http_body_util::BodyExt;
 use k8s_openapi::api::core::v1::Node;
@@ -10,6 +11,7 @@ use kube::{Api, Client};
 use nodegate_shared::TaintSpec;
 use serde_json::{Value, json};
 
+use crate::strict_mode::Flags;
 use crate::{Report, Status};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,6 +24,8 @@ pub enum Outcome {
     Error,
 }
 
+pub const CHECK: &str = "canary dry-run create";
+
 /// A canary Node shaped like a kubelet's registration.
 pub fn canary_node(name: &str) -> Value {
     json!({"apiVersion": "v1", "kind": "Node",
@@ -30,15 +34,15 @@ pub fn canary_node(name: &str) -> Value {
            "status": {"nodeInfo": {"bootID": "nodegate-check"}}})
 }
 
+/// `want`: the taints and boot gate the create must come back with.
 /// `want_warning`: the webhook admits creates (it warns); with the admission
 /// policy no warning can come back.
 pub async fn check(
     client: &Client,
-    taints: &[TaintSpec],
+    want: &Flags,
     want_warning: bool,
     report: &mut Report,
 ) -> Outcome {
-    const CHECK: &str = "canary dry-run create";
     let name = format!("nodegate-check-{:08x}", rand::random::<u32>());
     let pp = PostParams {
         dry_run: true,
@@ -103,15 +107,26 @@ pub async fn check(
         .and_then(Value::as_array)
         .cloned()
         .unwrap_or_default();
-    let missing: Vec<String> = taints
+    let absent = |taints: &[TaintSpec]| -> Vec<String> {
+        taints
+            .iter()
+            .filter(|t| !t.is_in(&got))
+            .map(ToString::to_string)
+            .collect()
+    };
+    let (missing, missing_gate) = (absent(&want.taints), absent(&want.boot));
+    let taints: Vec<&TaintSpec> = want.taints.iter().chain(&want.boot).collect();
+    // The gate shares its key with a taint: a warning counts for the key and
+    // effect it names.
+    let unwarned: Vec<String> = taints
         .iter()
-        .filter(|t| !t.is_in(&got))
-        .map(ToString::to_string)
-        .collect();
-    let unwarned: Vec<&str> = taints
-        .iter()
-        .filter(|t| t.is_in(&got) && !warnings.iter().any(|w| w.contains(t.key())))
-        .map(|t| t.key())
+        .filter(|t| {
+            t.is_in(&got)
+                && !warnings
+                    .iter()
+                    .any(|w| w.contains(t.key()) && w.contains(t.effect().as_str()))
+        })
+        .map(|t| format!("{}:{}", t.key(), t.effect()))
         .collect();
     // Dry-run must store nothing; a stored canary would be a fake node.
     let nodes: Api<Node> = Api::all(client.clone());
@@ -133,10 +148,19 @@ pub async fn check(
         })
         .collect();
     if !missing.is_empty() {
+        let missing: Vec<String> = missing.into_iter().chain(missing_gate).collect();
         report.add(
             CHECK,
             Status::Fail,
             format!("Node {name} was admitted WITHOUT {missing:?} (it came back with {shown:?}): new nodes are schedulable before their network agent is ready"),
+        );
+        return Outcome::Missing;
+    }
+    if !missing_gate.is_empty() {
+        report.add(
+            CHECK,
+            Status::Fail,
+            format!("Node {name} was admitted WITHOUT the boot gate {missing_gate:?} (it came back with {shown:?}): strict mode is configured but not applied, so pods bound to a new or rebooted node run before its network agent is ready"),
         );
         return Outcome::Missing;
     }
@@ -160,6 +184,11 @@ pub async fn check(
         return Outcome::Missing;
     }
     let keys: Vec<String> = taints.iter().map(ToString::to_string).collect();
+    let gate = if want.boot.is_empty() {
+        ""
+    } else {
+        " (strict mode's boot gate included)"
+    };
     let by = if want_warning {
         "and the webhook's warning"
     } else {
@@ -168,7 +197,7 @@ pub async fn check(
     report.add(
         CHECK,
         Status::Pass,
-        format!("Node {name} came back with {keys:?} {by}; nothing stored"),
+        format!("Node {name} came back with {keys:?}{gate} {by}; nothing stored"),
     );
     Outcome::Tainted
 }

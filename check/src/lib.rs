@@ -32,8 +32,11 @@ pub mod workloads;
 use clap::Parser;
 use kube::Client;
 use nodegate_shared::TaintSpec;
+use nodegate_shared::keys::DEFAULT_TAINT;
+use nodegate_shared::taint::check_taints;
 
 pub use report::{Report, Status};
+use strict_mode::Flags;
 
 /// Checks an installation of nodegate with the current kubeconfig; exits 1
 /// if any check fails.
@@ -41,9 +44,19 @@ pub use report::{Report, Status};
 #[command(name = "nodegate-check", version, about)]
 pub struct Args {
     /// Taints the webhook must add (repeatable, `key[=value]:Effect`).
-    /// Default: the `--taint` args of the webhook Deployment, else nodegate's default.
+    /// Given this or `--boot-taint`, the canary expects what a webhook with
+    /// these two flags adds (nodegate's default taint without `--taint`);
+    /// with neither, what the webhook Deployment's flags add.
     #[arg(long = "taint", env = "NODEGATE_TAINTS", value_delimiter = ',')]
     pub taints: Vec<TaintSpec>,
+    /// Strict mode's boot gate the webhook must add too (repeatable,
+    /// `key[=value]:NoExecute`); see `--taint` for when the Deployment's is used.
+    #[arg(
+        long = "boot-taint",
+        env = "NODEGATE_BOOT_TAINTS",
+        value_delimiter = ','
+    )]
+    pub boot_taints: Vec<TaintSpec>,
     /// Namespace of the webhook's Service, Deployment, Secret and the agent DaemonSet.
     #[arg(long, env = "NODEGATE_CHECK_NAMESPACE", default_value = "nodegate")]
     pub namespace: String,
@@ -92,6 +105,35 @@ pub struct Args {
     pub webhook_address: Option<String>,
 }
 
+/// What the canary must come back with: nodegate-check's own flags as one
+/// set, as the webhook reads them, else the webhook Deployment's. Mixing the
+/// two would expect a configuration nothing runs. `None`: flags no webhook
+/// runs with, so nothing to compare the canary with.
+fn expected(args: &Args, deploy: &workloads::DeploymentInfo, report: &mut Report) -> Option<Flags> {
+    if args.taints.is_empty() && args.boot_taints.is_empty() {
+        return Some(deploy.flags.clone());
+    }
+    let mut taints = args.taints.clone();
+    if taints.is_empty() {
+        taints.extend(DEFAULT_TAINT.parse::<TaintSpec>().ok());
+    }
+    let want = Flags {
+        taints,
+        boot: args.boot_taints.clone(),
+    };
+    if let Err(e) = check_taints(&want.taints, &want.boot) {
+        report.add(
+            "configured taints",
+            Status::Fail,
+            format!(
+                "nodegate-check's --taint/--boot-taint: {e} (nodegate-webhook refuses them too)"
+            ),
+        );
+        return None;
+    }
+    Some(want)
+}
+
 /// Runs every check; never panics, never returns early without a line
 /// saying why.
 pub async fn run(args: &Args) -> Report {
@@ -138,12 +180,17 @@ pub async fn run_with_client(
     };
     let deploy = workloads::check_deployment(&client, args, report).await;
     workloads::check_daemonset(&client, args, report).await;
-    let taints = if args.taints.is_empty() {
-        deploy.taints.clone()
-    } else {
-        args.taints.clone()
+    let canary = match expected(args, &deploy, report) {
+        Some(want) => canary::check(&client, &want, policy.is_none(), report).await,
+        None => {
+            report.add(
+                canary::CHECK,
+                Status::Skip,
+                "nothing to expect of it: nodegate-check's taint flags are invalid (see above)",
+            );
+            canary::Outcome::Error
+        }
     };
-    let canary = canary::check(&client, &taints, policy.is_none(), report).await;
     if canary == canary::Outcome::Missing {
         // Say why, from what the other checks found.
         let mut why = Vec::new();
@@ -152,7 +199,7 @@ pub async fn run_with_client(
                 "the admission policy is unbound or its conditions do not apply (see above)".into(),
             );
         } else if policy.is_some() {
-            why.push("the admission policy applied but did not add it: was it generated with the --taint flags checked here?".into());
+            why.push("the admission policy applied but did not add it: was it generated with the --taint and --boot-taint flags checked here?".into());
         } else if let Some(h) = &hook {
             why.extend(h.create_condition_errors.iter().map(|e| {
                 format!(
@@ -180,7 +227,7 @@ pub async fn run_with_client(
             why.push("the webhook Deployment has no available replica (webhook down)".into());
         }
         if why.is_empty() && policy.is_none() {
-            why.push("the webhook was called but did not add it: are the webhook's --taint flags the ones checked here?".into());
+            why.push("the webhook was called but did not add it: does the running webhook have the --taint and --boot-taint flags checked here (pods not restarted since the Deployment changed)?".into());
         }
         report.add("diagnosis", Status::Fail, why.join("; "));
     }

@@ -1,6 +1,6 @@
 //! What runs the webhook and the agent: the webhook's Service (and port),
-//! its Deployment (available replicas, and the `--taint` flags it runs
-//! with), and the agent DaemonSet.
+//! its Deployment (available replicas, and the `--taint` and `--boot-taint`
+//! flags it runs with), and the agent DaemonSet.
 
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{Container, Service};
@@ -8,6 +8,7 @@ use kube::{Api, Client};
 use nodegate_shared::TaintSpec;
 use nodegate_shared::keys::DEFAULT_TAINT;
 
+use crate::strict_mode::Flags;
 use crate::webhook_config::Hook;
 use crate::{Args, Report, Status};
 
@@ -16,8 +17,10 @@ use crate::{Args, Report, Status};
 pub struct DeploymentInfo {
     /// Available replicas, when the Deployment was read.
     pub available: Option<i32>,
-    /// The taints the webhook runs with (its `--taint` args or `NODEGATE_TAINTS`).
-    pub taints: Vec<TaintSpec>,
+    /// The taints the webhook runs with: its `--taint` args or
+    /// `NODEGATE_TAINTS` (nodegate's default without either), and strict
+    /// mode's `--boot-taint` or `NODEGATE_BOOT_TAINTS` (none without either).
+    pub flags: Flags,
 }
 
 /// The `--taint` values of a container (`--taint=X`, `--taint X`, or the
@@ -119,11 +122,9 @@ pub async fn check_service(client: &Client, hook: &Hook, report: &mut Report) ->
 
 pub async fn check_deployment(client: &Client, args: &Args, report: &mut Report) -> DeploymentInfo {
     const CHECK: &str = "webhook deployment";
-    let default = || {
-        vec![DEFAULT_TAINT.parse::<TaintSpec>().ok()]
-            .into_iter()
-            .flatten()
-            .collect()
+    let default = || Flags {
+        taints: DEFAULT_TAINT.parse::<TaintSpec>().into_iter().collect(),
+        boot: Vec::new(),
     };
     let api: Api<Deployment> = Api::namespaced(client.clone(), &args.namespace);
     let d = match api.get_opt(&args.deployment).await {
@@ -139,7 +140,7 @@ pub async fn check_deployment(client: &Client, args: &Args, report: &mut Report)
             );
             return DeploymentInfo {
                 available: Some(0),
-                taints: default(),
+                flags: default(),
             };
         }
         Err(e) => {
@@ -153,7 +154,7 @@ pub async fn check_deployment(client: &Client, args: &Args, report: &mut Report)
             );
             return DeploymentInfo {
                 available: None,
-                taints: default(),
+                flags: default(),
             };
         }
     };
@@ -185,24 +186,34 @@ pub async fn check_deployment(client: &Client, args: &Args, report: &mut Report)
         .and_then(|s| s.template.spec)
         .map(|p| p.containers)
         .unwrap_or_default();
-    let raw: Vec<String> = containers.iter().flat_map(container_taints).collect();
-    let mut taints = Vec::new();
-    for t in &raw {
-        match t.parse::<TaintSpec>() {
-            Ok(t) => taints.push(t),
-            Err(e) => report.add(
-                "configured taints",
-                Status::Fail,
-                format!("the Deployment's --taint {t:?} is invalid: {e}"),
-            ),
+    // Each invalid value gets its own line; the valid ones are still
+    // expected of the canary.
+    let mut read = |flag: &str, env: &str| -> (bool, Vec<TaintSpec>) {
+        let raw: Vec<String> = containers
+            .iter()
+            .flat_map(|c| container_flag(c, flag, env))
+            .collect();
+        let mut taints = Vec::new();
+        for t in &raw {
+            match t.parse::<TaintSpec>() {
+                Ok(t) => taints.push(t),
+                Err(e) => report.add(
+                    "configured taints",
+                    Status::Fail,
+                    format!("the Deployment's {flag} {t:?} is invalid: {e}"),
+                ),
+            }
         }
+        (raw.is_empty(), taints)
+    };
+    let (unset, mut taints) = read("--taint", "NODEGATE_TAINTS");
+    if unset {
+        taints = default().taints;
     }
-    if raw.is_empty() {
-        taints = default();
-    }
+    let (_, boot) = read("--boot-taint", "NODEGATE_BOOT_TAINTS");
     DeploymentInfo {
         available: Some(available),
-        taints,
+        flags: Flags { taints, boot },
     }
 }
 

@@ -57,6 +57,16 @@ async fn installed_with(
     config: Option<String>,
     objects: Option<&str>,
 ) -> (Emulator, WebhookProcess, tempfile::TempDir) {
+    installed_serving(config, objects, &[]).await
+}
+
+/// The same with the webhook process started with `webhook_args` on top of
+/// the default ones: what it serves, whatever the stored Deployment lists.
+async fn installed_serving(
+    config: Option<String>,
+    objects: Option<&str>,
+    webhook_args: &[&str],
+) -> (Emulator, WebhookProcess, tempfile::TempDir) {
     let emu = Emulator::start(EmulatorOptions {
         rbac: Some(nodegate_e2e::process::shipped_rbac().unwrap()),
         ..Default::default()
@@ -65,6 +75,7 @@ async fn installed_with(
     .unwrap();
     let webhook = WebhookProcess::start(WebhookOptions {
         kubeconfig: Some(emu.kubeconfig(users::WEBHOOK).unwrap()),
+        extra_args: webhook_args.iter().map(ToString::to_string).collect(),
         ..Default::default()
     })
     .await
@@ -412,13 +423,19 @@ const CONFINEMENT: &[(&str, &str)] = &[
     ),
 ];
 
+/// Strict mode's boot gate, as the component sets it.
+const GATE: &str = "node.cilium.io/agent-not-ready=true:NoExecute";
+const GATE_FLAG: &str = "--boot-taint=node.cilium.io/agent-not-ready=true:NoExecute";
+
 /// Strict mode as the component installs it, and each way it is half
 /// installed: the flags without the confinement (the gate's writes are
 /// refused), and the agent's args rolled back alone (nothing removes the
 /// gate).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reports_strict_mode_off_on_and_half_installed() {
-    let (emu, _webhook, home) = installed(None).await;
+    // The webhook serves the component's gate throughout: the canary expects
+    // it once the Deployment lists it, and an extra taint fails nothing.
+    let (emu, _webhook, home) = installed_serving(None, None, &[GATE_FLAG]).await;
     let kubeconfig = home.path().join("kubeconfig");
     let (code, out) = check(&kubeconfig, &[]);
     assert_eq!(code, 0, "{out}");
@@ -444,6 +461,7 @@ async fn reports_strict_mode_off_on_and_half_installed() {
     apply_rendered(&emu, &strict, CONFINEMENT);
     let (code, out) = check(&kubeconfig, &[]);
     assert_eq!(code, 0, "{out}");
+    assert!(line(&out, "PASS", "canary dry-run create").contains(GATE));
     let l = line(&out, "PASS", "strict mode");
     assert!(
         l.contains("on (boot gate node.cilium.io/agent-not-ready=true:NoExecute): the webhook and the agent run with the same --boot-taint and --taint flags")
@@ -483,13 +501,96 @@ async fn strict_mode_needs_the_gate_in_the_admission_policy() {
         l.contains("MutatingAdmissionPolicy nodegate does not add the boot gate node.cilium.io/agent-not-ready=true:NoExecute"),
         "{l}"
     );
+    // Neither the policy nor the webhook (which runs without the gate) adds it.
+    let l = line(&out, "FAIL", "canary dry-run create");
+    assert!(
+        l.contains(&format!("WITHOUT the boot gate [\"{GATE}\"]")),
+        "{l}"
+    );
+    assert!(line(&out, "FAIL", "diagnosis").contains("--boot-taint flags checked here"));
 
     apply_rendered(&emu, &strict, &[("MutatingAdmissionPolicy", "nodegate")]);
     let (code, out) = check(&kubeconfig, &[]);
     assert_eq!(code, 0, "{out}");
+    let l = line(&out, "PASS", "canary dry-run create");
+    assert!(
+        l.contains(GATE) && l.contains("boot gate included) from the admission policy"),
+        "{l}"
+    );
     assert!(
         line(&out, "PASS", "strict mode")
             .contains("MutatingAdmissionPolicy nodegate adds the gate")
     );
     line(&out, "PASS", "admission policy");
+}
+
+/// The canary expects the gate the Deployment lists: a webhook serving it
+/// passes; one still running without it (pods not rolled since the
+/// component was applied) fails the canary, though every other line,
+/// strict mode's included, reads only the consistent manifests and passes.
+/// nodegate-check's own flags replace the Deployment's as one set.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn canary_expects_the_deployments_boot_gate() {
+    let strict = kustomized("manifests", &["strict-mode"]);
+
+    let (emu, _webhook, home) = installed_serving(None, None, &[GATE_FLAG]).await;
+    apply_rendered(&emu, &strict, WORKLOADS);
+    apply_rendered(&emu, &strict, CONFINEMENT);
+    let (code, out) = check(&home.path().join("kubeconfig"), &[]);
+    assert_eq!(code, 0, "{out}");
+    let l = line(&out, "PASS", "canary dry-run create");
+    assert!(
+        l.contains(&format!(
+            "[\"node.cilium.io/agent-not-ready=true:NoSchedule\", \"{GATE}\"] (strict mode's boot gate included) and the webhook's warning"
+        )),
+        "{l}"
+    );
+    drop((emu, _webhook));
+
+    let (emu, _webhook, home) = installed(None).await;
+    apply_rendered(&emu, &strict, WORKLOADS);
+    apply_rendered(&emu, &strict, CONFINEMENT);
+    let kubeconfig = home.path().join("kubeconfig");
+    let (code, out) = check(&kubeconfig, &[]);
+    assert_eq!(code, 1, "{out}");
+    let l = line(&out, "FAIL", "canary dry-run create");
+    assert!(
+        l.contains(&format!("WITHOUT the boot gate [\"{GATE}\"]"))
+            && l.contains(
+                "pods bound to a new or rebooted node run before its network agent is ready"
+            ),
+        "{l}"
+    );
+    assert!(
+        line(&out, "FAIL", "diagnosis").contains(
+            "does the running webhook have the --taint and --boot-taint flags checked here"
+        )
+    );
+    line(&out, "PASS", "strict mode");
+
+    // `--taint` alone: a webhook without strict mode is what is checked.
+    let (code, out) = check(
+        &kubeconfig,
+        &["--taint", "node.cilium.io/agent-not-ready=true:NoSchedule"],
+    );
+    assert!(!line(&out, "PASS", "canary dry-run create").contains("NoExecute"));
+    assert_eq!(code, 0, "{out}");
+    // `--boot-taint` alone: the default taint and that gate.
+    let (code, out) = check(&kubeconfig, &["--boot-taint", GATE]);
+    assert_eq!(code, 1, "{out}");
+    assert!(line(&out, "FAIL", "canary dry-run create").contains("WITHOUT the boot gate"));
+    // Flags the webhook would refuse are said to be wrong.
+    let (code, out) = check(
+        &kubeconfig,
+        &[
+            "--boot-taint",
+            "node.cilium.io/agent-not-ready=true:NoSchedule",
+        ],
+    );
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        line(&out, "FAIL", "configured taints")
+            .contains("nodegate-check's --taint/--boot-taint: boot taint node.cilium.io/agent-not-ready=true:NoSchedule must have effect NoExecute")
+    );
+    line(&out, "SKIP", "canary dry-run create");
 }

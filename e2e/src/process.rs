@@ -307,6 +307,7 @@ impl WebhookProcess {
         cmd.env_remove("KUBECONFIG")
             .env_remove("KUBERNETES_SERVICE_HOST")
             .env_remove("NODEGATE_TAINTS")
+            .env_remove("NODEGATE_BOOT_TAINTS")
             .env("HOME", dir.path())
             .env(
                 "RUST_LOG",

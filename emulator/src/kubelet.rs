@@ -254,18 +254,28 @@ impl SimKubelet {
                 }
             };
             let api: Api<Pod> = Api::namespaced(self.client.clone(), &ns);
-            api.patch_status(
-                &name,
-                &PatchParams::default(),
-                &Patch::Merge(json!({ "status": status })),
-            )
-            .await?;
+            let written = api
+                .patch_status(
+                    &name,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({ "status": status })),
+                )
+                .await;
+            match written {
+                // Deleted since the list: the status manager drops the update
+                // (`pkg/kubelet/status/status_manager.go` `syncPod`).
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                r => {
+                    r?;
+                }
+            }
         }
         Ok(done)
     }
 }
 
-/// What one admission pass of a kubelet did (pods as `namespace/name`).
+/// What one admission pass of a kubelet did (pods as `namespace/name`):
+/// its decisions, also for a pod deleted before its status was written.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PodAdmissions {
     /// Admitted and marked Running.

@@ -67,6 +67,8 @@ pub struct Fleet {
     dir: tempfile::TempDir,
     pruners: HashSet<String>,
     probe_period: Duration,
+    /// `--boot-taint` values (strict mode's boot gate); empty: off.
+    boot_taints: Vec<String>,
     clients: Mutex<HashMap<String, kube::Client>>,
     running: Mutex<HashMap<String, Running>>,
     /// One recorder per start of a pruning agent, in start order.
@@ -89,10 +91,17 @@ impl Fleet {
                 .tempdir()?,
             pruners: pruners.into_iter().collect(),
             probe_period,
+            boot_taints: Vec::new(),
             clients: Mutex::default(),
             running: Mutex::default(),
             recorders: Mutex::default(),
         })
+    }
+
+    /// Every agent runs with `--boot-taint` for each of `taints` (strict mode).
+    pub fn with_boot_taints(mut self, taints: Vec<String>) -> Self {
+        self.boot_taints = taints;
+        self
     }
 
     pub fn pruners(&self) -> impl Iterator<Item = &String> {
@@ -134,7 +143,7 @@ impl Fleet {
 
     fn args(&self, node: &str) -> anyhow::Result<Args> {
         let probe = self.probe_dir(node).join(PROBE_FILE);
-        let argv: Vec<OsString> = vec![
+        let mut argv: Vec<OsString> = vec![
             "nodegate-agent".into(),
             "--node-name".into(),
             node.into(),
@@ -155,6 +164,11 @@ impl Fleet {
             "--admin-listen".into(),
             "127.0.0.1:0".into(),
         ];
+        argv.extend(
+            self.boot_taints
+                .iter()
+                .map(|t| OsString::from(format!("--boot-taint={t}"))),
+        );
         Args::try_parse_from(argv).context("agent arguments")
     }
 

@@ -13,10 +13,15 @@
 //! are deleted (one re-created) and the agents restarted: their deletion
 //! handlers must run exactly for the nodes deleted meanwhile.
 //!
-//! Modules, one way down: `scenario` (the run) uses `fleet` (the agents),
-//! `publishers` (the roster publishers) and `report` (the table and the
-//! guarantees, pure); `serve` (the kubectl playground) uses `publishers`;
-//! `lock` is at the bottom.
+//! `run --strict` compares strict mode's boot gate on and off: pods already
+//! bound to rebooting nodes, kubelets that admit them as the kubelet does,
+//! the taint-eviction controller, and agent restarts on the same boot.
+//!
+//! Modules, one way down: `strict` (the strict-mode run) uses `scenario`'s
+//! options, `fleet` and `strict_report` (its table and guarantees, pure);
+//! `scenario` (the run) uses `fleet` (the agents), `publishers` (the roster
+//! publishers) and `report` (the table and the guarantees, pure); `serve`
+//! (the kubectl playground) uses `publishers`; `lock` is at the bottom.
 
 mod fleet;
 mod lock;
@@ -24,8 +29,12 @@ pub mod publishers;
 mod report;
 mod scenario;
 mod serve;
+mod strict;
+mod strict_report;
 
 pub use fleet::{Dispatched, Fleet, Recorder};
 pub use report::{PruneReport, ScenarioReport, broken_guarantees, render_table};
 pub use scenario::{AdmissionMode, RunOptions, run, run_scenario};
 pub use serve::serve;
+pub use strict::{run_strict, strict_scenario};
+pub use strict_report::{StrictReport, broken_strict_guarantees, render_strict_table};

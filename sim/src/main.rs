@@ -65,6 +65,11 @@ enum Cmd {
         /// Print the logs on stderr instead of writing them to the log file.
         #[arg(long, short)]
         verbose: bool,
+        /// Instead: strict mode's boot gate (a NoExecute taint) on and off,
+        /// with pods already bound to the rebooting nodes (`--nodes`,
+        /// `--reboot-fraction` and the delays apply).
+        #[arg(long, env = "NODEGATE_SIM_STRICT")]
+        strict: bool,
     },
 }
 
@@ -114,6 +119,7 @@ async fn main() -> anyhow::Result<()> {
             admission,
             log_file,
             verbose,
+            strict,
         } => {
             anyhow::ensure!(nodes > 0, "--nodes must be at least 1");
             anyhow::ensure!(
@@ -143,9 +149,15 @@ async fn main() -> anyhow::Result<()> {
                 log_to_file(&path)?;
                 println!("logs: {} (--verbose prints them here)\n", path.display());
             }
-            let reports = sim::run(&opts).await?;
-            print!("{}", sim::render_table(&reports));
-            let broken = sim::broken_guarantees(&reports);
+            let broken = if strict {
+                let reports = sim::run_strict(&opts).await?;
+                print!("{}", sim::render_strict_table(&reports));
+                sim::broken_strict_guarantees(&reports)
+            } else {
+                let reports = sim::run(&opts).await?;
+                print!("{}", sim::render_table(&reports));
+                sim::broken_guarantees(&reports)
+            };
             if broken.is_empty() {
                 println!("\nall nodegate guarantees held");
                 Ok(())

@@ -53,6 +53,10 @@ pub struct RunOptions {
     pub webhook_config: Option<String>,
     /// Who admits Node CREATE and main-resource UPDATE in the nodegate scenario.
     pub admission: AdmissionMode,
+    /// Strict mode's boot gate (`--boot-taint`), for `run --strict`.
+    pub boot_taint: String,
+    /// Agents restarted on the same boot in `run --strict`.
+    pub same_boot_restarts: usize,
 }
 
 /// How nodegate is installed in the "with nodegate" scenario.
@@ -84,6 +88,8 @@ impl Default for RunOptions {
             taint_key: "node.cilium.io/agent-not-ready".into(),
             webhook_config: None,
             admission: AdmissionMode::Webhook,
+            boot_taint: "node.cilium.io/agent-not-ready=true:NoExecute".into(),
+            same_boot_restarts: 3,
         }
     }
 }
@@ -363,7 +369,7 @@ async fn create_pods(client: &kube::Client, prefix: &str, n: usize) -> anyhow::R
     Ok(())
 }
 
-fn agent_delay(o: &RunOptions) -> Duration {
+pub(crate) fn agent_delay(o: &RunOptions) -> Duration {
     let jitter = o.agent_jitter.as_millis() as u64;
     o.agent_delay
         + Duration::from_millis(if jitter == 0 {

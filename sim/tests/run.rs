@@ -72,3 +72,40 @@ async fn sim_run_with_the_policy_keeps_every_guarantee() {
     assert_eq!(r.violations, 0);
     assert_eq!(sim::broken_guarantees(&[r]), Vec::<String>::new());
 }
+
+/// Strict mode: no pod already bound to a rebooted node that does not
+/// tolerate the boot gate starts before the node's agent is ready (the
+/// kubelet refuses it, or the taint-eviction controller deleted it first),
+/// and restarting an agent on the same boot gates and evicts nothing;
+/// without the gate the same pods start at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn strict_mode_keeps_untolerating_pods_off_rebooted_nodes_until_ready() {
+    let opts = RunOptions {
+        nodes: 6,
+        same_boot_restarts: 2,
+        ..Default::default()
+    };
+    let reports = sim::run_strict(&opts).await.unwrap();
+    eprintln!("{}", sim::render_strict_table(&reports));
+    let (strict, plain) = (&reports[0], &reports[1]);
+    assert!(strict.strict && !plain.strict);
+    for r in &reports {
+        assert_eq!((r.reboots, r.bound_untolerating), (3, 3), "{}", r.name);
+        assert_eq!(r.refused_tolerating, 0, "{}", r.name);
+        assert_eq!(r.restarts, 2, "{}", r.name);
+        assert_eq!(r.restart_gated_versions, 0, "{}", r.name);
+        assert_eq!(r.restart_evictions, 0, "{}", r.name);
+    }
+    // Each untolerating pod is refused by the kubelet or deleted by the
+    // taint-eviction controller before the kubelet lists it; none starts.
+    assert_eq!(strict.admitted_early, 0);
+    assert!(strict.refused <= 3);
+    assert_eq!(strict.evicted_in_wave, 3);
+    assert_eq!(strict.reboots_ungated, 0);
+    assert_eq!(
+        plain.admitted_early, 3,
+        "without the gate they start at once"
+    );
+    assert_eq!((plain.refused, plain.evicted_in_wave), (0, 0));
+    assert!(sim::broken_strict_guarantees(&reports).is_empty());
+}

@@ -26,6 +26,9 @@ use kube::runtime::watcher;
 use nodegate_e2e::readme::{install_commands, repo_dir, shell, stdout_if_ok, user_dir};
 use serde_json::json;
 
+#[path = "real_nodes/strict.rs"]
+mod strict;
+
 const GATE: &str = "node.cilium.io/agent-not-ready";
 const NS: &str = "nodegate";
 const WEBHOOK: &str = "nodes.nodegate.dev";
@@ -573,7 +576,12 @@ async fn nodegate_on_real_nodes() {
         nodes0.len() >= 2,
         "the harness brings up at least two nodes"
     );
-    install(&h, &client, &nodes0).await;
+    // Strict mode alone, on a cluster an earlier run left up with nodegate
+    // installed (NODEGATE_REAL_NODES_KEEP=1): a shorter loop while working on it.
+    let strict_only = std::env::var("NODEGATE_REAL_NODES_ONLY").as_deref() == Ok("strict");
+    if !strict_only {
+        install(&h, &client, &nodes0).await;
+    }
     let c = Ctx {
         prober: Prober::start(client.clone()),
         h,
@@ -581,6 +589,10 @@ async fn nodegate_on_real_nodes() {
         rec,
         nodes0,
     };
+    if strict_only {
+        strict::strict_mode(&c).await;
+        return;
+    }
     join(&c).await;
     crash_reboot(&c).await;
     kubelet_restart(&c).await;
@@ -590,6 +602,7 @@ async fn nodegate_on_real_nodes() {
     pruning(&c).await;
     webhook_host_crash(&c).await;
     memory_and_nothing_gated(&c).await;
+    strict::strict_mode(&c).await;
 }
 
 /// What every scenario after the install shares.
@@ -897,20 +910,7 @@ async fn upgrade(c: &Ctx) {
     step("upgrade: the install applied again with the pruning component");
     let bundle = "get mutatingwebhookconfiguration nodegate -o jsonpath={.webhooks[0].clientConfig.caBundle}";
     let ca_before = h.kubectl(bundle);
-    std::fs::create_dir_all(h.work.path().join("my-nodegate")).unwrap();
-    std::fs::write(
-        h.work.path().join("my-nodegate/kustomization.yaml"),
-        "resources: [../manifests]
-components: [../manifests/components/pruning]
-patches:
-  - target: {kind: DaemonSet, name: nodegate-agent}
-    patch: |-
-      - op: add
-        path: /spec/template/spec/containers/0/args/-
-        value: --on-node-delete=echo \"$NODEGATE_NODE_NAME $NODEGATE_DELETE_SOURCE\" >> /var/run/nodegate/pruned.log
-",
-    )
-    .unwrap();
+    my_nodegate(h, "../manifests", &["pruning"]);
     let window = Window::open(h, prober);
     h.kubectl("apply -k my-nodegate/");
     h.kubectl(&format!(
@@ -945,6 +945,33 @@ patches:
         check.status.success(),
         "nodegate-check failed after the upgrade"
     );
+}
+
+/// Writes the user's own kustomization, `my-nodegate/`: the install `base`
+/// with `components`, and an `--on-node-delete` hook that logs to the node's
+/// `/var/run/nodegate/pruned.log`.
+fn my_nodegate(h: &Harness, base: &str, components: &[&str]) {
+    let components: Vec<String> = components
+        .iter()
+        .map(|c| format!("../manifests/components/{c}"))
+        .collect();
+    std::fs::create_dir_all(h.work.path().join("my-nodegate")).unwrap();
+    std::fs::write(
+        h.work.path().join("my-nodegate/kustomization.yaml"),
+        format!(
+            "resources: [{base}]
+components: [{}]
+patches:
+  - target: {{kind: DaemonSet, name: nodegate-agent}}
+    patch: |-
+      - op: add
+        path: /spec/template/spec/containers/0/args/-
+        value: --on-node-delete=echo \"$NODEGATE_NODE_NAME $NODEGATE_DELETE_SOURCE\" >> /var/run/nodegate/pruned.log
+",
+            components.join(", ")
+        ),
+    )
+    .unwrap();
 }
 
 /// 9. Pruning: a node deleted while the agents were down.
@@ -1092,12 +1119,10 @@ async fn ready_and_ungated(c: &Ctx, node: &str, figure_name: &str) -> u64 {
     .await
 }
 
-/// The token the kubelet projected into the agent's Pod on `node`, used as a
-/// thief would: its own gate (dry-run, so the live gate stays), refused on
-/// another node and on its own node's labels.
-async fn token_confinement(h: &Harness, agent: &Pod, node: &str, other: &str) {
-    // Read where the kubelet projected it, from inside the container (the
-    // projected volume is a tmpfs in the node's own mount namespace).
+/// A client with the token the kubelet projected into the agent's Pod,
+/// read from inside the container (the projected volume is a tmpfs in the
+/// node's own mount namespace), as a thief on that node would use it.
+async fn stolen_agent_client(h: &Harness, agent: &Pod) -> kube::Client {
     let token = h.kubectl(&format!(
         "-n {NS} exec {} -c agent -- sh -c 'read -r t < /var/run/secrets/kubernetes.io/serviceaccount/token; echo \"$t\"'",
         name_of(agent)
@@ -1114,7 +1139,14 @@ async fn token_confinement(h: &Harness, agent: &Pod, node: &str, other: &str) {
         ),
     )
     .unwrap();
-    let thief = kubeconfig_client(&kc).await;
+    kubeconfig_client(&kc).await
+}
+
+/// The token the kubelet projected into the agent's Pod on `node`, used as a
+/// thief would: its own gate (dry-run, so the live gate stays), refused on
+/// another node and on its own node's labels.
+async fn token_confinement(h: &Harness, agent: &Pod, node: &str, other: &str) {
+    let thief = stolen_agent_client(h, agent).await;
     let nodes: Api<Node> = Api::all(thief);
     let dry = PatchParams {
         dry_run: true,

@@ -11,7 +11,7 @@ use kube::{Api, Client};
 use nodegate_shared::TaintSpec;
 use serde_json::{Value, json};
 
-use crate::strict_mode::Flags;
+use crate::container_flags::Flags;
 use crate::{Report, Status};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -23,6 +23,7 @@
 pub mod admission_policy;
 pub mod canary;
 pub mod confinement;
+pub mod container_flags;
 pub mod report;
 pub mod serving;
 pub mod strict_mode;
@@ -35,8 +36,8 @@ use nodegate_shared::TaintSpec;
 use nodegate_shared::keys::DEFAULT_TAINT;
 use nodegate_shared::taint::check_taints;
 
+use container_flags::Flags;
 pub use report::{Report, Status};
-use strict_mode::Flags;
 
 /// Checks an installation of nodegate with the current kubeconfig; exits 1
 /// if any check fails.

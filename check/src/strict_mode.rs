@@ -13,12 +13,10 @@ use kube::Client;
 use kube::api::{Api, ApiResource, DynamicObject};
 use kube::core::GroupVersionKind;
 use nodegate_shared::TaintSpec;
-use nodegate_shared::keys::DEFAULT_TAINT;
-use nodegate_shared::taint::check_taints;
 use nodegate_webhook::{confinement, policy};
 use serde_json::Value;
 
-use crate::workloads::container_flag;
+use crate::container_flags::{Flags, flags};
 use crate::{Args, Report, Status};
 
 pub const CHECK: &str = "strict mode";
@@ -26,34 +24,6 @@ const AGENT_POLICY: &str = "nodegate-agent-confinement";
 const WEBHOOK_POLICY: &str = "nodegate-webhook-confinement";
 /// The name `nodegate-webhook policy` gives its policy.
 const GENERATED_POLICY: &str = "nodegate";
-
-/// The taint flags one container runs with.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Flags {
-    /// `--taint` (default: nodegate's default taint).
-    pub taints: Vec<TaintSpec>,
-    /// `--boot-taint`: strict mode's boot gate, empty when off.
-    pub boot: Vec<TaintSpec>,
-}
-
-/// The flags of a webhook or agent container as its clap reads them (args
-/// win over `NODEGATE_TAINTS` / `NODEGATE_BOOT_TAINTS`); `Err` says why the
-/// binary would refuse to start with them.
-pub fn flags(c: &Container) -> Result<Flags, String> {
-    let parse = |flag: &str, env: &str| -> Result<Vec<TaintSpec>, String> {
-        container_flag(c, flag, env)
-            .iter()
-            .map(|s| s.parse().map_err(|e| format!("{flag}={s}: {e}")))
-            .collect()
-    };
-    let mut taints = parse("--taint", "NODEGATE_TAINTS")?;
-    if taints.is_empty() {
-        taints.extend(DEFAULT_TAINT.parse::<TaintSpec>().ok());
-    }
-    let boot = parse("--boot-taint", "NODEGATE_BOOT_TAINTS")?;
-    check_taints(&taints, &boot).map_err(|e| e.to_string())?;
-    Ok(Flags { taints, boot })
-}
 
 /// What [`verdict`] decides on.
 #[derive(Debug, Clone, Default)]
@@ -380,6 +350,7 @@ pub async fn check(client: &Client, args: &Args, report: &mut Report) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use nodegate_shared::keys::DEFAULT_TAINT;
     use serde_json::json;
 
     const GATE: &str = "node.cilium.io/agent-not-ready=true:NoExecute";
@@ -393,14 +364,6 @@ mod tests {
             taints: taints.iter().map(|s| t(s)).collect(),
             boot: boot.iter().map(|s| t(s)).collect(),
         }
-    }
-
-    fn container(args: &[&str], env: &[(&str, &str)]) -> Container {
-        let env: Vec<Value> = env
-            .iter()
-            .map(|(n, v)| json!({"name": n, "value": v}))
-            .collect();
-        serde_json::from_value(json!({"name": "c", "args": args, "env": env})).unwrap()
     }
 
     /// What the install ships: confinement (and admission policy) generated
@@ -421,32 +384,6 @@ mod tests {
             webhook: g.clone(),
             agent: g,
         }
-    }
-
-    #[test]
-    fn flags_are_read_as_the_binaries_read_them() {
-        let none = flags(&container(&["--listen=0.0.0.0:9443"], &[])).unwrap();
-        assert_eq!(none, f(&[DEFAULT_TAINT], &[]));
-        let on = flags(&container(
-            &[&format!("--taint={DEFAULT_TAINT}"), "--boot-taint", GATE],
-            &[],
-        ))
-        .unwrap();
-        assert_eq!(on, f(&[DEFAULT_TAINT], &[GATE]));
-        // The env var counts only without the arg.
-        let env = flags(&container(&[], &[("NODEGATE_BOOT_TAINTS", GATE)])).unwrap();
-        assert_eq!(env, f(&[DEFAULT_TAINT], &[GATE]));
-        let both = flags(&container(
-            &["--boot-taint=a.io/b:NoExecute"],
-            &[("NODEGATE_BOOT_TAINTS", GATE)],
-        ))
-        .unwrap();
-        assert_eq!(both, f(&[DEFAULT_TAINT], &["a.io/b:NoExecute"]));
-        // Flags the binaries refuse.
-        let err = flags(&container(&[&format!("--boot-taint={DEFAULT_TAINT}")], &[])).unwrap_err();
-        assert!(err.contains("must have effect NoExecute"), "{err}");
-        let err = flags(&container(&["--boot-taint=nope"], &[])).unwrap_err();
-        assert!(err.starts_with("--boot-taint=nope: "), "{err}");
     }
 
     #[test]

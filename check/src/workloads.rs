@@ -8,7 +8,7 @@ use kube::{Api, Client};
 use nodegate_shared::TaintSpec;
 use nodegate_shared::keys::DEFAULT_TAINT;
 
-use crate::strict_mode::Flags;
+use crate::container_flags::{Flags, container_flag};
 use crate::webhook_config::Hook;
 use crate::{Args, Report, Status};
 
@@ -27,48 +27,6 @@ pub struct DeploymentInfo {
 /// `NODEGATE_TAINTS` env var, as the webhook's clap reads them).
 pub fn container_taints(c: &Container) -> Vec<String> {
     container_flag(c, "--taint", "NODEGATE_TAINTS")
-}
-
-/// The values of a repeatable, comma-delimited flag as clap reads them:
-/// `flag=X` or `flag X` in the args (commas split values), else the `env`
-/// variable's literal value when no arg gives one.
-pub fn container_flag(c: &Container, flag: &str, env: &str) -> Vec<String> {
-    let args: Vec<&str> = c
-        .args
-        .iter()
-        .flatten()
-        .chain(c.command.iter().flatten())
-        .map(String::as_str)
-        .collect();
-    let split = |v: &str| -> Vec<String> {
-        v.split(',')
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-            .map(str::to_string)
-            .collect()
-    };
-    let mut out = Vec::new();
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        if let Some(v) = a.strip_prefix(flag).and_then(|r| r.strip_prefix('=')) {
-            out.extend(split(v));
-        } else if *a == flag
-            && let Some(v) = it.next()
-        {
-            out.extend(split(v));
-        }
-    }
-    if out.is_empty()
-        && let Some(v) = c
-            .env
-            .iter()
-            .flatten()
-            .find(|e| e.name == env)
-            .and_then(|e| e.value.clone())
-    {
-        out.extend(split(&v));
-    }
-    out
 }
 
 pub async fn check_service(client: &Client, hook: &Hook, report: &mut Report) -> bool {
@@ -279,22 +237,5 @@ mod tests {
             container_taints(&c),
             vec!["a.io/x:NoSchedule", "b.io/y:NoSchedule"]
         );
-    }
-
-    /// Args win over the env var, commas split values as clap's
-    /// value_delimiter does, and `--taint` is not `--taint-x`.
-    #[test]
-    fn flags_follow_clap() {
-        let c: Container = serde_json::from_value(serde_json::json!({
-            "name": "w",
-            "args": ["--boot-taint=a.io/x:NoExecute,b.io/y:NoExecute", "--boot-taints=c.io/z:NoExecute"],
-            "env": [{"name": "NODEGATE_BOOT_TAINTS", "value": "d.io/w:NoExecute"}]
-        }))
-        .unwrap();
-        assert_eq!(
-            container_flag(&c, "--boot-taint", "NODEGATE_BOOT_TAINTS"),
-            vec!["a.io/x:NoExecute", "b.io/y:NoExecute"]
-        );
-        assert_eq!(container_taints(&c), Vec::<String>::new());
     }
 }

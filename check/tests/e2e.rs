@@ -9,6 +9,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use nodegate_e2e::manifests::{Objects, by_kind_and_name, kustomize};
 use nodegate_e2e::process::deployment_status;
 use nodegate_e2e::{WebhookOptions, WebhookProcess};
 use nodegate_emulator::{Emulator, EmulatorOptions, users};
@@ -335,58 +336,14 @@ async fn verifies_the_agents_confinement_and_fails_without_it() {
 
 /// `kubectl kustomize` of the install `base` with `components`, as an
 /// operator builds it, keyed by kind and name.
-fn kustomized(
-    base: &str,
-    components: &[&str],
-) -> std::collections::BTreeMap<(String, String), serde_json::Value> {
-    // The kustomization refers to the repository by a relative path.
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let scratch = repo.join("target");
-    std::fs::create_dir_all(&scratch).unwrap();
-    let dir = tempfile::Builder::new()
-        .prefix("check-test-")
-        .tempdir_in(&scratch)
-        .unwrap();
-    let mut k = format!("resources: [../../{base}]\n");
-    if !components.is_empty() {
-        k.push_str("components:\n");
-        for c in components {
-            k.push_str(&format!("  - ../../manifests/components/{c}\n"));
-        }
-    }
-    std::fs::write(dir.path().join("kustomization.yaml"), k).unwrap();
-    let out = Command::new("kubectl")
-        .arg("kustomize")
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "kustomize {base} {components:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8(out.stdout).unwrap();
-    nodegate_emulator::server::parse_documents(&text)
-        .unwrap()
-        .into_iter()
-        .map(|v| {
-            let key = (
-                v["kind"].as_str().unwrap().to_owned(),
-                v["metadata"]["name"].as_str().unwrap().to_owned(),
-            );
-            (key, v)
-        })
-        .collect()
+fn kustomized(base: &str, components: &[&str]) -> Objects {
+    by_kind_and_name(&kustomize(base, components).unwrap()).unwrap()
 }
 
 /// Applies the rendered `kind`s named `name` of `objects`; workloads get
 /// the statuses of the emulated install (one webhook replica available, the
 /// agent on no node) so only their args change.
-fn apply_rendered(
-    emu: &Emulator,
-    objects: &std::collections::BTreeMap<(String, String), serde_json::Value>,
-    which: &[(&str, &str)],
-) {
+fn apply_rendered(emu: &Emulator, objects: &Objects, which: &[(&str, &str)]) {
     for (kind, name) in which {
         let mut v = objects[&(kind.to_string(), name.to_string())].clone();
         match *kind {

@@ -2,9 +2,11 @@
 //! and nodegate-check's end-to-end tests, and `nodegate-sim`) share. It runs
 //! the real binaries next to the emulator (`process`), picks a fresh emulator
 //! or a real cluster (`cluster`), and plays the agent's write at an exact
-//! moment (`standin`); `readme` reads the README's install commands. Test code: nothing shipped depends on it.
+//! moment (`standin`); `readme` reads the README's install commands, `manifests` builds the
+//! shipped kustomizations. Test code: nothing shipped depends on it.
 
 pub mod cluster;
+pub mod manifests;
 pub mod process;
 pub mod readme;
 pub mod standin;

@@ -9,16 +9,12 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use nodegate_e2e::manifests::{Objects, by_kind_and_name, kustomize, squeezed};
 use nodegate_emulator::{Emulator, EmulatorOptions, resources, users};
 use serde::Deserialize;
 use serde_json::Value;
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
 
 /// Kinds the emulator does not serve, and where they are validated instead
 /// (`.ci/validate-manifests`, `.ci/monitoring`: OpenAPI schemas, strict).
@@ -54,34 +50,8 @@ const CEL_KINDS: &[&str] = &[
     "ValidatingAdmissionPolicyBinding",
 ];
 
-/// `kubectl kustomize` of a directory holding a kustomization that includes
-/// the install and the given components (as `.ci/monitoring` builds them).
 fn render(base: &str, components: &[&str]) -> String {
-    let scratch = repo().join("target");
-    std::fs::create_dir_all(&scratch).unwrap();
-    let dir = tempfile::Builder::new()
-        .prefix("manifests-test-")
-        .tempdir_in(&scratch)
-        .unwrap();
-    let mut k = format!("resources: [../../{base}]\ncomponents:\n");
-    for c in components {
-        k.push_str(&format!("  - ../../manifests/components/{c}\n"));
-    }
-    if components.is_empty() {
-        k = format!("resources: [../../{base}]\n");
-    }
-    std::fs::write(dir.path().join("kustomization.yaml"), k).unwrap();
-    let out = Command::new("kubectl")
-        .arg("kustomize")
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "kustomize {base} {components:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
+    kustomize(base, components).unwrap()
 }
 
 /// Creates every served object of `text` with `kubectl create` as admin in a
@@ -170,40 +140,7 @@ async fn every_shipped_manifest_is_created_through_the_emulators_validation() {
     }
 }
 
-/// `v` with every run of whitespace in its strings made one space:
-/// kustomize re-folds multi-line scalars (a more-indented line gains a blank
-/// line before it), which changes no CEL expression.
-fn squeezed(v: &Value) -> Value {
-    match v {
-        Value::String(s) => Value::String(s.split_whitespace().collect::<Vec<_>>().join(" ")),
-        Value::Array(a) => Value::Array(a.iter().map(squeezed).collect()),
-        Value::Object(o) => {
-            Value::Object(o.iter().map(|(k, v)| (k.clone(), squeezed(v))).collect())
-        }
-        other => other.clone(),
-    }
-}
-
-/// The documents of a YAML stream, keyed by kind and name.
-fn by_kind_and_name(text: &str) -> std::collections::BTreeMap<(String, String), Value> {
-    serde_yaml::Deserializer::from_str(text)
-        .map(|d| Value::deserialize(d).unwrap())
-        .filter(|v| !v.is_null())
-        .map(|v| {
-            let key = (
-                v["kind"].as_str().unwrap().to_owned(),
-                v["metadata"]["name"].as_str().unwrap().to_owned(),
-            );
-            (key, v)
-        })
-        .collect()
-}
-
-fn container_args(
-    objects: &std::collections::BTreeMap<(String, String), Value>,
-    kind: &str,
-    name: &str,
-) -> Vec<String> {
+fn container_args(objects: &Objects, kind: &str, name: &str) -> Vec<String> {
     let o = &objects[&(kind.to_owned(), name.to_owned())];
     o["spec"]["template"]["spec"]["containers"][0]["args"]
         .as_array()
@@ -234,7 +171,7 @@ fn strict_mode_is_one_component_and_matches_the_generators() {
             "{base} without strict mode has a boot gate"
         );
 
-        let built = by_kind_and_name(&render(base, &["strict-mode"]));
+        let built = by_kind_and_name(&render(base, &["strict-mode"])).unwrap();
         for (kind, name) in [
             ("Deployment", "nodegate-webhook"),
             ("DaemonSet", "nodegate-agent"),
@@ -250,13 +187,12 @@ fn strict_mode_is_one_component_and_matches_the_generators() {
                 "{base}: {kind} {name}"
             );
         }
-        let mut generated = by_kind_and_name(&confinement::render(&ordinary, &gate));
+        let mut generated = by_kind_and_name(&confinement::render(&ordinary, &gate)).unwrap();
         if base.ends_with("admission-policy") {
-            generated.extend(by_kind_and_name(&policy::render(
-                &ordinary,
-                &gate,
-                policy::ApiVersion::V1,
-            )));
+            generated.extend(
+                by_kind_and_name(&policy::render(&ordinary, &gate, policy::ApiVersion::V1))
+                    .unwrap(),
+            );
         }
         for (key, want) in generated {
             let got = built

@@ -174,6 +174,17 @@ pub fn check_taints(taints: &[TaintSpec], boot: &[TaintSpec]) -> Result<(), Tain
     check_unique(&all)
 }
 
+/// The command-line flags (`--taint`, `--boot-taint`) that configure
+/// `ordinary` and `boot`, as a generated file names the command that made it.
+pub fn as_flags(ordinary: &[TaintSpec], boot: &[TaintSpec]) -> String {
+    let flags: Vec<String> = ordinary
+        .iter()
+        .map(|t| format!("--taint={t}"))
+        .chain(boot.iter().map(|t| format!("--boot-taint={t}")))
+        .collect();
+    flags.join(" ")
+}
+
 fn key_err(key: &str, reason: impl Into<String>) -> TaintError {
     TaintError::Key {
         key: key.to_owned(),

@@ -155,11 +155,7 @@ fn boot_gate_rules(boot: &[TaintSpec]) -> String {
 /// Both policies and their bindings as one YAML stream: `taints` are the
 /// ordinary taints, `boot` strict mode's boot gate (empty when off).
 pub fn render(ordinary: &[TaintSpec], boot: &[TaintSpec]) -> String {
-    let flags: Vec<String> = ordinary
-        .iter()
-        .map(|t| format!("--taint={t}"))
-        .chain(boot.iter().map(|t| format!("--boot-taint={t}")))
-        .collect();
+    let flags = nodegate_shared::taint::as_flags(ordinary, boot);
     let taints: Vec<TaintSpec> = ordinary.iter().chain(boot).cloned().collect();
     let taints = taints.as_slice();
     let boot_rules = boot_gate_rules(boot);
@@ -289,7 +285,7 @@ pub fn render(ordinary: &[TaintSpec], boot: &[TaintSpec]) -> String {
       reason: Forbidden
 ---
 {webhook_binding}"#,
-        flags = flags.join(" "),
+        flags = flags,
         agent_head = policy_head(AGENT_POLICY, "nodegate-agent", AGENT_USER),
         webhook_head = policy_head(WEBHOOK_POLICY, "nodegate-webhook", WEBHOOK_USER),
         agent_binding = binding(AGENT_POLICY),

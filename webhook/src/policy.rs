@@ -57,11 +57,7 @@ fn taint_literal(t: &TaintSpec) -> String {
 /// the webhook does (every path it handles is a new node or a new boot).
 pub fn render(ordinary: &[TaintSpec], boot: &[TaintSpec], version: ApiVersion) -> String {
     let api = format!("admissionregistration.k8s.io/{}", version.as_str());
-    let flags: Vec<String> = ordinary
-        .iter()
-        .map(|t| format!("--taint={t}"))
-        .chain(boot.iter().map(|t| format!("--boot-taint={t}")))
-        .collect();
+    let flags = nodegate_shared::taint::as_flags(ordinary, boot);
     let taints: Vec<TaintSpec> = ordinary.iter().chain(boot).cloned().collect();
     let literals: Vec<String> = taints.iter().map(taint_literal).collect();
     let exclude = cel_string(EXCLUDE_LABEL);
@@ -150,7 +146,7 @@ metadata:
 spec:
   policyName: nodegate
 "#,
-        flags = flags.join(" "),
+        flags = flags,
         exclude_key = EXCLUDE_LABEL,
         literals = literals.join(", "),
     )

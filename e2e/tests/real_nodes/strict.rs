@@ -269,19 +269,7 @@ async fn place_and_crash(c: &Ctx, node: &str, label: &str) -> (Fates, u64) {
     step(&format!(
         "{label}: every kind of workload on {node}, then a crash reboot"
     ));
-    h.kubectl(&format!(
-        "delete deploy,sts,job,ds,pod -l {LABEL} --wait=true --timeout=120s"
-    ));
-    let on_node = place(c, node).await;
-    let before: BTreeMap<String, (String, (Option<Timestamp>, i32))> = on_node
-        .iter()
-        .map(|p| {
-            (
-                p.metadata.uid.clone().unwrap(),
-                (name_of(p).to_string(), starts(p)),
-            )
-        })
-        .collect();
+    let before = place(c, node).await;
 
     let old_boot = boot_id(&live_node(client, node).await.unwrap()).unwrap();
     let before_crash = last_rv(rec);
@@ -431,18 +419,7 @@ async fn place_and_crash(c: &Ctx, node: &str, label: &str) -> (Fates, u64) {
     );
 
     // Nothing bound before the crash (re)started before the agent was ready.
-    let started: BTreeSet<String> = rec
-        .pods()
-        .into_iter()
-        .filter(|s| s.rv > before_crash)
-        .filter_map(|s| {
-            let uid = s.obj.metadata.uid.clone()?;
-            let (name, was) = before.get(&uid)?;
-            let (at, restarts) = starts(&s.obj);
-            let again = restarts > was.1 || (at.is_some() && at > was.0);
-            (again && !name.starts_with(TOLERATING)).then(|| name.clone())
-        })
-        .collect();
+    let started = started_again(rec, before_crash, &before, false);
     figure(&format!("{label}_started_before_ready"), started.len());
     println!("  started again before the agent was ready: {started:?}");
 
@@ -481,19 +458,7 @@ async fn place_and_crash(c: &Ctx, node: &str, label: &str) -> (Fates, u64) {
 async fn cni_conf_on_tmpfs(c: &Ctx, node: &str) {
     let Ctx { h, client, rec, .. } = c;
     step("strict off, CNI config on tmpfs: a crash reboot, the pods wait on the node");
-    h.kubectl(&format!(
-        "delete deploy,sts,job,ds,pod -l {LABEL} --wait=true --timeout=120s"
-    ));
-    let on_node = place(c, node).await;
-    let before: BTreeMap<String, (String, (Option<Timestamp>, i32))> = on_node
-        .iter()
-        .map(|p| {
-            (
-                p.metadata.uid.clone().unwrap(),
-                (name_of(p).to_string(), starts(p)),
-            )
-        })
-        .collect();
+    let before = place(c, node).await;
     let before_crash = last_rv(rec);
     let t_crash = Instant::now();
     h.cluster(&["crash", node, "--cni-conf-on-tmpfs"]);
@@ -501,16 +466,7 @@ async fn cni_conf_on_tmpfs(c: &Ctx, node: &str) {
     // The kubelet has synced its pods (a pod status written on this boot)
     // before the agent is made ready.
     lease_renewals(h, node, 2).await;
-    let started: BTreeSet<String> = rec
-        .pods()
-        .into_iter()
-        .filter(|s| s.rv > before_crash)
-        .filter_map(|s| {
-            let (name, was) = before.get(s.obj.metadata.uid.as_deref()?)?;
-            let (at, restarts) = starts(&s.obj);
-            (restarts > was.1 || (at.is_some() && at > was.0)).then(|| name.clone())
-        })
-        .collect();
+    let started = started_again(rec, before_crash, &before, true);
     figure("tmpfs_started_before_ready", started.len());
     println!("  started before the agent was ready: {started:?}");
     let moved: BTreeSet<String> = rec
@@ -570,10 +526,14 @@ async fn cni_conf_on_tmpfs(c: &Ctx, node: &str) {
     );
 }
 
-/// Every kind of workload Ready on `node`, placed there by cordoning the
-/// other nodes while they are scheduled (nothing pins them).
-async fn place(c: &Ctx, node: &str) -> Vec<Pod> {
+/// Every kind of workload Ready on `node` (the previous set deleted first),
+/// placed there by cordoning the other nodes while they are scheduled
+/// (nothing pins them).
+async fn place(c: &Ctx, node: &str) -> Placed {
     let Ctx { h, client, .. } = c;
+    h.kubectl(&format!(
+        "delete deploy,sts,job,ds,pod -l {LABEL} --wait=true --timeout=120s"
+    ));
     let others: Vec<String> = node_names(client)
         .await
         .into_iter()
@@ -594,6 +554,37 @@ async fn place(c: &Ctx, node: &str) -> Vec<Pod> {
     .await;
     h.kubectl(&format!("uncordon {}", others.join(" ")));
     on_node
+        .iter()
+        .map(|p| {
+            (
+                p.metadata.uid.clone().unwrap(),
+                (name_of(p).to_string(), starts(p)),
+            )
+        })
+        .collect()
+}
+
+/// The pods `place` put on the node: uid → (name, their containers' starts).
+type Placed = BTreeMap<String, (String, (Option<Timestamp>, i32))>;
+
+/// Placed pods whose containers (re)started in a version after `since`;
+/// the tolerating DaemonSet's pod counts only with `tolerating`.
+fn started_again(
+    rec: &Recorder,
+    since: u64,
+    placed: &Placed,
+    tolerating: bool,
+) -> BTreeSet<String> {
+    rec.pods()
+        .into_iter()
+        .filter(|s| s.rv > since)
+        .filter_map(|s| {
+            let (name, was) = placed.get(s.obj.metadata.uid.as_deref()?)?;
+            let (at, restarts) = starts(&s.obj);
+            let again = restarts > was.1 || (at.is_some() && at > was.0);
+            (again && (tolerating || !name.starts_with(TOLERATING))).then(|| name.clone())
+        })
+        .collect()
 }
 
 /// Waits until `count` pods named `prefix…` are Ready on nodes other than
@@ -674,10 +665,7 @@ async fn kubelet_restart_on_same_boot(c: &Ctx, node: &str) {
 async fn webhook_unreachable(c: &Ctx, node: &str) {
     let Ctx { h, client, rec, .. } = c;
     step("strict with the webhook unreachable: the safety net's gate comes late");
-    h.kubectl(&format!(
-        "delete deploy,sts,job,ds,pod -l {LABEL} --wait=true --timeout=120s"
-    ));
-    let on_node = place(c, node).await;
+    let before = place(c, node).await;
     h.kubectl(&format!(
         "-n {NS} scale deployment nodegate-webhook --replicas=0"
     ));
@@ -689,11 +677,6 @@ async fn webhook_unreachable(c: &Ctx, node: &str) {
         .then_some(())
     })
     .await;
-    let before: BTreeMap<String, (Option<Timestamp>, i32)> = on_node
-        .iter()
-        .filter(|p| !name_of(p).starts_with(TOLERATING))
-        .map(|p| (p.metadata.uid.clone().unwrap(), starts(p)))
-        .collect();
     let before_crash = last_rv(rec);
     let t_crash = Instant::now();
     h.cluster(&["crash", node]);
@@ -707,16 +690,7 @@ async fn webhook_unreachable(c: &Ctx, node: &str) {
         "strict_no_webhook_crash_to_boot_gate_ms",
         (gate.at - t_crash).as_millis(),
     );
-    let started: BTreeSet<String> = rec
-        .pods()
-        .into_iter()
-        .filter(|s| s.rv > before_crash)
-        .filter_map(|s| {
-            let was = before.get(s.obj.metadata.uid.as_deref()?)?;
-            let (at, restarts) = starts(&s.obj);
-            (restarts > was.1 || (at.is_some() && at > was.0)).then(|| name_of(&s.obj).to_string())
-        })
-        .collect();
+    let started = started_again(rec, before_crash, &before, false);
     figure("strict_no_webhook_started_before_gate", started.len());
     println!("  started before the safety net's gate: {started:?}");
     // Whatever started is evicted by the taint-eviction controller.

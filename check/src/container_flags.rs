@@ -1,0 +1,150 @@
+//! The taint flags a webhook or agent container runs with, read from its
+//! Pod template the way the binary's clap reads them. Pure.
+
+use k8s_openapi::api::core::v1::Container;
+use nodegate_shared::TaintSpec;
+use nodegate_shared::keys::DEFAULT_TAINT;
+use nodegate_shared::taint::check_taints;
+
+/// The values of a repeatable, comma-delimited flag as clap reads them:
+/// `flag=X` or `flag X` in the args (commas split values), else the `env`
+/// variable's literal value when no arg gives one.
+pub fn container_flag(c: &Container, flag: &str, env: &str) -> Vec<String> {
+    let args: Vec<&str> = c
+        .args
+        .iter()
+        .flatten()
+        .chain(c.command.iter().flatten())
+        .map(String::as_str)
+        .collect();
+    let split = |v: &str| -> Vec<String> {
+        v.split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::to_string)
+            .collect()
+    };
+    let mut out = Vec::new();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        if let Some(v) = a.strip_prefix(flag).and_then(|r| r.strip_prefix('=')) {
+            out.extend(split(v));
+        } else if *a == flag
+            && let Some(v) = it.next()
+        {
+            out.extend(split(v));
+        }
+    }
+    if out.is_empty()
+        && let Some(v) = c
+            .env
+            .iter()
+            .flatten()
+            .find(|e| e.name == env)
+            .and_then(|e| e.value.clone())
+    {
+        out.extend(split(&v));
+    }
+    out
+}
+
+/// The taint flags one container runs with.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Flags {
+    /// `--taint` (default: nodegate's default taint).
+    pub taints: Vec<TaintSpec>,
+    /// `--boot-taint`: strict mode's boot gate, empty when off.
+    pub boot: Vec<TaintSpec>,
+}
+
+/// The flags of a webhook or agent container as its clap reads them (args
+/// win over `NODEGATE_TAINTS` / `NODEGATE_BOOT_TAINTS`); `Err` says why the
+/// binary would refuse to start with them.
+pub fn flags(c: &Container) -> Result<Flags, String> {
+    let parse = |flag: &str, env: &str| -> Result<Vec<TaintSpec>, String> {
+        container_flag(c, flag, env)
+            .iter()
+            .map(|s| s.parse().map_err(|e| format!("{flag}={s}: {e}")))
+            .collect()
+    };
+    let mut taints = parse("--taint", "NODEGATE_TAINTS")?;
+    if taints.is_empty() {
+        taints.extend(DEFAULT_TAINT.parse::<TaintSpec>().ok());
+    }
+    let boot = parse("--boot-taint", "NODEGATE_BOOT_TAINTS")?;
+    check_taints(&taints, &boot).map_err(|e| e.to_string())?;
+    Ok(Flags { taints, boot })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{Value, json};
+
+    const GATE: &str = "node.cilium.io/agent-not-ready=true:NoExecute";
+
+    fn t(s: &str) -> TaintSpec {
+        s.parse().unwrap()
+    }
+
+    fn f(taints: &[&str], boot: &[&str]) -> Flags {
+        Flags {
+            taints: taints.iter().map(|s| t(s)).collect(),
+            boot: boot.iter().map(|s| t(s)).collect(),
+        }
+    }
+
+    fn container(args: &[&str], env: &[(&str, &str)]) -> Container {
+        let env: Vec<Value> = env
+            .iter()
+            .map(|(n, v)| json!({"name": n, "value": v}))
+            .collect();
+        serde_json::from_value(json!({"name": "c", "args": args, "env": env})).unwrap()
+    }
+
+    #[test]
+    fn flags_are_read_as_the_binaries_read_them() {
+        let none = flags(&container(&["--listen=0.0.0.0:9443"], &[])).unwrap();
+        assert_eq!(none, f(&[DEFAULT_TAINT], &[]));
+        let on = flags(&container(
+            &[&format!("--taint={DEFAULT_TAINT}"), "--boot-taint", GATE],
+            &[],
+        ))
+        .unwrap();
+        assert_eq!(on, f(&[DEFAULT_TAINT], &[GATE]));
+        // The env var counts only without the arg.
+        let env = flags(&container(&[], &[("NODEGATE_BOOT_TAINTS", GATE)])).unwrap();
+        assert_eq!(env, f(&[DEFAULT_TAINT], &[GATE]));
+        let both = flags(&container(
+            &["--boot-taint=a.io/b:NoExecute"],
+            &[("NODEGATE_BOOT_TAINTS", GATE)],
+        ))
+        .unwrap();
+        assert_eq!(both, f(&[DEFAULT_TAINT], &["a.io/b:NoExecute"]));
+        // Flags the binaries refuse.
+        let err = flags(&container(&[&format!("--boot-taint={DEFAULT_TAINT}")], &[])).unwrap_err();
+        assert!(err.contains("must have effect NoExecute"), "{err}");
+        let err = flags(&container(&["--boot-taint=nope"], &[])).unwrap_err();
+        assert!(err.starts_with("--boot-taint=nope: "), "{err}");
+    }
+
+    /// Args win over the env var, commas split values as clap's
+    /// value_delimiter does, and `--taint` is not `--taint-x`.
+    #[test]
+    fn flags_follow_clap() {
+        let c: Container = serde_json::from_value(serde_json::json!({
+            "name": "w",
+            "args": ["--boot-taint=a.io/x:NoExecute,b.io/y:NoExecute", "--boot-taints=c.io/z:NoExecute"],
+            "env": [{"name": "NODEGATE_BOOT_TAINTS", "value": "d.io/w:NoExecute"}]
+        }))
+        .unwrap();
+        assert_eq!(
+            container_flag(&c, "--boot-taint", "NODEGATE_BOOT_TAINTS"),
+            vec!["a.io/x:NoExecute", "b.io/y:NoExecute"]
+        );
+        assert_eq!(
+            container_flag(&c, "--taint", "NODEGATE_TAINTS"),
+            Vec::<String>::new()
+        );
+    }
+}

@@ -77,21 +77,27 @@ pub fn flags(c: &Container) -> Result<Flags, String> {
 }
 
 #[cfg(test)]
+impl Flags {
+    /// Flags from taint specs (tests): `--taint`s, then `--boot-taint`s.
+    #[allow(clippy::unwrap_used)]
+    pub(crate) fn of(taints: &[&str], boot: &[&str]) -> Flags {
+        let parse = |l: &[&str]| l.iter().map(|s| s.parse().unwrap()).collect();
+        Flags {
+            taints: parse(taints),
+            boot: parse(boot),
+        }
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::{Value, json};
 
     const GATE: &str = "node.cilium.io/agent-not-ready=true:NoExecute";
 
-    fn t(s: &str) -> TaintSpec {
-        s.parse().unwrap()
-    }
-
     fn f(taints: &[&str], boot: &[&str]) -> Flags {
-        Flags {
-            taints: taints.iter().map(|s| t(s)).collect(),
-            boot: boot.iter().map(|s| t(s)).collect(),
-        }
+        Flags::of(taints, boot)
     }
 
     fn container(args: &[&str], env: &[(&str, &str)]) -> Container {

@@ -360,10 +360,7 @@ mod tests {
     }
 
     fn f(taints: &[&str], boot: &[&str]) -> Flags {
-        Flags {
-            taints: taints.iter().map(|s| t(s)).collect(),
-            boot: boot.iter().map(|s| t(s)).collect(),
-        }
+        Flags::of(taints, boot)
     }
 
     /// What the install ships: confinement (and admission policy) generated

@@ -465,6 +465,36 @@ spec:
     )
 }
 
+/// Waits up to `secs` for the first version of `node` after `since` for
+/// which `pred` holds.
+async fn first_version(
+    r: &Recorder,
+    node: &str,
+    since: u64,
+    what: &str,
+    secs: u64,
+    pred: impl Fn(&Node) -> bool,
+) -> Seen<Node> {
+    wait(what, secs, async || {
+        versions_after(r, node, since)
+            .into_iter()
+            .find(|s| pred(&s.obj))
+    })
+    .await
+}
+
+/// Waits until no Pod named `prefix…` is left.
+async fn wait_no_pod(client: &kube::Client, prefix: &str) {
+    wait(&format!("no {prefix}* Pod left"), 120, async || {
+        (!live_pods(client)
+            .await
+            .iter()
+            .any(|p| name_of(p).starts_with(prefix)))
+        .then_some(())
+    })
+    .await;
+}
+
 /// Versions of `node` after `since` (by resourceVersion), in order.
 fn versions_after(r: &Recorder, node: &str, since: u64) -> Vec<Seen<Node>> {
     let mut v: Vec<_> = r.nodes(node).into_iter().filter(|s| s.rv > since).collect();
@@ -732,11 +762,14 @@ async fn crash_reboot(c: &Ctx) {
     let window = Window::open(h, prober);
     let t_crash = Instant::now();
     h.cluster(&["crash", "node3"]);
-    let new_boot_first = wait("node3's first version on the new boot", 120, async || {
-        versions_after(rec, "node3", before_crash)
-            .into_iter()
-            .find(|s| boot_id(&s.obj).is_some_and(|b| b != old_boot))
-    })
+    let new_boot_first = first_version(
+        rec,
+        "node3",
+        before_crash,
+        "node3's first version on the new boot",
+        120,
+        |n| boot_id(n).is_some_and(|b| b != old_boot),
+    )
     .await;
     assert!(
         gated(&new_boot_first.obj),
@@ -989,14 +1022,7 @@ async fn pruning(c: &Ctx) {
     h.kubectl(&format!(
         "-n {NS} patch daemonset nodegate-agent --type merge -p '{{\"spec\":{{\"template\":{{\"spec\":{{\"nodeSelector\":{{\"nodegate.dev/e2e-agents\":\"down\"}}}}}}}}}}'"
     ));
-    wait("no agent Pod", 120, async || {
-        (!live_pods(client)
-            .await
-            .iter()
-            .any(|p| name_of(p).starts_with("nodegate-agent-")))
-        .then_some(())
-    })
-    .await;
+    wait_no_pod(client, "nodegate-agent-").await;
     h.cluster(&["stop", "node4"]);
     h.kubectl("delete node node4");
     wait("roster shards without node4", 120, async || {
@@ -1052,14 +1078,13 @@ async fn webhook_host_crash(c: &Ctx) {
     let before = last_rv(rec);
     let window = Window::open(h, prober);
     h.cluster(&["crash", &host]);
-    let first = wait(
+    let first = first_version(
+        rec,
+        &host,
+        before,
         "the crashed node's first version on its new boot",
         120,
-        async || {
-            versions_after(rec, &host, before)
-                .into_iter()
-                .find(|s| boot_id(&s.obj).is_some_and(|b| b != old_boot))
-        },
+        |n| boot_id(n).is_some_and(|b| b != old_boot),
     )
     .await;
     figure(
@@ -1106,17 +1131,16 @@ async fn ready_and_ungated(c: &Ctx, node: &str, figure_name: &str) -> u64 {
     h.cluster(&["ready", node]);
     let t_untaint = wait_gated(client, node, false, 120).await;
     figure(figure_name, (t_untaint - t_ready).as_millis());
-    wait(
+    first_version(
+        rec,
+        node,
+        ready_rv,
         &format!("{node}'s ungated version in the watch"),
         30,
-        async || {
-            versions_after(rec, node, ready_rv)
-                .into_iter()
-                .find(|s| !gated(&s.obj))
-                .map(|s| s.rv)
-        },
+        |n| !gated(n),
     )
     .await
+    .rv
 }
 
 /// A client with the token the kubelet projected into the agent's Pod,

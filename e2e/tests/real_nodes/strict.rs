@@ -275,18 +275,16 @@ async fn place_and_crash(c: &Ctx, node: &str, label: &str) -> (Fates, u64) {
     let before_crash = last_rv(rec);
     let t_crash = Instant::now();
     h.cluster(&["crash", node]);
-    let first_new = wait("the first version on the new boot", 120, async || {
-        versions_after(rec, node, before_crash)
-            .into_iter()
-            .find(|s| boot_id(&s.obj).is_some_and(|b| b != old_boot))
-    })
+    let first_new = first_version(
+        rec,
+        node,
+        before_crash,
+        "the first version on the new boot",
+        120,
+        |n| boot_id(n).is_some_and(|b| b != old_boot),
+    )
     .await;
-    let gate = wait("the boot gate", 120, async || {
-        versions_after(rec, node, before_crash)
-            .into_iter()
-            .find(|s| boot_gated(&s.obj))
-    })
-    .await;
+    let gate = first_version(rec, node, before_crash, "the boot gate", 120, boot_gated).await;
     figure(
         &format!("{label}_crash_to_boot_gate_ms"),
         (gate.at - t_crash).as_millis(),
@@ -669,22 +667,18 @@ async fn webhook_unreachable(c: &Ctx, node: &str) {
     h.kubectl(&format!(
         "-n {NS} scale deployment nodegate-webhook --replicas=0"
     ));
-    wait("no webhook pod left", 120, async || {
-        (!live_pods(client)
-            .await
-            .iter()
-            .any(|p| name_of(p).starts_with("nodegate-webhook-")))
-        .then_some(())
-    })
-    .await;
+    wait_no_pod(client, "nodegate-webhook-").await;
     let before_crash = last_rv(rec);
     let t_crash = Instant::now();
     h.cluster(&["crash", node]);
-    let gate = wait("the safety net's boot gate", 180, async || {
-        versions_after(rec, node, before_crash)
-            .into_iter()
-            .find(|s| boot_gated(&s.obj))
-    })
+    let gate = first_version(
+        rec,
+        node,
+        before_crash,
+        "the safety net's boot gate",
+        180,
+        boot_gated,
+    )
     .await;
     figure(
         "strict_no_webhook_crash_to_boot_gate_ms",

@@ -18,7 +18,8 @@
 //! the taint-eviction controller, and agent restarts on the same boot.
 //!
 //! Modules, one way down: `strict` (the strict-mode run) uses `scenario`'s
-//! options, `fleet` and `strict_report` (its table and guarantees, pure);
+//! options, `fleet` and `strict_report` (its table and guarantees, pure,
+//! drawn with `report`'s table);
 //! `scenario` (the run) uses `fleet` (the agents), `publishers` (the roster
 //! publishers) and `report` (the table and the guarantees, pure); `serve`
 //! (the kubectl playground) uses `publishers`; `lock` is at the bottom.

@@ -76,11 +76,12 @@ fn ms(d: Option<Duration>) -> String {
 }
 
 /// Renders one cell of a table row.
-type Column = Box<dyn Fn(&ScenarioReport) -> String>;
+/// How a table shows one report's cell of a row.
+pub(crate) type Column<R> = Box<dyn Fn(&R) -> String>;
 
 /// The table `nodegate-sim run` prints.
 pub fn render_table(reports: &[ScenarioReport]) -> String {
-    let rows: Vec<(&str, Column)> = vec![
+    let rows: Vec<(&str, Column<ScenarioReport>)> = vec![
         ("nodes", Box::new(|r| r.nodes.to_string())),
         (
             "nodegate-agents (real logic) / pruning",
@@ -170,19 +171,29 @@ pub fn render_table(reports: &[ScenarioReport]) -> String {
             Box::new(|r| format!("{:.1} s", r.elapsed.as_secs_f64())),
         ),
     ];
+    table(
+        &reports.iter().map(|r| r.name.as_str()).collect::<Vec<_>>(),
+        reports,
+        &rows,
+    )
+}
+
+/// A table with one column per report, headed by `names`, and one line per
+/// row: its label, then each report's cell.
+pub(crate) fn table<R>(names: &[&str], reports: &[R], rows: &[(&str, Column<R>)]) -> String {
     let w0 = rows
         .iter()
         .map(|(l, _)| l.chars().count())
         .max()
         .unwrap_or(0);
     let mut out = format!("{:w0$}", "");
-    for r in reports {
-        out.push_str(&format!(" | {:>18}", r.name));
+    for name in names {
+        out.push_str(&format!(" | {name:>18}"));
     }
     out.push('\n');
     out.push_str(&"-".repeat(w0 + reports.len() * 21));
     out.push('\n');
-    for (label, f) in &rows {
+    for (label, f) in rows {
         let pad = w0 - label.chars().count();
         out.push_str(label);
         out.push_str(&" ".repeat(pad));

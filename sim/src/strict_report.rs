@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use crate::report::Column;
+
 /// One run of the strict-mode comparison (boot gate on or off).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct StrictReport {
@@ -38,12 +40,12 @@ pub struct StrictReport {
     pub elapsed: Duration,
 }
 
-type Column = Box<dyn Fn(&StrictReport) -> String>;
-
 /// The table `nodegate-sim run --strict` prints, one column per run.
 pub fn render_strict_table(reports: &[StrictReport]) -> String {
-    let n = |f: fn(&StrictReport) -> usize| -> Column { Box::new(move |r| f(r).to_string()) };
-    let rows: Vec<(&str, Column)> = vec![
+    let n = |f: fn(&StrictReport) -> usize| -> Column<StrictReport> {
+        Box::new(move |r| f(r).to_string())
+    };
+    let rows: Vec<(&str, Column<StrictReport>)> = vec![
         (
             "nodes / rebooted",
             Box::new(|r| format!("{} / {}", r.nodes, r.reboots)),
@@ -84,22 +86,11 @@ pub fn render_strict_table(reports: &[StrictReport]) -> String {
             Box::new(|r| format!("{:.1} s", r.elapsed.as_secs_f64())),
         ),
     ];
-    let label_width = rows.iter().map(|(l, _)| l.len()).max().unwrap_or(0);
-    let mut out = format!("{:label_width$}", "");
-    for r in reports {
-        out.push_str(&format!(" | {:>18}", r.name));
-    }
-    out.push('\n');
-    out.push_str(&"-".repeat(label_width + 21 * reports.len()));
-    out.push('\n');
-    for (label, cell) in &rows {
-        out.push_str(&format!("{label:label_width$}"));
-        for r in reports {
-            out.push_str(&format!(" | {:>18}", cell(r)));
-        }
-        out.push('\n');
-    }
-    out
+    crate::report::table(
+        &reports.iter().map(|r| r.name.as_str()).collect::<Vec<_>>(),
+        reports,
+        &rows,
+    )
 }
 
 /// What broke: with the gate, no untolerating pod starts on a rebooted node

@@ -175,6 +175,7 @@ pub async fn run_with_handlers(
             .cloned()
             .collect(),
         boot_specs: args.boot_taints.clone(),
+        release: args.release_taints.clone(),
         metrics: metrics.clone(),
     };
     let wake = Arc::new(Notify::new());
@@ -197,6 +198,8 @@ pub async fn run_with_handlers(
         wake,
         cfg: GateConfig {
             period: args.probe_period,
+            pending_period: args.pending_probe_period,
+            release: args.release_taints.clone(),
             timeout: args.probe_timeout,
             thresholds: args.thresholds(),
             continuous: args.continuous,

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use clap::{ArgAction, Parser};
 use nodegate_shared::keys::DEFAULT_TAINT;
-use nodegate_shared::taint::{TaintSpec, check_taints};
+use nodegate_shared::taint::{TaintSpec, check_release, check_taints};
 
 use crate::probe::{ProbeSpec, ProbeSpecError};
 use crate::readiness::Thresholds;
@@ -42,6 +42,17 @@ pub struct Args {
     )]
     pub boot_taints: Vec<TaintSpec>,
 
+    /// A taint to remove with the ready patch when it matches exactly (key,
+    /// value and effect), never to add: one an older configuration added
+    /// (the shipped DaemonSet releases the old default,
+    /// `node.cilium.io/agent-not-ready=true:NoSchedule`); repeatable.
+    #[arg(
+        long = "release-taint",
+        env = "NODEGATE_RELEASE_TAINTS",
+        value_delimiter = ','
+    )]
+    pub release_taints: Vec<TaintSpec>,
+
     /// HTTP GET that must answer 2xx; repeatable.
     #[arg(long, env = "NODEGATE_PROBE_HTTP", value_delimiter = ',')]
     pub probe_http: Vec<String>,
@@ -62,9 +73,15 @@ pub struct Args {
     #[arg(long, env = "NODEGATE_PROBE_POD")]
     pub probe_pod: Vec<String>,
 
-    /// Time between probe rounds.
+    /// Time between probe rounds once ready.
     #[arg(long, env = "NODEGATE_PROBE_PERIOD", default_value = "2s", value_parser = parse_duration)]
     pub probe_period: Duration,
+
+    /// Time between probe rounds while not ready: the node is gated, so
+    /// every round saved here is time the node cannot take pods. Probes of
+    /// localhost are cheap; an exec probe forks this often.
+    #[arg(long, env = "NODEGATE_PENDING_PROBE_PERIOD", default_value = "50ms", value_parser = parse_duration)]
+    pub pending_probe_period: Duration,
 
     /// Time limit of one probe.
     #[arg(long, env = "NODEGATE_PROBE_TIMEOUT", default_value = "1s", value_parser = parse_duration)]
@@ -196,6 +213,13 @@ impl Args {
             return Err(ConfigError::NodeName);
         }
         check_taints(&self.taints, &self.boot_taints)?;
+        let managed: Vec<TaintSpec> = self
+            .taints
+            .iter()
+            .chain(&self.boot_taints)
+            .cloned()
+            .collect();
+        check_release(&managed, &self.release_taints)?;
         self.probe_specs()?;
         let qps_ok = self.prune_confirm_qps.is_finite() && self.prune_confirm_qps > 0.0;
         if !qps_ok || !(0.0..=1.0).contains(&self.prune_hold_share) {
@@ -241,6 +265,11 @@ mod tests {
         .unwrap();
         assert_eq!(a.taints.len(), 1);
         assert_eq!(a.taints[0].to_string(), DEFAULT_TAINT);
+        assert!(
+            a.release_taints.is_empty(),
+            "the flag's default releases nothing"
+        );
+        assert_eq!(a.pending_probe_period, Duration::from_millis(50));
         assert!(!a.taint_on_shutdown);
         assert_eq!(a.prune_source, PruneSource::Roster);
         assert_eq!(a.roster_namespace, "nodegate");
@@ -273,6 +302,21 @@ mod tests {
         ])
         .unwrap();
         assert!(a.validate().unwrap_err().to_string().contains("twice"));
+        // Releasing what the agent manages would undo the webhook's gate.
+        let a = Args::try_parse_from([
+            "a",
+            "--node-name",
+            "n",
+            "--release-taint",
+            "nodegate.dev/agent-not-ready=old:NoSchedule",
+        ])
+        .unwrap();
+        assert!(
+            a.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("the agent would remove what the webhook adds")
+        );
         let a = Args::try_parse_from(["a", "--node-name", "n", "--probe-tcp", "nohost"]).unwrap();
         assert!(a.validate().unwrap_err().to_string().contains("HOST:PORT"));
         for bad in [

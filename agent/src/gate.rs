@@ -31,7 +31,12 @@ const MIN_WRITE_WITHIN: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Clone)]
 pub struct GateConfig {
+    /// Time between probe rounds once ready.
     pub period: Duration,
+    /// Time between probe rounds while not ready: the node is gated.
+    pub pending_period: Duration,
+    /// Taints the ready patch also removes, matched exactly, never added.
+    pub release: Vec<TaintSpec>,
     pub timeout: Duration,
     pub thresholds: Thresholds,
     pub continuous: bool,
@@ -140,6 +145,16 @@ impl State {
         self.readiness.is_ready()
     }
 
+    /// Time until the next probe round: short while the node waits on its
+    /// agent, the configured period once ready.
+    pub fn period(&self) -> Duration {
+        if self.is_ready() {
+            self.cfg.period
+        } else {
+            self.cfg.pending_period.min(self.cfg.period)
+        }
+    }
+
     /// How long a ready patch or continuous re-taint may retry.
     fn write_within(&self) -> Duration {
         self.cfg.period.max(MIN_WRITE_WITHIN)
@@ -223,7 +238,7 @@ impl State {
             if self
                 .view
                 .as_ref()
-                .is_none_or(|v| needs_ready_patch(v, &self.specs))
+                .is_none_or(|v| needs_ready_patch(v, &self.specs, &self.cfg.release))
             {
                 out.push(Action::RemoveTaints {
                     boot: self.boot.clone(),
@@ -385,10 +400,10 @@ mod tests {
     use super::*;
     use serde_json::{Value, json};
 
-    const TAINT: &str = "node.cilium.io/agent-not-ready=true:NoSchedule";
+    const TAINT: &str = "nodegate.dev/agent-not-ready=true:NoSchedule";
 
     fn ours() -> Value {
-        json!({"key": "node.cilium.io/agent-not-ready", "value": "true", "effect": "NoSchedule"})
+        json!({"key": "nodegate.dev/agent-not-ready", "value": "true", "effect": "NoSchedule"})
     }
 
     /// The node on `boot`, tainted or ready on that boot.
@@ -439,6 +454,8 @@ mod tests {
     fn cfg(success: u32, failure: u32, continuous: bool) -> GateConfig {
         GateConfig {
             period: Duration::from_secs(1),
+            pending_period: Duration::from_millis(50),
+            release: Vec::new(),
             timeout: Duration::from_secs(1),
             thresholds: Thresholds { success, failure },
             continuous,
@@ -482,6 +499,20 @@ mod tests {
                 .collect();
             assert_eq!(got, *want, "{name}, step {i}: {shown}");
         }
+    }
+
+    /// While the node is gated every probe round counts; once ready the
+    /// configured period applies, and a reboot makes rounds short again.
+    #[test]
+    fn rounds_are_short_only_while_the_node_waits() {
+        let t0 = Instant::now();
+        let mut g = State::new("n1", vec![TAINT.parse().unwrap()], cfg(1, 1, false), 1, t0);
+        assert_eq!(g.period(), Duration::from_millis(50));
+        g.on(Event::NodeChanged(node("b1", true)), t0);
+        g.on(Event::Probed(true), t0);
+        assert_eq!(g.period(), Duration::from_secs(1));
+        g.on(Event::NodeChanged(node("b2", true)), t0);
+        assert_eq!(g.period(), Duration::from_millis(50));
     }
 
     #[test]

@@ -61,8 +61,9 @@ impl Gate {
             .default_backoff()
             .applied_objects();
         let mut own = std::pin::pin!(own);
-        let mut tick = tokio::time::interval(self.cfg.period);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // The next round comes one period after the last event, and the
+        // period is short while the node waits (State::period).
+        let mut next = Instant::now();
         loop {
             let event = tokio::select! {
                 biased;
@@ -72,10 +73,15 @@ impl Gate {
                     Some(Err(e)) => Event::WatchFailed(e.to_string()),
                     None => Event::WatchFailed("watch ended".into()),
                 },
-                _ = tick.tick() => Event::Tick,
+                () = tokio::time::sleep_until(next) => Event::Tick,
                 _ = self.wake.notified() => Event::Tick,
             };
+            let round = matches!(event, Event::Tick);
             self.act(state, event).await;
+            let after = Instant::now() + state.period();
+            if round || after < next {
+                next = after;
+            }
         }
     }
 

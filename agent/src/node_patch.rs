@@ -10,17 +10,25 @@ use nodegate_shared::node::rebooted_since_ready;
 use nodegate_shared::{NodeView, TaintSpec};
 use serde_json::{Value, json};
 
-/// The one patch that makes the node schedulable: for each configured taint
-/// present, `test` the entry at its index then `remove` it (highest index
-/// first, so earlier indices stay valid), and set the ready-boot-id
-/// annotation to the node's current bootID. `None` when there is nothing to do.
+/// True when the ready patch removes `taint`: one the agent manages (by key
+/// and effect), or one it releases (exactly: key, value and effect, so a
+/// taint another writer keeps under the same key stays).
+pub fn removes(taint: &Value, specs: &[TaintSpec], release: &[TaintSpec]) -> bool {
+    specs.iter().any(|s| s.matches(taint)) || release.iter().any(|r| r.matches_exactly(taint))
+}
+
+/// The one patch that makes the node schedulable: for each configured or
+/// released taint present, `test` the entry at its index then `remove` it
+/// (highest index first, so earlier indices stay valid), and set the
+/// ready-boot-id annotation to the node's current bootID. `None` when there
+/// is nothing to do.
 ///
 /// The `test`s make the patch fail (HTTP 422) if the taint list moved since
 /// it was read; other taints are never touched.
-pub fn ready_patch(node: &NodeView, specs: &[TaintSpec]) -> Option<Patch> {
+pub fn ready_patch(node: &NodeView, specs: &[TaintSpec], release: &[TaintSpec]) -> Option<Patch> {
     let mut ops = Vec::new();
     for (i, taint) in node.taints().iter().enumerate().rev() {
-        if specs.iter().any(|s| s.matches(taint)) {
+        if removes(taint, specs, release) {
             let path =
                 PointerBuf::from_tokens(["spec".to_string(), "taints".into(), i.to_string()]);
             ops.push(PatchOperation::Test(TestOperation {
@@ -60,10 +68,10 @@ pub fn ready_patch(node: &NodeView, specs: &[TaintSpec]) -> Option<Patch> {
     (!ops.is_empty()).then_some(Patch(ops))
 }
 
-/// True when the node carries any configured taint or has not recorded its
-/// current bootID as ready: the ready patch has work to do.
-pub fn needs_ready_patch(node: &NodeView, specs: &[TaintSpec]) -> bool {
-    ready_patch(node, specs).is_some()
+/// True when the node carries any configured or released taint or has not
+/// recorded its current bootID as ready: the ready patch has work to do.
+pub fn needs_ready_patch(node: &NodeView, specs: &[TaintSpec], release: &[TaintSpec]) -> bool {
+    ready_patch(node, specs, release).is_some()
 }
 
 /// Why the agent adds its taint back.
@@ -192,7 +200,7 @@ mod tests {
 
     fn specs() -> Vec<TaintSpec> {
         vec![
-            "node.cilium.io/agent-not-ready=true:NoSchedule"
+            "nodegate.dev/agent-not-ready=true:NoSchedule"
                 .parse()
                 .unwrap(),
         ]
@@ -203,7 +211,7 @@ mod tests {
     }
 
     const OURS: &str =
-        r#"{"key":"node.cilium.io/agent-not-ready","value":"true","effect":"NoSchedule"}"#;
+        r#"{"key":"nodegate.dev/agent-not-ready","value":"true","effect":"NoSchedule"}"#;
 
     fn ours() -> Value {
         serde_json::from_str(OURS).unwrap()
@@ -217,7 +225,7 @@ mod tests {
             "spec": {"taints": [other, ours()]},
             "status": {"nodeInfo": {"bootID": "boot-1"}}
         });
-        let patch = ready_patch(&view(node.clone()), &specs()).unwrap();
+        let patch = ready_patch(&view(node.clone()), &specs(), &[]).unwrap();
         assert_eq!(
             serde_json::to_value(&patch).unwrap(),
             json!([
@@ -235,7 +243,32 @@ mod tests {
         );
         assert_eq!(doc["metadata"]["annotations"]["a"], "b");
         // Applied once, nothing is left to do.
-        assert!(ready_patch(&view(doc), &specs()).is_none());
+        assert!(ready_patch(&view(doc), &specs(), &[]).is_none());
+    }
+
+    /// Upgrades: the old default taint goes with the ready patch, matched
+    /// exactly; the taint Cilium's operator keeps under the same key (empty
+    /// value) and any other effect stay.
+    #[test]
+    fn ready_patch_releases_only_exact_matches() {
+        let legacy: TaintSpec = nodegate_shared::keys::LEGACY_TAINT.parse().unwrap();
+        let old = json!({"key": "node.cilium.io/agent-not-ready", "value": "true", "effect": "NoSchedule"});
+        let operators = json!({"key": "node.cilium.io/agent-not-ready", "effect": "NoSchedule"});
+        let registered = json!({"key": "node.cilium.io/agent-not-ready", "value": "true", "effect": "NoExecute"});
+        let node = json!({
+            "metadata": {"name": "n", "annotations": {"nodegate.dev/ready-boot-id": "b"}},
+            "spec": {"taints": [operators, old, registered]},
+            "status": {"nodeInfo": {"bootID": "b"}}
+        });
+        let release = std::slice::from_ref(&legacy);
+        assert!(needs_ready_patch(&view(node.clone()), &specs(), release));
+        let patch = ready_patch(&view(node.clone()), &specs(), release).unwrap();
+        let mut doc = node.clone();
+        json_patch::patch(&mut doc, &patch).unwrap();
+        assert_eq!(doc["spec"]["taints"], json!([operators, registered]));
+        assert!(!needs_ready_patch(&view(doc), &specs(), release));
+        // Without the flag nothing of another key is touched.
+        assert!(ready_patch(&view(node), &specs(), &[]).is_none());
     }
 
     #[test]
@@ -243,7 +276,7 @@ mod tests {
         let node = json!({"metadata": {"name": "n", "resourceVersion": "3"},
                           "spec": {"taints": [ours()]},
                           "status": {"nodeInfo": {"bootID": "b"}}});
-        let patch = ready_patch(&view(node.clone()), &specs()).unwrap();
+        let patch = ready_patch(&view(node.clone()), &specs(), &[]).unwrap();
         let mut doc = node;
         json_patch::patch(&mut doc, &patch).unwrap();
         assert_eq!(doc["spec"]["taints"], json!([]));
@@ -257,7 +290,7 @@ mod tests {
     fn ready_patch_fails_when_taints_moved() {
         let read = view(json!({"metadata": {"annotations": {"x": "y"}},
                                "spec": {"taints": [ours()]}}));
-        let patch = ready_patch(&read, &specs()).unwrap();
+        let patch = ready_patch(&read, &specs(), &[]).unwrap();
         let mut moved = json!({"metadata": {"annotations": {"x": "y"}},
             "spec": {"taints": [{"key": "k", "effect": "NoSchedule"}, ours()]}});
         assert!(json_patch::patch(&mut moved, &patch).is_err());
@@ -282,7 +315,7 @@ mod tests {
     /// safety net; every other re-taint adds the ordinary taint alone.
     #[test]
     fn the_boot_gate_is_added_only_on_a_boot_not_recorded_as_ready() {
-        let gate: TaintSpec = "node.cilium.io/agent-not-ready=true:NoExecute"
+        let gate: TaintSpec = "nodegate.dev/agent-not-ready=true:NoExecute"
             .parse()
             .unwrap();
         let all = vec![specs()[0].clone(), gate.clone()];

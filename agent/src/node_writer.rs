@@ -16,7 +16,7 @@ use tokio::time::Instant;
 
 use crate::metrics::{Metrics, Reason};
 use crate::node_patch::{
-    AddReason, Added, EventType, MarkReady, ReadyOutcome, ready_patch, taints_to_add,
+    AddReason, Added, EventType, MarkReady, ReadyOutcome, ready_patch, removes, taints_to_add,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -39,6 +39,9 @@ pub struct NodeWriter {
     pub specs: Vec<TaintSpec>,
     /// Strict mode's boot gate among them, added only on a new boot.
     pub boot_specs: Vec<TaintSpec>,
+    /// Taints the ready patch also removes when they match exactly (an
+    /// older configuration's), never added.
+    pub release: Vec<TaintSpec>,
     pub metrics: Metrics,
 }
 
@@ -119,6 +122,7 @@ impl NodeWriter {
         expected_boot: Option<&str>,
     ) -> Result<MarkReady, WriteError> {
         let specs = self.specs.clone();
+        let release = self.release.clone();
         let (out, latest) = self
             .patch_loop(deadline, |node, view| {
                 if let (Some(want), Some(now)) = (expected_boot, view.boot_id())
@@ -126,11 +130,11 @@ impl NodeWriter {
                 {
                     return None;
                 }
-                let patch = ready_patch(view, &specs)?;
+                let patch = ready_patch(view, &specs, &release)?;
                 let removed = view
                     .taints()
                     .iter()
-                    .filter(|t| specs.iter().any(|s| s.matches(t)))
+                    .filter(|t| removes(t, &specs, &release))
                     .cloned()
                     .collect();
                 let since_creation_ms = node

@@ -28,7 +28,7 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, Command};
 
-const TAINT_KEY: &str = "node.cilium.io/agent-not-ready";
+const TAINT_KEY: &str = "nodegate.dev/agent-not-ready";
 const WAIT: Duration = Duration::from_secs(20);
 
 /// Polls `cond` every 50 ms until it holds; panics with `what` at `WAIT`.
@@ -393,7 +393,7 @@ async fn webhook_taints_agent_untaints_after_probe_file_and_after_reboot() {
 /// on an emulator and on a real cluster alike, without stopping anyone's
 /// webhook. (The agent may only manage the taints the install's confinement
 /// policy names, so it cannot gate on a test-only taint.)
-const MISSED_TAINT: &str = "node.cilium.io/agent-not-ready";
+const MISSED_TAINT: &str = "nodegate.dev/agent-not-ready";
 
 /// The webhook missed the node: the safety net taints at start (and says so
 /// loudly), the agent untaints when ready, and SIGTERM puts the taint back

@@ -17,10 +17,10 @@ use tower_test::mock::{self, Handle, SendResponse};
 
 type MockHandle = Handle<Request<Body>, Response<Body>>;
 
-const TAINT: &str = "node.cilium.io/agent-not-ready=true:NoSchedule";
+const TAINT: &str = "nodegate.dev/agent-not-ready=true:NoSchedule";
 
 fn ours() -> Value {
-    json!({"key": "node.cilium.io/agent-not-ready", "value": "true", "effect": "NoSchedule"})
+    json!({"key": "nodegate.dev/agent-not-ready", "value": "true", "effect": "NoSchedule"})
 }
 
 fn node(rv: &str, taints: Value, annotations: Value) -> Value {
@@ -42,6 +42,7 @@ fn setup() -> (NodeWriter, MockHandle, Metrics) {
         name: "n1".into(),
         specs: vec![TAINT.parse().unwrap()],
         boot_specs: Vec::new(),
+        release: Vec::new(),
         metrics: metrics.clone(),
     };
     (t, handle, metrics)
@@ -225,7 +226,7 @@ async fn shutdown_retaint_appends_with_guard_and_retries() {
     let (first, second, other) = server.await.unwrap();
     assert_eq!(
         added.taints,
-        vec!["node.cilium.io/agent-not-ready=true:NoSchedule".to_string()]
+        vec!["nodegate.dev/agent-not-ready=true:NoSchedule".to_string()]
     );
     assert_eq!(added.latest.metadata.resource_version.as_deref(), Some("3"));
     assert_eq!(

@@ -568,7 +568,7 @@ mod tests {
         let taints = obj["spec"]["taints"].as_array().unwrap();
         assert_eq!(taints.len(), 2);
         assert_eq!(taints[0]["key"], "node.kubernetes.io/not-ready");
-        assert_eq!(taints[1]["key"], "node.cilium.io/agent-not-ready");
+        assert_eq!(taints[1]["key"], "nodegate.dev/agent-not-ready");
     }
 
     /// The UPDATE is a main-resource write by the node controller on a node
@@ -623,7 +623,7 @@ mod tests {
             json_patch::patch(&mut obj, patch).unwrap();
             let taints = obj["spec"]["taints"].as_array().unwrap();
             assert_eq!(taints.len(), 2, "{}", f.name);
-            assert_eq!(taints[1]["key"], "node.cilium.io/agent-not-ready");
+            assert_eq!(taints[1]["key"], "nodegate.dev/agent-not-ready");
             // A second call on the mutated object adds nothing (reinvocation).
             let mut again = parsed(&f, &id);
             again["request"]["object"] = obj;

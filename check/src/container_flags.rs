@@ -4,7 +4,7 @@
 use k8s_openapi::api::core::v1::Container;
 use nodegate_shared::TaintSpec;
 use nodegate_shared::keys::DEFAULT_TAINT;
-use nodegate_shared::taint::check_taints;
+use nodegate_shared::taint::{check_release, check_taints};
 
 /// The values of a repeatable, comma-delimited flag as clap reads them:
 /// `flag=X` or `flag X` in the args (commas split values), else the `env`
@@ -55,6 +55,9 @@ pub struct Flags {
     pub taints: Vec<TaintSpec>,
     /// `--boot-taint`: strict mode's boot gate, empty when off.
     pub boot: Vec<TaintSpec>,
+    /// `--release-taint` (the agent's): removed when matched exactly, never
+    /// added; empty for the webhook.
+    pub release: Vec<TaintSpec>,
 }
 
 /// The flags of a webhook or agent container as its clap reads them (args
@@ -73,7 +76,29 @@ pub fn flags(c: &Container) -> Result<Flags, String> {
     }
     let boot = parse("--boot-taint", "NODEGATE_BOOT_TAINTS")?;
     check_taints(&taints, &boot).map_err(|e| e.to_string())?;
-    Ok(Flags { taints, boot })
+    let release = parse("--release-taint", "NODEGATE_RELEASE_TAINTS")?;
+    let managed: Vec<TaintSpec> = taints.iter().chain(&boot).cloned().collect();
+    check_release(&managed, &release).map_err(|e| e.to_string())?;
+    Ok(Flags {
+        taints,
+        boot,
+        release,
+    })
+}
+
+/// Strict mode's boot gate as the strict-mode component sets it: nodegate's
+/// default taint with effect NoExecute (tests).
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+pub(crate) fn default_gate() -> String {
+    let t: TaintSpec = DEFAULT_TAINT.parse().unwrap();
+    TaintSpec::new(
+        t.key(),
+        t.value(),
+        nodegate_shared::taint::Effect::NoExecute,
+    )
+    .unwrap()
+    .to_string()
 }
 
 #[cfg(test)]
@@ -85,6 +110,7 @@ impl Flags {
         Flags {
             taints: parse(taints),
             boot: parse(boot),
+            release: Vec::new(),
         }
     }
 }
@@ -93,8 +119,6 @@ impl Flags {
 mod tests {
     use super::*;
     use serde_json::{Value, json};
-
-    const GATE: &str = "node.cilium.io/agent-not-ready=true:NoExecute";
 
     fn f(taints: &[&str], boot: &[&str]) -> Flags {
         Flags::of(taints, boot)
@@ -110,20 +134,22 @@ mod tests {
 
     #[test]
     fn flags_are_read_as_the_binaries_read_them() {
+        let gate = default_gate();
+        let gate = gate.as_str();
         let none = flags(&container(&["--listen=0.0.0.0:9443"], &[])).unwrap();
         assert_eq!(none, f(&[DEFAULT_TAINT], &[]));
         let on = flags(&container(
-            &[&format!("--taint={DEFAULT_TAINT}"), "--boot-taint", GATE],
+            &[&format!("--taint={DEFAULT_TAINT}"), "--boot-taint", gate],
             &[],
         ))
         .unwrap();
-        assert_eq!(on, f(&[DEFAULT_TAINT], &[GATE]));
+        assert_eq!(on, f(&[DEFAULT_TAINT], &[gate]));
         // The env var counts only without the arg.
-        let env = flags(&container(&[], &[("NODEGATE_BOOT_TAINTS", GATE)])).unwrap();
-        assert_eq!(env, f(&[DEFAULT_TAINT], &[GATE]));
+        let env = flags(&container(&[], &[("NODEGATE_BOOT_TAINTS", gate)])).unwrap();
+        assert_eq!(env, f(&[DEFAULT_TAINT], &[gate]));
         let both = flags(&container(
             &["--boot-taint=a.io/b:NoExecute"],
-            &[("NODEGATE_BOOT_TAINTS", GATE)],
+            &[("NODEGATE_BOOT_TAINTS", gate)],
         ))
         .unwrap();
         assert_eq!(both, f(&[DEFAULT_TAINT], &["a.io/b:NoExecute"]));
@@ -132,6 +158,33 @@ mod tests {
         assert!(err.contains("must have effect NoExecute"), "{err}");
         let err = flags(&container(&["--boot-taint=nope"], &[])).unwrap_err();
         assert!(err.starts_with("--boot-taint=nope: "), "{err}");
+    }
+
+    /// The agent's `--release-taint`: read like the others, and refused (as
+    /// the agent refuses it) when it names a managed taint's key and effect.
+    #[test]
+    fn release_taints_are_read_and_checked() {
+        use nodegate_shared::keys::LEGACY_TAINT;
+        let got = flags(&container(
+            &[&format!("--release-taint={LEGACY_TAINT}")],
+            &[],
+        ))
+        .unwrap();
+        assert_eq!(got.release, vec![LEGACY_TAINT.parse().unwrap()]);
+        assert_eq!(got.taints, f(&[DEFAULT_TAINT], &[]).taints);
+        let env = flags(&container(
+            &[],
+            &[("NODEGATE_RELEASE_TAINTS", LEGACY_TAINT)],
+        ))
+        .unwrap();
+        assert_eq!(env.release, got.release);
+        let t: TaintSpec = DEFAULT_TAINT.parse().unwrap();
+        let clash = format!("--release-taint={}=other:{}", t.key(), t.effect());
+        let err = flags(&container(&[&clash], &[])).unwrap_err();
+        assert!(
+            err.contains("the agent would remove what the webhook adds"),
+            "{err}"
+        );
     }
 
     /// Args win over the env var, commas split values as clap's
@@ -149,7 +202,7 @@ mod tests {
             vec!["a.io/x:NoExecute", "b.io/y:NoExecute"]
         );
         assert_eq!(
-            container_flag(&c, "--taint", "NODEGATE_TAINTS"),
+            container_flag(&c, "--taint", "NODEgate_TAINTS"),
             Vec::<String>::new()
         );
     }

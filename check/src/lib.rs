@@ -18,10 +18,13 @@
 //! - [`confinement`]: the agent's and webhook's credentials are confined (a
 //!   dry-run of a forbidden change as the agent is refused);
 //! - [`strict_mode`]: strict mode's boot gate is off, or on and the same in
-//!   the webhook, the agent and the policies generated for them.
+//!   the webhook, the agent and the policies generated for them;
+//! - [`cilium`]: Cilium's operator and nodegate own different taint keys (or
+//!   the operator leaves taints alone).
 
 pub mod admission_policy;
 pub mod canary;
+pub mod cilium;
 pub mod confinement;
 pub mod container_flags;
 pub mod report;
@@ -104,6 +107,22 @@ pub struct Args {
     /// after `kubectl -n nodegate port-forward deploy/nodegate-webhook 9443`).
     #[arg(long, env = "NODEGATE_CHECK_WEBHOOK_ADDRESS")]
     pub webhook_address: Option<String>,
+    /// Namespace of Cilium's ConfigMap and agent pods (`k8s-app=cilium`).
+    #[arg(
+        long,
+        env = "NODEGATE_CHECK_CILIUM_NAMESPACE",
+        default_value = "kube-system"
+    )]
+    pub cilium_namespace: String,
+    /// The ConfigMap Cilium's operator reads its options from: with the
+    /// flags of the webhook and the agent, it tells whether the operator
+    /// and nodegate manage taints with the same key.
+    #[arg(
+        long,
+        env = "NODEGATE_CHECK_CILIUM_CONFIG",
+        default_value = "cilium-config"
+    )]
+    pub cilium_config: String,
 }
 
 /// What the canary must come back with: nodegate-check's own flags as one
@@ -121,6 +140,7 @@ fn expected(args: &Args, deploy: &workloads::DeploymentInfo, report: &mut Report
     let want = Flags {
         taints,
         boot: args.boot_taints.clone(),
+        release: Vec::new(),
     };
     if let Err(e) = check_taints(&want.taints, &want.boot) {
         report.add(
@@ -235,4 +255,5 @@ pub async fn run_with_client(
     webhook_config::check_apiserver_metrics(&client, args, report).await;
     confinement::check(&client, config, args, report).await;
     strict_mode::check(&client, args, report).await;
+    cilium::check(&client, args, report).await;
 }

@@ -124,8 +124,10 @@ fn policy_problems(i: &Inputs, f: &Flags, problems: &mut Vec<String>, notes: &mu
         .collect();
     let shown_flags = shown_flags.join(" ");
     let vap = "ValidatingAdmissionPolicy";
-    let strict = confinement::render(&f.taints, &f.boot);
-    let plain = confinement::render(&f.taints, &[]);
+    // The agent's released taints are part of its confinement.
+    let release = &i.agent.release;
+    let strict = confinement::render(&f.taints, &f.boot, release);
+    let plain = confinement::render(&f.taints, &[], release);
     let validations = |s: &Value| pairs(s, "validations", "expression", "messageExpression");
     let regenerate = format!(
         "apply the strict-mode component's confinement or the output of `nodegate-webhook confinement {shown_flags}`"
@@ -353,8 +355,6 @@ mod tests {
     use nodegate_shared::keys::DEFAULT_TAINT;
     use serde_json::json;
 
-    const GATE: &str = "node.cilium.io/agent-not-ready=true:NoExecute";
-
     fn t(s: &str) -> TaintSpec {
         s.parse().unwrap()
     }
@@ -367,7 +367,7 @@ mod tests {
     /// for `taints` and `boot`.
     fn installed(taints: &[&str], boot: &[&str], with_policy: bool) -> Inputs {
         let g = f(taints, boot);
-        let text = confinement::render(&g.taints, &g.boot);
+        let text = confinement::render(&g.taints, &g.boot, &[]);
         Inputs {
             agent_policy: generated(&text, "ValidatingAdmissionPolicy", AGENT_POLICY),
             webhook_policy: generated(&text, "ValidatingAdmissionPolicy", WEBHOOK_POLICY),
@@ -385,8 +385,20 @@ mod tests {
 
     #[test]
     fn verdicts() {
+        let gate = crate::container_flags::default_gate();
+        let gate = gate.as_str();
+        let on_gate = format!("on (boot gate {gate}): ");
+        let only_on_webhook = format!(
+            "inconsistent: the webhook adds the boot gate {gate} but the agent DaemonSet has no --boot-taint"
+        );
+        let add_to_agent = format!("add --boot-taint={gate} to the agent's args");
+        let off_other_taints_line = format!(
+            "off, but the webhook adds the taints {DEFAULT_TAINT} while the agent removes example.com/x:NoSchedule"
+        );
+        let regenerate =
+            format!("nodegate-webhook confinement --taint={DEFAULT_TAINT} --boot-taint={gate}");
         let gate_only_on = |webhook: bool| {
-            let mut i = installed(&[DEFAULT_TAINT], &[GATE], false);
+            let mut i = installed(&[DEFAULT_TAINT], &[gate], false);
             if webhook {
                 i.agent.boot.clear();
             } else {
@@ -394,9 +406,9 @@ mod tests {
             }
             i
         };
-        let mut other_gate = installed(&[DEFAULT_TAINT], &[GATE], false);
+        let mut other_gate = installed(&[DEFAULT_TAINT], &[gate], false);
         other_gate.agent.boot = vec![t("example.com/gate:NoExecute")];
-        let mut other_taints = installed(&[DEFAULT_TAINT], &[GATE], false);
+        let mut other_taints = installed(&[DEFAULT_TAINT], &[gate], false);
         other_taints
             .agent
             .taints
@@ -404,7 +416,7 @@ mod tests {
         let mut off_other_taints = installed(&[DEFAULT_TAINT], &[], false);
         off_other_taints.agent.taints = vec![t("example.com/x:NoSchedule")];
         let old_confinement = |agent: bool| {
-            let mut i = installed(&[DEFAULT_TAINT], &[GATE], false);
+            let mut i = installed(&[DEFAULT_TAINT], &[gate], false);
             let plain = installed(&[DEFAULT_TAINT], &[], false);
             if agent {
                 i.agent_policy = plain.agent_policy;
@@ -413,15 +425,15 @@ mod tests {
             }
             i
         };
-        let mut foreign_confinement = installed(&[DEFAULT_TAINT], &[GATE], false);
+        let mut foreign_confinement = installed(&[DEFAULT_TAINT], &[gate], false);
         foreign_confinement.agent_policy =
-            installed(&["example.com/x:NoSchedule"], &[GATE], false).agent_policy;
-        let mut old_policy = installed(&[DEFAULT_TAINT], &[GATE], false);
+            installed(&["example.com/x:NoSchedule"], &[gate], false).agent_policy;
+        let mut old_policy = installed(&[DEFAULT_TAINT], &[gate], false);
         old_policy.admission_policy = installed(&[DEFAULT_TAINT], &[], true).admission_policy;
-        let mut no_confinement = installed(&[DEFAULT_TAINT], &[GATE], false);
+        let mut no_confinement = installed(&[DEFAULT_TAINT], &[gate], false);
         no_confinement.agent_policy = None;
         // kustomize re-folds multi-line scalars.
-        let mut refolded = installed(&[DEFAULT_TAINT], &[GATE], true);
+        let mut refolded = installed(&[DEFAULT_TAINT], &[gate], true);
         for v in refolded.agent_policy.as_mut().unwrap()["validations"]
             .as_array_mut()
             .unwrap()
@@ -430,49 +442,46 @@ mod tests {
             v["expression"] = json!(e);
         }
 
-        let cases: Vec<(&str, Inputs, Status, &[&str])> = vec![
+        let cases: Vec<(&str, Inputs, Status, Vec<&str>)> = vec![
             (
                 "default install",
                 installed(&[DEFAULT_TAINT], &[], false),
                 Status::Pass,
-                &["off: neither the webhook nor the agent runs with --boot-taint"],
+                vec!["off: neither the webhook nor the agent runs with --boot-taint"],
             ),
             (
                 "strict-mode component",
-                installed(&[DEFAULT_TAINT], &[GATE], false),
+                installed(&[DEFAULT_TAINT], &[gate], false),
                 Status::Pass,
-                &[
-                    "on (boot gate node.cilium.io/agent-not-ready=true:NoExecute): ",
-                    "are generated for them",
-                ],
+                vec![on_gate.as_str(), "are generated for them"],
             ),
             (
                 "strict-mode component over the admission-policy overlay",
-                installed(&[DEFAULT_TAINT], &[GATE], true),
+                installed(&[DEFAULT_TAINT], &[gate], true),
                 Status::Pass,
-                &["MutatingAdmissionPolicy nodegate adds the gate"],
+                vec!["MutatingAdmissionPolicy nodegate adds the gate"],
             ),
             (
                 "re-folded by kustomize",
                 refolded,
                 Status::Pass,
-                &["on (boot gate"],
+                vec!["on (boot gate"],
             ),
             (
                 "gate only on the webhook",
                 gate_only_on(true),
                 Status::Fail,
-                &[
-                    "inconsistent: the webhook adds the boot gate node.cilium.io/agent-not-ready=true:NoExecute but the agent DaemonSet has no --boot-taint",
+                vec![
+                    only_on_webhook.as_str(),
                     "stays NoExecute-tainted and all its workloads are evicted",
-                    "add --boot-taint=node.cilium.io/agent-not-ready=true:NoExecute to the agent's args",
+                    add_to_agent.as_str(),
                 ],
             ),
             (
                 "gate only on the agent",
                 gate_only_on(false),
                 Status::Fail,
-                &[
+                vec![
                     "only from the agent's start-up safety net",
                     "to the webhook's args",
                 ],
@@ -481,13 +490,13 @@ mod tests {
                 "different gates",
                 other_gate,
                 Status::Fail,
-                &["differs from the agent's example.com/gate:NoExecute"],
+                vec!["differs from the agent's example.com/gate:NoExecute"],
             ),
             (
                 "different taints",
                 other_taints,
                 Status::Fail,
-                &[
+                vec![
                     "on (boot gate",
                     "while the agent removes",
                     "same --taint flags",
@@ -497,25 +506,23 @@ mod tests {
                 "different taints, strict mode off",
                 off_other_taints,
                 Status::Fail,
-                &[
-                    "off, but the webhook adds the taints node.cilium.io/agent-not-ready=true:NoSchedule while the agent removes example.com/x:NoSchedule",
-                ],
+                vec![off_other_taints_line.as_str()],
             ),
             (
                 "agent confinement not regenerated",
                 old_confinement(true),
                 Status::Fail,
-                &[
+                vec![
                     "nodegate-agent-confinement was generated without --boot-taint",
                     "refuses the agent's write that removes",
-                    "nodegate-webhook confinement --taint=node.cilium.io/agent-not-ready=true:NoSchedule --boot-taint=node.cilium.io/agent-not-ready=true:NoExecute",
+                    regenerate.as_str(),
                 ],
             ),
             (
                 "webhook confinement not regenerated",
                 old_confinement(false),
                 Status::Fail,
-                &[
+                vec![
                     "nodegate-webhook-confinement was generated without --boot-taint",
                     "never gated",
                 ],
@@ -524,13 +531,13 @@ mod tests {
                 "confinement for other taints",
                 foreign_confinement,
                 Status::Fail,
-                &["nodegate-agent-confinement is not generated for --taint="],
+                vec!["nodegate-agent-confinement is not generated for --taint="],
             ),
             (
                 "admission policy without the gate",
                 old_policy,
                 Status::Fail,
-                &[
+                vec![
                     "MutatingAdmissionPolicy nodegate does not add the boot gate",
                     "nodegate-webhook policy --taint=",
                 ],
@@ -539,7 +546,7 @@ mod tests {
                 "confinement missing",
                 no_confinement,
                 Status::Pass,
-                &["nodegate-agent-confinement not installed (see credential confinement)"],
+                vec!["nodegate-agent-confinement not installed (see credential confinement)"],
             ),
         ];
         for (name, inputs, status, want) in cases {

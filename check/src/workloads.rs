@@ -83,6 +83,7 @@ pub async fn check_deployment(client: &Client, args: &Args, report: &mut Report)
     let default = || Flags {
         taints: DEFAULT_TAINT.parse::<TaintSpec>().into_iter().collect(),
         boot: Vec::new(),
+        release: Vec::new(),
     };
     let api: Api<Deployment> = Api::namespaced(client.clone(), &args.namespace);
     let d = match api.get_opt(&args.deployment).await {
@@ -171,7 +172,11 @@ pub async fn check_deployment(client: &Client, args: &Args, report: &mut Report)
     let (_, boot) = read("--boot-taint", "NODEGATE_BOOT_TAINTS");
     DeploymentInfo {
         available: Some(available),
-        flags: Flags { taints, boot },
+        flags: Flags {
+            taints,
+            boot,
+            release: Vec::new(),
+        },
     }
 }
 

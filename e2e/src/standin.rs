@@ -122,7 +122,7 @@ mod tests {
     fn removes_only_our_taints_and_records_boot() {
         let node = json!({"metadata": {"name": "n", "resourceVersion": "7"},
             "spec": {"taints": [
-                {"key": "node.cilium.io/agent-not-ready", "value": "true", "effect": "NoSchedule"},
+                {"key": "nodegate.dev/agent-not-ready", "value": "true", "effect": "NoSchedule"},
                 {"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}]},
             "status": {"nodeInfo": {"bootID": "b1"}}});
         let p = ready_patch(&node, &StandInAgent::default().taints).unwrap();

@@ -14,7 +14,7 @@ use nodegate_emulator::users;
 use nodegate_shared::keys::READY_BOOT_ID_ANNOTATION;
 use serde_json::{Value, json};
 
-const TAINT_KEY: &str = "node.cilium.io/agent-not-ready";
+const TAINT_KEY: &str = "nodegate.dev/agent-not-ready";
 const AGENT_POLICY: &str = "ValidatingAdmissionPolicy 'nodegate-agent-confinement' with binding 'nodegate-agent-confinement'";
 
 /// A node as an admin sees it after a kubelet registered it, with a foreign
@@ -252,6 +252,65 @@ async fn a_stolen_agent_token_touches_nothing_but_its_own_nodes_gate() {
     .unwrap();
 }
 
+/// Upgrades: the agent may remove the taint nodegate added by default before
+/// it had a key of its own, exactly as it was added (`--release-taint`), and
+/// nothing else under that key: Cilium's operator keeps its own taint there
+/// with an empty value. It may never add the old taint.
+#[tokio::test]
+async fn a_stolen_agent_token_releases_only_the_old_default_taint() {
+    let c = Cluster::start().await.unwrap();
+    let a = node(&c, "conf-release").await;
+    let admin = c.client(users::ADMIN).await.unwrap();
+    let agent_a = c.agent_client(&a).await.unwrap();
+    let operators = json!({"key": "node.cilium.io/agent-not-ready", "effect": "NoSchedule"});
+    let legacy =
+        json!({"key": "node.cilium.io/agent-not-ready", "value": "true", "effect": "NoSchedule"});
+    let add = |t: &Value| json!([{"op": "add", "path": "/spec/taints/-", "value": t}]);
+    let nodes: Api<Node> = Api::all(admin.clone());
+    // The guarded removal of `t` at its index in the stored list.
+    let remove = async |t: &Value| {
+        let stored = serde_json::to_value(nodes.get(&a).await.unwrap()).unwrap();
+        let i = stored["spec"]["taints"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .position(|x| x == t)
+            .unwrap();
+        json!([{"op": "test", "path": format!("/spec/taints/{i}"), "value": t},
+               {"op": "remove", "path": format!("/spec/taints/{i}")}])
+    };
+
+    json_patch(&admin, &a, add(&operators)).await.unwrap();
+    assert_refused(
+        "agent removes the operator's taint",
+        json_patch(&agent_a, &a, remove(&operators).await).await,
+        &[
+            AGENT_POLICY,
+            "may change only the taints",
+            "node.cilium.io/agent-not-ready:NoSchedule",
+        ],
+    );
+    json_patch(&admin, &a, remove(&operators).await)
+        .await
+        .unwrap();
+    assert_refused(
+        "agent adds the old default taint",
+        json_patch(&agent_a, &a, add(&legacy)).await,
+        &[AGENT_POLICY, "may change only the taints"],
+    );
+    json_patch(&admin, &a, add(&legacy)).await.unwrap();
+    json_patch(&agent_a, &a, remove(&legacy).await)
+        .await
+        .expect("the agent releases the old default taint");
+    assert_eq!(
+        taints(&c, &a).await,
+        [
+            format!("{TAINT_KEY}:NoSchedule"),
+            "example.com/dedicated:NoSchedule".to_string()
+        ]
+    );
+}
+
 #[tokio::test]
 async fn the_webhook_token_can_only_add_the_taint() {
     let c = Cluster::start().await.unwrap();
@@ -449,9 +508,10 @@ async fn in_strict_mode_a_stolen_agent_token_cannot_evict_its_nodes_workloads() 
     let gate = json!({"key": TAINT_KEY, "value": "true", "effect": "NoExecute"});
     emu.apply(&nodegate_webhook::confinement::render(
         &[DEFAULT_TAINT.parse().unwrap()],
-        &["node.cilium.io/agent-not-ready=true:NoExecute"
+        &["nodegate.dev/agent-not-ready=true:NoExecute"
             .parse()
             .unwrap()],
+        &[],
     ))
     .unwrap();
     let a = node(&c, "strict-a").await;
@@ -471,7 +531,7 @@ async fn in_strict_mode_a_stolen_agent_token_cannot_evict_its_nodes_workloads() 
     .unwrap();
     let agent = c.agent_client(&a).await.unwrap();
     let add_gate = json!([{"op": "add", "path": "/spec/taints/-", "value": gate}]);
-    let gate_msg = "may add the boot gate node.cilium.io/agent-not-ready:NoExecute";
+    let gate_msg = "may add the boot gate nodegate.dev/agent-not-ready:NoExecute";
     let record_msg = "only to the node's current bootID, and not remove it";
 
     assert_refused(
@@ -513,7 +573,7 @@ async fn in_strict_mode_a_stolen_agent_token_cannot_evict_its_nodes_workloads() 
     assert_eq!(
         taints(&c, &a).await,
         [
-            "node.cilium.io/agent-not-ready:NoSchedule",
+            "nodegate.dev/agent-not-ready:NoSchedule",
             "example.com/dedicated:NoSchedule"
         ]
     );
@@ -528,7 +588,7 @@ async fn in_strict_mode_a_stolen_agent_token_cannot_evict_its_nodes_workloads() 
     assert!(
         taints(&c, &a)
             .await
-            .contains(&"node.cilium.io/agent-not-ready:NoExecute".to_string())
+            .contains(&"nodegate.dev/agent-not-ready:NoExecute".to_string())
     );
     let gated = nodes.get(&a).await.unwrap();
     let ours: Vec<usize> = gated

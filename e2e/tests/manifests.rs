@@ -159,7 +159,7 @@ fn strict_mode_is_one_component_and_matches_the_generators() {
     use nodegate_shared::TaintSpec;
     use nodegate_shared::keys::DEFAULT_TAINT;
     use nodegate_webhook::{confinement, policy};
-    const GATE: &str = "node.cilium.io/agent-not-ready=true:NoExecute";
+    const GATE: &str = "nodegate.dev/agent-not-ready=true:NoExecute";
     let ordinary: Vec<TaintSpec> = vec![DEFAULT_TAINT.parse().unwrap()];
     let gate: Vec<TaintSpec> = vec![GATE.parse().unwrap()];
     let flag = format!("--boot-taint={GATE}");
@@ -187,7 +187,9 @@ fn strict_mode_is_one_component_and_matches_the_generators() {
                 "{base}: {kind} {name}"
             );
         }
-        let mut generated = by_kind_and_name(&confinement::render(&ordinary, &gate)).unwrap();
+        let release: Vec<TaintSpec> = vec![nodegate_shared::keys::LEGACY_TAINT.parse().unwrap()];
+        let mut generated =
+            by_kind_and_name(&confinement::render(&ordinary, &gate, &release)).unwrap();
         if base.ends_with("admission-policy") {
             generated.extend(
                 by_kind_and_name(&policy::render(&ordinary, &gate, policy::ApiVersion::V1))

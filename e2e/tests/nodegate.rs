@@ -18,7 +18,7 @@ use nodegate_emulator::users;
 use nodegate_shared::keys::{DEFAULT_TAINT, READY_BOOT_ID_ANNOTATION};
 use serde_json::json;
 
-const TAINT_KEY: &str = "node.cilium.io/agent-not-ready";
+const TAINT_KEY: &str = "nodegate.dev/agent-not-ready";
 
 fn taint_keys(n: &Node) -> Vec<String> {
     n.spec

@@ -316,8 +316,8 @@ async fn dry_run_create_gets_nodegates_taint_from_the_policy_and_stores_nothing(
 /// `Object.spec.taints{…}`, a type that exists only where mutations compile.
 fn policy_with_object_literal_in_variable() -> String {
     render(&[DEFAULT_TAINT.parse().unwrap()], &[], ApiVersion::V1).replace(
-        "{'key': 'node.cilium.io/agent-not-ready', 'value': 'true', 'effect': 'NoSchedule'}",
-        "Object.spec.taints{key: 'node.cilium.io/agent-not-ready', value: 'true', effect: 'NoSchedule'}",
+        "{'key': 'nodegate.dev/agent-not-ready', 'value': 'true', 'effect': 'NoSchedule'}",
+        "Object.spec.taints{key: 'nodegate.dev/agent-not-ready', value: 'true', effect: 'NoSchedule'}",
     )
 }
 
@@ -346,7 +346,7 @@ async fn a_policy_using_object_types_in_a_variable_is_refused_at_create_like_the
     // kubectl's rendering of the API server's 422 for this object.
     assert!(
         stderr.contains(
-            "The MutatingAdmissionPolicy \"nodegate\" is invalid: spec.variables[0].expression: Invalid value: \"[Object.spec.taints{key: 'node.cilium.io/agent-not-ready', value: 'true', effect: 'NoSchedule'}].filter("
+            "The MutatingAdmissionPolicy \"nodegate\" is invalid: spec.variables[0].expression: Invalid value: \"[Object.spec.taints{key: 'nodegate.dev/agent-not-ready', value: 'true', effect: 'NoSchedule'}].filter("
         ),
         "{stderr}"
     );

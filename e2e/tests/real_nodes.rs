@@ -29,7 +29,7 @@ use serde_json::json;
 #[path = "real_nodes/strict.rs"]
 mod strict;
 
-const GATE: &str = "node.cilium.io/agent-not-ready";
+const GATE: &str = "nodegate.dev/agent-not-ready";
 const NS: &str = "nodegate";
 const WEBHOOK: &str = "nodes.nodegate.dev";
 

@@ -133,7 +133,7 @@ mod tests {
 
     fn gate() -> Taint {
         Taint {
-            key: "node.cilium.io/agent-not-ready".into(),
+            key: "nodegate.dev/agent-not-ready".into(),
             value: Some("true".into()),
             effect: NO_EXECUTE.into(),
             time_added: None,
@@ -166,14 +166,14 @@ mod tests {
     fn only_untolerated_no_execute_taints_refuse() {
         let plain = json!({"metadata": {"name": "p"}, "spec": {"containers": []}});
         let tolerating = json!({"metadata": {"name": "p"}, "spec": {"containers": [], "tolerations": [
-            {"key": "node.cilium.io/agent-not-ready", "operator": "Exists", "effect": "NoExecute"}]}});
+            {"key": "nodegate.dev/agent-not-ready", "operator": "Exists", "effect": "NoExecute"}]}});
         let schedule_only = json!({"metadata": {"name": "p"}, "spec": {"containers": [], "tolerations": [
-            {"key": "node.cilium.io/agent-not-ready", "operator": "Exists", "effect": "NoSchedule"}]}});
+            {"key": "nodegate.dev/agent-not-ready", "operator": "Exists", "effect": "NoSchedule"}]}});
         let everything = json!({"metadata": {"name": "p"}, "spec": {"containers": [], "tolerations": [
             {"operator": "Exists"}]}});
         let ns = [
             no_schedule("node.kubernetes.io/not-ready"),
-            no_schedule("node.cilium.io/agent-not-ready"),
+            no_schedule("nodegate.dev/agent-not-ready"),
         ];
         let with_gate = [ns[0].clone(), ns[1].clone(), gate()];
         // (node taints, pod, admission)

@@ -129,7 +129,7 @@ mod tests {
 
     #[test]
     fn toleration_matching_follows_tolerates_taint() {
-        let gate = taint("node.cilium.io/agent-not-ready", "true", NO_EXECUTE);
+        let gate = taint("nodegate.dev/agent-not-ready", "true", NO_EXECUTE);
         // (toleration, tolerates the NoExecute gate with comparison operators off)
         let table = [
             (json!({"operator": "Exists"}), true),
@@ -138,32 +138,32 @@ mod tests {
             (json!({"operator": "Exists", "effect": "NoSchedule"}), false),
             (json!({"operator": "Exists", "effect": "NoExecute"}), true),
             (
-                json!({"key": "node.cilium.io/agent-not-ready", "operator": "Exists"}),
+                json!({"key": "nodegate.dev/agent-not-ready", "operator": "Exists"}),
                 true,
             ),
             (
-                json!({"key": "node.cilium.io/agent-not-ready", "value": "true"}),
+                json!({"key": "nodegate.dev/agent-not-ready", "value": "true"}),
                 true,
             ),
             (
-                json!({"key": "node.cilium.io/agent-not-ready", "operator": "Equal", "value": "true", "effect": "NoExecute"}),
+                json!({"key": "nodegate.dev/agent-not-ready", "operator": "Equal", "value": "true", "effect": "NoExecute"}),
                 true,
             ),
             (
-                json!({"key": "node.cilium.io/agent-not-ready", "operator": "Equal", "value": "false"}),
+                json!({"key": "nodegate.dev/agent-not-ready", "operator": "Equal", "value": "false"}),
                 false,
             ),
             (
-                json!({"key": "node.cilium.io/agent-not-ready", "operator": "Equal"}),
+                json!({"key": "nodegate.dev/agent-not-ready", "operator": "Equal"}),
                 false,
             ),
             (json!({"key": "other", "operator": "Exists"}), false),
             (
-                json!({"key": "node.cilium.io/agent-not-ready", "operator": "Gt", "value": "0"}),
+                json!({"key": "nodegate.dev/agent-not-ready", "operator": "Gt", "value": "0"}),
                 false,
             ),
             (
-                json!({"key": "node.cilium.io/agent-not-ready", "operator": "Bogus"}),
+                json!({"key": "nodegate.dev/agent-not-ready", "operator": "Bogus"}),
                 false,
             ),
         ];

@@ -618,7 +618,7 @@ async fn pods_binding_status_and_field_selector() {
 /// it stays. NoSchedule taints stop neither.
 #[tokio::test]
 async fn a_no_execute_taint_gets_untolerating_pods_refused_at_kubelet_start_and_evicted() {
-    const GATE: &str = "node.cilium.io/agent-not-ready";
+    const GATE: &str = "nodegate.dev/agent-not-ready";
     let emu = emulator().await;
     let admin = emu.client(users::ADMIN).await.unwrap();
     let nodes: Api<Node> = Api::all(admin.clone());

@@ -7,9 +7,17 @@ pub const READY_BOOT_ID_ANNOTATION: &str = "nodegate.dev/ready-boot-id";
 /// A Node labelled `nodegate.dev/exclude=true` is never touched.
 pub const EXCLUDE_LABEL: &str = "nodegate.dev/exclude";
 
-/// The taint injected when none is configured: the one Cilium's operator
-/// and agent already understand.
-pub const DEFAULT_TAINT: &str = "node.cilium.io/agent-not-ready=true:NoSchedule";
+/// The taint injected when none is configured. nodegate's own key: Cilium's
+/// operator removes every taint with its `node.cilium.io/agent-not-ready`
+/// key whenever its (possibly stale) cache shows a Ready Cilium pod, and adds
+/// it back while the pod is not Ready, so two owners of one key undo each
+/// other's writes (docs/cilium.md).
+pub const DEFAULT_TAINT: &str = "nodegate.dev/agent-not-ready=true:NoSchedule";
+
+/// The taint nodegate added by default before it had a key of its own: the
+/// shipped agent releases it (exact key, value and effect) so an upgrade
+/// leaves none behind.
+pub const LEGACY_TAINT: &str = "node.cilium.io/agent-not-ready=true:NoSchedule";
 
 /// Prefix of the user name the API server gives a kubelet.
 pub const NODE_USER_PREFIX: &str = "system:node:";

@@ -71,6 +71,10 @@ pub enum TaintError {
         "boot taint {0} must have effect NoExecute: the kubelet checks only NoExecute taints when it admits the pods bound to it"
     )]
     BootEffect(String),
+    #[error(
+        "release taint {0} has the key and effect of a managed taint: the agent would remove what the webhook adds"
+    )]
+    ReleaseManaged(String),
 }
 
 /// One configured taint. Identity is key + effect, as in the API server.
@@ -111,6 +115,16 @@ impl TaintSpec {
     pub fn matches(&self, taint: &Value) -> bool {
         taint.get("key").and_then(Value::as_str) == Some(self.key.as_str())
             && taint.get("effect").and_then(Value::as_str) == Some(self.effect.as_str())
+    }
+
+    /// True when `taint` is exactly this one: key, value (absent = empty)
+    /// and effect. Releasing a taint another writer may own under the same
+    /// key (Cilium's operator adds it with an empty value) must not touch
+    /// theirs.
+    pub fn matches_exactly(&self, taint: &Value) -> bool {
+        self.matches(taint)
+            && taint.get("value").and_then(Value::as_str).unwrap_or("")
+                == self.value.as_deref().unwrap_or("")
     }
 
     /// True when some entry of `taints` is this taint.
@@ -172,6 +186,20 @@ pub fn check_taints(taints: &[TaintSpec], boot: &[TaintSpec]) -> Result<(), Tain
     }
     let all: Vec<TaintSpec> = taints.iter().chain(boot).cloned().collect();
     check_unique(&all)
+}
+
+/// Checks the taints the agent releases (`--release-taint`, removed only,
+/// never added) against the ones it manages: one key and effect cannot be
+/// both.
+pub fn check_release(managed: &[TaintSpec], release: &[TaintSpec]) -> Result<(), TaintError> {
+    if let Some(r) = release.iter().find(|r| {
+        managed
+            .iter()
+            .any(|m| m.key == r.key && m.effect == r.effect)
+    }) {
+        return Err(TaintError::ReleaseManaged(r.to_string()));
+    }
+    check_unique(release)
 }
 
 /// The command-line flags (`--taint`, `--boot-taint`) that configure
@@ -284,6 +312,35 @@ pub fn is_dns1123_label(s: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn release_matches_exactly_and_never_a_managed_taint() {
+        let legacy: TaintSpec = "node.cilium.io/agent-not-ready=true:NoSchedule"
+            .parse()
+            .unwrap();
+        // Cilium's operator adds the key with an empty value: not ours to release.
+        let operators = json!({"key": "node.cilium.io/agent-not-ready", "effect": "NoSchedule"});
+        let ours = json!({"key": "node.cilium.io/agent-not-ready", "value": "true", "effect": "NoSchedule"});
+        let other_effect = json!({"key": "node.cilium.io/agent-not-ready", "value": "true", "effect": "NoExecute"});
+        assert!(legacy.matches(&operators), "key and effect alone match");
+        assert!(!legacy.matches_exactly(&operators));
+        assert!(legacy.matches_exactly(&ours));
+        assert!(!legacy.matches_exactly(&other_effect));
+        let managed: Vec<TaintSpec> = vec![
+            "nodegate.dev/agent-not-ready=true:NoSchedule"
+                .parse()
+                .unwrap(),
+        ];
+        assert!(check_release(&managed, std::slice::from_ref(&legacy)).is_ok());
+        let clash: TaintSpec = "nodegate.dev/agent-not-ready=other:NoSchedule"
+            .parse()
+            .unwrap();
+        assert!(matches!(
+            check_release(&managed, &[clash]),
+            Err(TaintError::ReleaseManaged(_))
+        ));
+        assert!(check_release(&managed, &[legacy.clone(), legacy]).is_err());
+    }
 
     #[test]
     fn parses_default_taint() {

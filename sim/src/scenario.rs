@@ -85,10 +85,10 @@ impl Default for RunOptions {
             pruning_agents: 5,
             deleted_nodes: 3,
             concurrency: 16,
-            taint_key: "node.cilium.io/agent-not-ready".into(),
+            taint_key: "nodegate.dev/agent-not-ready".into(),
             webhook_config: None,
             admission: AdmissionMode::Webhook,
-            boot_taint: "node.cilium.io/agent-not-ready=true:NoExecute".into(),
+            boot_taint: "nodegate.dev/agent-not-ready=true:NoExecute".into(),
             same_boot_restarts: 3,
         }
     }

@@ -112,7 +112,31 @@ pub enum Command {
     Policy(PolicyArgs),
     /// Print the ValidatingAdmissionPolicies that confine the agent's and the
     /// webhook's ServiceAccounts (Kubernetes ≥ 1.32), for the same taints.
-    Confinement(TaintArgs),
+    Confinement(ConfinementArgs),
+}
+
+/// `nodegate-webhook confinement` flags: the webhook's taints and the
+/// agent's released ones.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ConfinementArgs {
+    #[command(flatten)]
+    pub taints: TaintArgs,
+    /// A taint the agent removes when it matches exactly and never adds
+    /// (the agent's `--release-taint`; repeatable).
+    #[arg(
+        long = "release-taint",
+        env = "NODEGATE_RELEASE_TAINTS",
+        value_delimiter = ','
+    )]
+    pub release_taints: Vec<TaintSpec>,
+}
+
+impl ConfinementArgs {
+    pub fn validate(&self) -> anyhow::Result<()> {
+        self.taints.validate()?;
+        nodegate_shared::taint::check_release(&self.taints.all(), &self.release_taints)?;
+        Ok(())
+    }
 }
 
 /// The taints, shared by serving and `policy` so both read the same flags.
@@ -361,7 +385,7 @@ mod tests {
         let a = Args::try_parse_from([
             "x",
             "--boot-taint",
-            "node.cilium.io/agent-not-ready=true:NoExecute",
+            "nodegate.dev/agent-not-ready=true:NoExecute",
         ])
         .unwrap();
         let shown: Vec<String> = Config::try_from(a)
@@ -372,10 +396,7 @@ mod tests {
             .collect();
         assert_eq!(
             shown,
-            [
-                DEFAULT_TAINT,
-                "node.cilium.io/agent-not-ready=true:NoExecute"
-            ]
+            [DEFAULT_TAINT, "nodegate.dev/agent-not-ready=true:NoExecute"]
         );
         let a = Args::try_parse_from(["x", "--boot-taint", DEFAULT_TAINT]).unwrap();
         let err = Config::try_from(a).unwrap_err().to_string();

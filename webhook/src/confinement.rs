@@ -53,12 +53,38 @@ fn managed(taints: &[TaintSpec], t: &str) -> String {
     format!("({})", alternatives.join(" || "))
 }
 
+/// CEL: `t` is one of the released taints, exactly (key, value, effect):
+/// the agent may remove it, never add it. `false` when none are released.
+fn released(release: &[TaintSpec], t: &str) -> String {
+    if release.is_empty() {
+        return "false".into();
+    }
+    let alternatives: Vec<String> = release
+        .iter()
+        .map(|s| {
+            format!(
+                "({t}.key == {} && (has({t}.value) ? {t}.value : '') == {} && {t}.effect == {})",
+                q(s.key()),
+                q(s.value().unwrap_or("")),
+                q(s.effect().as_str())
+            )
+        })
+        .collect();
+    format!("({})", alternatives.join(" || "))
+}
+
 /// `key:Effect, …` for messages.
 fn shown(taints: &[TaintSpec]) -> String {
     let names: Vec<String> = taints
         .iter()
         .map(|t| format!("{}:{}", t.key(), t.effect().as_str()))
         .collect();
+    names.join(", ")
+}
+
+/// `key=value:Effect, …` for messages about exact matches.
+fn shown_exact(taints: &[TaintSpec]) -> String {
+    let names: Vec<String> = taints.iter().map(ToString::to_string).collect();
     names.join(", ")
 }
 
@@ -153,9 +179,15 @@ fn boot_gate_rules(boot: &[TaintSpec]) -> String {
 }
 
 /// Both policies and their bindings as one YAML stream: `taints` are the
-/// ordinary taints, `boot` strict mode's boot gate (empty when off).
-pub fn render(ordinary: &[TaintSpec], boot: &[TaintSpec]) -> String {
-    let flags = nodegate_shared::taint::as_flags(ordinary, boot);
+/// ordinary taints, `boot` strict mode's boot gate (empty when off),
+/// `release` the taints the agent may remove but never add (an older
+/// configuration's, matched exactly).
+pub fn render(ordinary: &[TaintSpec], boot: &[TaintSpec], release: &[TaintSpec]) -> String {
+    let mut flags = nodegate_shared::taint::as_flags(ordinary, boot);
+    for r in release {
+        flags.push_str(&format!(" --release-taint={r}"));
+    }
+    let is_released = released(release, "t");
     let taints: Vec<TaintSpec> = ordinary.iter().chain(boot).cloned().collect();
     let taints = taints.as_slice();
     let boot_rules = boot_gate_rules(boot);
@@ -218,10 +250,10 @@ pub fn render(ordinary: &[TaintSpec], boot: &[TaintSpec]) -> String {
     - expression: >-
         request.operation != 'UPDATE'
         || {new_taints}.filter(t, !{is_managed})
-           == {old_taints}.filter(t, !{is_managed})
+           == {old_taints}.filter(t, !{is_managed} && !({is_released} && !{new_taints}.exists(x, x == t)))
       messageExpression: >-
-        variables.who + " may change only the taints {managed_list} of node '" + request.name
-        + "', not spec.taints " + ({old_taints}.filter(t, !{is_managed} && !{new_taints}.exists(x, x == t))
+        variables.who + " may change only the taints {managed_list}{release_note} of node '" + request.name
+        + "', not spec.taints " + ({old_taints}.filter(t, !{is_managed} && !{is_released} && !{new_taints}.exists(x, x == t))
           + {new_taints}.filter(t, !{is_managed} && !{old_taints}.exists(x, x == t)))
           .map(t, string(t.key) + ':' + string(t.effect)).join(', ')
       reason: Forbidden
@@ -289,6 +321,11 @@ pub fn render(ordinary: &[TaintSpec], boot: &[TaintSpec]) -> String {
         agent_head = policy_head(AGENT_POLICY, "nodegate-agent", AGENT_USER),
         webhook_head = policy_head(WEBHOOK_POLICY, "nodegate-webhook", WEBHOOK_USER),
         agent_binding = binding(AGENT_POLICY),
+        release_note = if release.is_empty() {
+            String::new()
+        } else {
+            format!(" (and remove {})", shown_exact(release))
+        },
         webhook_binding = binding(WEBHOOK_POLICY),
     )
 }
@@ -296,9 +333,9 @@ pub fn render(ordinary: &[TaintSpec], boot: &[TaintSpec]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use nodegate_shared::keys::DEFAULT_TAINT;
+    use nodegate_shared::keys::{DEFAULT_TAINT, LEGACY_TAINT};
 
-    const GATE: &str = "node.cilium.io/agent-not-ready=true:NoExecute";
+    const GATE: &str = "nodegate.dev/agent-not-ready=true:NoExecute";
 
     /// The install ships the generator's output for the default taint.
     #[test]
@@ -308,11 +345,15 @@ mod tests {
             "/../manifests/base/confinement.yaml"
         );
         let shipped = std::fs::read_to_string(path).unwrap();
-        let generated = render(&[DEFAULT_TAINT.parse().unwrap()], &[]);
+        let generated = render(
+            &[DEFAULT_TAINT.parse().unwrap()],
+            &[],
+            &[LEGACY_TAINT.parse().unwrap()],
+        );
         assert!(
             shipped == generated,
             "{path} differs from `nodegate-webhook confinement`; regenerate it:\n\
-             cargo run -p nodegate-webhook -- confinement > manifests/base/confinement.yaml"
+             cargo run -p nodegate-webhook -- confinement --release-taint={LEGACY_TAINT} > manifests/base/confinement.yaml"
         );
     }
 
@@ -322,7 +363,7 @@ mod tests {
             DEFAULT_TAINT.parse().unwrap(),
             "example.com/gate:NoExecute".parse().unwrap(),
         ];
-        let text = render(&taints, &[]);
+        let text = render(&taints, &[], &[]);
         let docs: Vec<serde_json::Value> = text
             .split("\n---\n")
             .map(|d| serde_yaml::from_str(d).unwrap())
@@ -347,7 +388,11 @@ mod tests {
 
     #[test]
     fn strict_mode_adds_the_boot_gate_rules_to_the_agent_only() {
-        let text = render(&[DEFAULT_TAINT.parse().unwrap()], &[GATE.parse().unwrap()]);
+        let text = render(
+            &[DEFAULT_TAINT.parse().unwrap()],
+            &[GATE.parse().unwrap()],
+            &[],
+        );
         let docs: Vec<serde_json::Value> = text
             .split("\n---\n")
             .map(|d| serde_yaml::from_str(d).unwrap())
@@ -363,13 +408,13 @@ mod tests {
         };
         assert!(
             messages(&docs[0])
-                .contains("may add the boot gate node.cilium.io/agent-not-ready:NoExecute")
+                .contains("may add the boot gate nodegate.dev/agent-not-ready:NoExecute")
         );
         assert!(messages(&docs[0]).contains("only to the node's current bootID"));
         assert!(!messages(&docs[2]).contains("boot gate"));
         // Both may touch both taints; the webhook only adds.
         assert!(messages(&docs[2]).contains(
-            "may only add the taints node.cilium.io/agent-not-ready:NoSchedule, node.cilium.io/agent-not-ready:NoExecute"
+            "may only add the taints nodegate.dev/agent-not-ready:NoSchedule, nodegate.dev/agent-not-ready:NoExecute"
         ));
         assert!(text.starts_with(&format!(
             "# Generated by `nodegate-webhook confinement --taint={DEFAULT_TAINT} --boot-taint={GATE}`"

@@ -216,7 +216,7 @@ pub struct RuleCase {
     pub taints_after: Option<Vec<&'static str>>,
 }
 
-pub const CILIUM: &str = "node.cilium.io/agent-not-ready";
+pub const CILIUM: &str = "nodegate.dev/agent-not-ready";
 pub const NOT_READY: &str = "node.kubernetes.io/not-ready";
 pub const KUBELET: &str = "system:node:n1";
 pub const CONTROLLER: &str = "system:serviceaccount:kube-system:node-controller";

@@ -22,7 +22,11 @@ async fn main() -> anyhow::Result<()> {
         t.validate()?;
         print!(
             "{}",
-            nodegate_webhook::confinement::render(&t.taints, &t.boot_taints)
+            nodegate_webhook::confinement::render(
+                &t.taints.taints,
+                &t.taints.boot_taints,
+                &t.release_taints
+            )
         );
         return Ok(());
     }

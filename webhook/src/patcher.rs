@@ -396,7 +396,7 @@ mod tests {
                     {"op": "test", "path": "/spec/taints",
                      "value": [{"key": "node.kubernetes.io/unreachable", "effect": "NoSchedule"}]},
                     {"op": "add", "path": "/spec/taints/-",
-                     "value": {"key": "node.cilium.io/agent-not-ready", "value": "true", "effect": "NoSchedule"}}
+                     "value": {"key": "nodegate.dev/agent-not-ready", "value": "true", "effect": "NoSchedule"}}
                 ])
             );
             // Someone changed the taints meanwhile.
@@ -416,7 +416,7 @@ mod tests {
                     {"op": "test", "path": "/metadata/resourceVersion", "value": "6"},
                     {"op": "test", "path": "/spec/taints", "value": []},
                     {"op": "add", "path": "/spec/taints/-",
-                     "value": {"key": "node.cilium.io/agent-not-ready", "value": "true", "effect": "NoSchedule"}}
+                     "value": {"key": "nodegate.dev/agent-not-ready", "value": "true", "effect": "NoSchedule"}}
                 ])
             );
             send.send_response(json_response(StatusCode::OK, &changed));
@@ -571,7 +571,7 @@ mod tests {
         let (_, send) = expect(&mut handle, Method::GET, "/api/v1/nodes/n1").await;
         let mut done = rebooted_node("6");
         done["spec"]["taints"] =
-            json!([{"key": "node.cilium.io/agent-not-ready", "effect": "NoSchedule"}]);
+            json!([{"key": "nodegate.dev/agent-not-ready", "effect": "NoSchedule"}]);
         send.send_response(json_response(StatusCode::OK, &done));
         eventually("background metrics", || {
             let text = metrics.encode();

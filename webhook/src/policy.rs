@@ -162,7 +162,7 @@ mod tests {
         let t: TaintSpec = DEFAULT_TAINT.parse().unwrap();
         assert_eq!(
             taint_literal(&t),
-            "{'key': 'node.cilium.io/agent-not-ready', 'value': 'true', 'effect': 'NoSchedule'}"
+            "{'key': 'nodegate.dev/agent-not-ready', 'value': 'true', 'effect': 'NoSchedule'}"
         );
         let t: TaintSpec = "example.com/gate:NoExecute".parse().unwrap();
         assert_eq!(
@@ -207,7 +207,7 @@ mod tests {
             assert_eq!(docs[1]["spec"]["policyName"], docs[0]["metadata"]["name"]);
             assert_eq!(docs[0]["spec"]["failurePolicy"], "Ignore");
             let exprs = serde_json::to_string(&docs[0]["spec"]).unwrap();
-            assert!(exprs.contains("node.cilium.io/agent-not-ready"));
+            assert!(exprs.contains("nodegate.dev/agent-not-ready"));
         }
     }
 }

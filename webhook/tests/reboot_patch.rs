@@ -92,7 +92,7 @@ async fn status_write_after_reboot_patches_the_main_resource_in_the_background()
         json!([
             {"op": "test", "path": "/metadata/resourceVersion", "value": "42"},
             {"op": "add", "path": "/spec/taints",
-             "value": [{"key": "node.cilium.io/agent-not-ready", "value": "true", "effect": "NoSchedule"}]}
+             "value": [{"key": "nodegate.dev/agent-not-ready", "value": "true", "effect": "NoSchedule"}]}
         ])
     );
     send.send_response(

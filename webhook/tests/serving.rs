@@ -67,7 +67,7 @@ fn check_create_answer(body: &[u8], uid: &str) -> Result<(), String> {
         && r["patchType"] == "JSONPatch"
         && r["warnings"][0]
             .as_str()
-            .is_some_and(|w| w.contains("node.cilium.io/agent-not-ready"));
+            .is_some_and(|w| w.contains("nodegate.dev/agent-not-ready"));
     let patch = r["patch"]
         .as_str()
         .and_then(|p| base64::engine::general_purpose::STANDARD.decode(p).ok())

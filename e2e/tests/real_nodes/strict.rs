@@ -1,5 +1,5 @@
 //! Strict mode on the real nodes (`manifests/components/strict-mode`): the
-//! boot gate `node.cilium.io/agent-not-ready:NoExecute` comes with a new boot
+//! boot gate `nodegate.dev/agent-not-ready:NoExecute` comes with a new boot
 //! only, so the kubelet of a rebooted node refuses the pods bound to it
 //! until its agent is ready, and nothing on the same boot evicts. Each
 //! workload kind's fate is printed as figures for docs/strict-mode.md.

@@ -202,7 +202,7 @@ mod tests {
             vec!["a.io/x:NoExecute", "b.io/y:NoExecute"]
         );
         assert_eq!(
-            container_flag(&c, "--taint", "NODEgate_TAINTS"),
+            container_flag(&c, "--taint", "NODEGATE_TAINTS"),
             Vec::<String>::new()
         );
     }

@@ -13,6 +13,9 @@ use nodegate_e2e::manifests::{Objects, by_kind_and_name, kustomize};
 use nodegate_e2e::process::deployment_status;
 use nodegate_e2e::{WebhookOptions, WebhookProcess};
 use nodegate_emulator::{Emulator, EmulatorOptions, users};
+use nodegate_shared::TaintSpec;
+use nodegate_shared::keys::{DEFAULT_TAINT, LEGACY_TAINT};
+use nodegate_shared::taint::Effect;
 
 /// The shipped expression minus the guard: what broke on real clusters.
 fn unguarded(yaml: &str) -> String {
@@ -143,10 +146,7 @@ fn passes_against_nodegate_sim_serve() {
     ] {
         line(&out, "PASS", c);
     }
-    assert!(
-        line(&out, "PASS", "canary dry-run create")
-            .contains("node.cilium.io/agent-not-ready=true:NoSchedule")
-    );
+    assert!(line(&out, "PASS", "canary dry-run create").contains(DEFAULT_TAINT));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -227,7 +227,7 @@ async fn fails_when_a_taint_is_missing_from_the_answer() {
         &home.path().join("kubeconfig"),
         &[
             "--taint",
-            "node.cilium.io/agent-not-ready=true:NoSchedule",
+            DEFAULT_TAINT,
             "--taint",
             "example.com/extra=x:NoSchedule",
         ],
@@ -380,9 +380,18 @@ const CONFINEMENT: &[(&str, &str)] = &[
     ),
 ];
 
-/// Strict mode's boot gate, as the component sets it.
-const GATE: &str = "node.cilium.io/agent-not-ready=true:NoExecute";
-const GATE_FLAG: &str = "--boot-taint=node.cilium.io/agent-not-ready=true:NoExecute";
+/// Strict mode's boot gate, as the component sets it: nodegate's default
+/// taint with effect NoExecute.
+fn gate() -> String {
+    let t: TaintSpec = DEFAULT_TAINT.parse().unwrap();
+    TaintSpec::new(t.key(), t.value(), Effect::NoExecute)
+        .unwrap()
+        .to_string()
+}
+
+fn gate_flag() -> String {
+    format!("--boot-taint={}", gate())
+}
 
 /// Strict mode as the component installs it, and each way it is half
 /// installed: the flags without the confinement (the gate's writes are
@@ -390,9 +399,10 @@ const GATE_FLAG: &str = "--boot-taint=node.cilium.io/agent-not-ready=true:NoExec
 /// gate).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reports_strict_mode_off_on_and_half_installed() {
+    let gate = gate();
     // The webhook serves the component's gate throughout: the canary expects
     // it once the Deployment lists it, and an extra taint fails nothing.
-    let (emu, _webhook, home) = installed_serving(None, None, &[GATE_FLAG]).await;
+    let (emu, _webhook, home) = installed_serving(None, None, &[&gate_flag()]).await;
     let kubeconfig = home.path().join("kubeconfig");
     let (code, out) = check(&kubeconfig, &[]);
     assert_eq!(code, 0, "{out}");
@@ -407,7 +417,7 @@ async fn reports_strict_mode_off_on_and_half_installed() {
     assert_eq!(code, 1, "{out}");
     let l = line(&out, "FAIL", "strict mode");
     assert!(
-        l.contains("on (boot gate node.cilium.io/agent-not-ready=true:NoExecute), but")
+        l.contains(&format!("on (boot gate {gate}), but"))
             && l.contains("nodegate-agent-confinement was generated without --boot-taint")
             && l.contains("refuses the agent's write that removes")
             && l.contains("nodegate-webhook-confinement was generated without --boot-taint"),
@@ -418,10 +428,10 @@ async fn reports_strict_mode_off_on_and_half_installed() {
     apply_rendered(&emu, &strict, CONFINEMENT);
     let (code, out) = check(&kubeconfig, &[]);
     assert_eq!(code, 0, "{out}");
-    assert!(line(&out, "PASS", "canary dry-run create").contains(GATE));
+    assert!(line(&out, "PASS", "canary dry-run create").contains(&gate));
     let l = line(&out, "PASS", "strict mode");
     assert!(
-        l.contains("on (boot gate node.cilium.io/agent-not-ready=true:NoExecute): the webhook and the agent run with the same --boot-taint and --taint flags")
+        l.contains(&format!("on (boot gate {gate}): the webhook and the agent run with the same --boot-taint and --taint flags"))
             && l.contains("are generated for them"),
         "{l}"
     );
@@ -432,9 +442,9 @@ async fn reports_strict_mode_off_on_and_half_installed() {
     assert_eq!(code, 1, "{out}");
     let l = line(&out, "FAIL", "strict mode");
     assert!(
-        l.contains("inconsistent: the webhook adds the boot gate node.cilium.io/agent-not-ready=true:NoExecute but the agent DaemonSet has no --boot-taint")
+        l.contains(&format!("inconsistent: the webhook adds the boot gate {gate} but the agent DaemonSet has no --boot-taint"))
             && l.contains("all its workloads are evicted")
-            && l.contains("add --boot-taint=node.cilium.io/agent-not-ready=true:NoExecute to the agent's args"),
+            && l.contains(&format!("add --boot-taint={gate} to the agent's args")),
         "{l}"
     );
 }
@@ -443,6 +453,7 @@ async fn reports_strict_mode_off_on_and_half_installed() {
 /// overlay's policy alone does not, the strict-mode component's does.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn strict_mode_needs_the_gate_in_the_admission_policy() {
+    let gate = gate();
     use nodegate_e2e::process::{policy_mode_webhook_config, shipped_policy};
     let policy = shipped_policy().unwrap();
     let (emu, _webhook, home) =
@@ -455,13 +466,15 @@ async fn strict_mode_needs_the_gate_in_the_admission_policy() {
     assert_eq!(code, 1, "{out}");
     let l = line(&out, "FAIL", "strict mode");
     assert!(
-        l.contains("MutatingAdmissionPolicy nodegate does not add the boot gate node.cilium.io/agent-not-ready=true:NoExecute"),
+        l.contains(&format!(
+            "MutatingAdmissionPolicy nodegate does not add the boot gate {gate}"
+        )),
         "{l}"
     );
     // Neither the policy nor the webhook (which runs without the gate) adds it.
     let l = line(&out, "FAIL", "canary dry-run create");
     assert!(
-        l.contains(&format!("WITHOUT the boot gate [\"{GATE}\"]")),
+        l.contains(&format!("WITHOUT the boot gate [\"{gate}\"]")),
         "{l}"
     );
     assert!(line(&out, "FAIL", "diagnosis").contains("--boot-taint flags checked here"));
@@ -471,7 +484,7 @@ async fn strict_mode_needs_the_gate_in_the_admission_policy() {
     assert_eq!(code, 0, "{out}");
     let l = line(&out, "PASS", "canary dry-run create");
     assert!(
-        l.contains(GATE) && l.contains("boot gate included) from the admission policy"),
+        l.contains(&gate) && l.contains("boot gate included) from the admission policy"),
         "{l}"
     );
     assert!(
@@ -488,9 +501,10 @@ async fn strict_mode_needs_the_gate_in_the_admission_policy() {
 /// nodegate-check's own flags replace the Deployment's as one set.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn canary_expects_the_deployments_boot_gate() {
+    let gate = gate();
     let strict = kustomized("manifests", &["strict-mode"]);
 
-    let (emu, _webhook, home) = installed_serving(None, None, &[GATE_FLAG]).await;
+    let (emu, _webhook, home) = installed_serving(None, None, &[&gate_flag()]).await;
     apply_rendered(&emu, &strict, WORKLOADS);
     apply_rendered(&emu, &strict, CONFINEMENT);
     let (code, out) = check(&home.path().join("kubeconfig"), &[]);
@@ -498,7 +512,7 @@ async fn canary_expects_the_deployments_boot_gate() {
     let l = line(&out, "PASS", "canary dry-run create");
     assert!(
         l.contains(&format!(
-            "[\"node.cilium.io/agent-not-ready=true:NoSchedule\", \"{GATE}\"] (strict mode's boot gate included) and the webhook's warning"
+            "[\"{DEFAULT_TAINT}\", \"{gate}\"] (strict mode's boot gate included) and the webhook's warning"
         )),
         "{l}"
     );
@@ -512,7 +526,7 @@ async fn canary_expects_the_deployments_boot_gate() {
     assert_eq!(code, 1, "{out}");
     let l = line(&out, "FAIL", "canary dry-run create");
     assert!(
-        l.contains(&format!("WITHOUT the boot gate [\"{GATE}\"]"))
+        l.contains(&format!("WITHOUT the boot gate [\"{gate}\"]"))
             && l.contains(
                 "pods bound to a new or rebooted node run before its network agent is ready"
             ),
@@ -526,28 +540,151 @@ async fn canary_expects_the_deployments_boot_gate() {
     line(&out, "PASS", "strict mode");
 
     // `--taint` alone: a webhook without strict mode is what is checked.
-    let (code, out) = check(
-        &kubeconfig,
-        &["--taint", "node.cilium.io/agent-not-ready=true:NoSchedule"],
-    );
+    let (code, out) = check(&kubeconfig, &["--taint", DEFAULT_TAINT]);
     assert!(!line(&out, "PASS", "canary dry-run create").contains("NoExecute"));
     assert_eq!(code, 0, "{out}");
     // `--boot-taint` alone: the default taint and that gate.
-    let (code, out) = check(&kubeconfig, &["--boot-taint", GATE]);
+    let (code, out) = check(&kubeconfig, &["--boot-taint", &gate]);
     assert_eq!(code, 1, "{out}");
     assert!(line(&out, "FAIL", "canary dry-run create").contains("WITHOUT the boot gate"));
     // Flags the webhook would refuse are said to be wrong.
-    let (code, out) = check(
-        &kubeconfig,
-        &[
-            "--boot-taint",
-            "node.cilium.io/agent-not-ready=true:NoSchedule",
-        ],
-    );
+    let (code, out) = check(&kubeconfig, &["--boot-taint", DEFAULT_TAINT]);
     assert_eq!(code, 1, "{out}");
-    assert!(
-        line(&out, "FAIL", "configured taints")
-            .contains("nodegate-check's --taint/--boot-taint: boot taint node.cilium.io/agent-not-ready=true:NoSchedule must have effect NoExecute")
-    );
+    assert!(line(&out, "FAIL", "configured taints").contains(&format!(
+        "nodegate-check's --taint/--boot-taint: boot taint {DEFAULT_TAINT} must have effect NoExecute"
+    )));
     line(&out, "SKIP", "canary dry-run create");
+}
+
+/// What `helm install cilium` (chart defaults: `operator.removeNodeTaints`
+/// true, `operator.setNodeTaints` unset and so the same,
+/// `operator.setNodeNetworkStatus` true, `agentNotReadyTaintKey`) writes into
+/// `cilium-config` for the operator's node-taint controller, among the rest
+/// (install/kubernetes/cilium/templates/cilium-configmap.yaml).
+fn cilium_config_helm_defaults() -> String {
+    serde_json::json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "cilium-config", "namespace": "kube-system"},
+        "data": {
+            "identity-allocation-mode": "crd",
+            "remove-cilium-node-taints": "true",
+            "set-cilium-node-taints": "true",
+            "set-cilium-is-up-condition": "true",
+            "agent-not-ready-taint-key": "node.cilium.io/agent-not-ready",
+        },
+    })
+    .to_string()
+}
+
+fn pod(namespace: &str, name: &str, app: &str) -> String {
+    serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "labels": {"k8s-app": app}},
+        "spec": {"nodeName": "n1", "containers": [{"name": app, "image": app}]},
+    })
+    .to_string()
+}
+
+/// Rewrites the `--taint` args of a stored workload's first container to
+/// `taint` and drops its `--release-taint` args: nodegate as installed
+/// before it had a key of its own.
+fn retaint(
+    emu: &Emulator,
+    res: &nodegate_emulator::resources::ResourceDef,
+    name: &str,
+    taint: &str,
+) {
+    let stored = emu.store().get(res, "nodegate", name).unwrap();
+    let mut v = serde_json::to_value(stored.as_ref()).unwrap();
+    let args = v["spec"]["template"]["spec"]["containers"][0]["args"]
+        .as_array_mut()
+        .unwrap();
+    args.retain(|a| {
+        let a = a.as_str().unwrap_or_default();
+        !a.starts_with("--taint") && !a.starts_with("--release-taint")
+    });
+    args.push(serde_json::json!(format!("--taint={taint}")));
+    emu.apply(&v.to_string()).unwrap();
+}
+
+/// Cilium's operator next to nodegate: absent, its agent pods without its
+/// ConfigMap, the Helm chart's defaults with nodegate as shipped (each owns
+/// its key), and nodegate configured with the operator's key (they fight).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reports_the_cilium_operator() {
+    use nodegate_emulator::resources::{DAEMONSETS, DEPLOYMENTS};
+    const CHECK: &str = "cilium operator";
+    let own_key = DEFAULT_TAINT
+        .parse::<TaintSpec>()
+        .unwrap()
+        .key()
+        .to_string();
+    let (emu, _webhook, home) = installed(None).await;
+    let kubeconfig = home.path().join("kubeconfig");
+    // Another kube-system pod: not Cilium's.
+    emu.apply(&pod("kube-system", "coredns-1", "kube-dns"))
+        .unwrap();
+    let (code, out) = check(&kubeconfig, &[]);
+    assert_eq!(code, 0, "{out}");
+    assert!(line(&out, "PASS", CHECK).contains(
+        "Cilium is not installed in kube-system (ConfigMap kube-system/cilium-config not found, no pod k8s-app=cilium)"
+    ));
+
+    // Cilium's agent runs, its ConfigMap is not where nodegate-check looks.
+    emu.apply(&pod("kube-system", "cilium-x7k2p", "cilium"))
+        .unwrap();
+    let (code, out) = check(&kubeconfig, &[]);
+    assert_eq!(code, 1, "{out}");
+    let l = line(&out, "FAIL", CHECK);
+    assert!(
+        l.contains("Cilium runs here (pod kube-system/cilium-x7k2p), but its ConfigMap kube-system/cilium-config not found")
+            && l.contains("a fight with nodegate over a taint key cannot be ruled out"),
+        "{l}"
+    );
+    assert_eq!(
+        out.lines().filter(|l| l.starts_with("FAIL")).count(),
+        1,
+        "only the Cilium line fails: {out}"
+    );
+    // Another namespace, with neither.
+    let (code, out) = check(&kubeconfig, &["--cilium-namespace", "cilium"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(line(&out, "PASS", CHECK).contains("Cilium is not installed in cilium"));
+
+    // The Helm chart's defaults, nodegate as shipped: two keys, two owners.
+    emu.apply(&cilium_config_helm_defaults()).unwrap();
+    let (code, out) = check(&kubeconfig, &[]);
+    assert_eq!(code, 0, "{out}");
+    let l = line(&out, "PASS", CHECK);
+    assert!(
+        l.contains(&format!(
+            "Cilium's operator owns node.cilium.io/agent-not-ready (removes it when the node's Cilium pod is Ready, sets it while not); nodegate owns {own_key}; a node takes pods when both are gone"
+        )) && l.contains(&format!(
+            "the agent's --release-taint={LEGACY_TAINT} removes the taint an older nodegate added, once, when it matches exactly (key, value and effect), and never adds it"
+        )),
+        "{l}"
+    );
+
+    // nodegate configured with the operator's key (as it was by default).
+    retaint(&emu, &DEPLOYMENTS, "nodegate-webhook", LEGACY_TAINT);
+    retaint(&emu, &DAEMONSETS, "nodegate-agent", LEGACY_TAINT);
+    // The running webhook still adds nodegate's own taint: expect that of
+    // the canary, so only the Cilium line fails.
+    let (code, out) = check(&kubeconfig, &["--taint", DEFAULT_TAINT]);
+    assert_eq!(code, 1, "{out}");
+    let l = line(&out, "FAIL", CHECK);
+    assert!(
+        l.contains(&format!(
+            "Cilium's operator owns every taint with key node.cilium.io/agent-not-ready (removes it when the node's Cilium pod is Ready, sets it while not), and nodegate manages that key too (the webhook's --taint={LEGACY_TAINT}, the agent's --taint={LEGACY_TAINT})"
+        )) && l.contains("a write loop between the operator and the agent")
+            && l.contains("at re-registration the operator removes nodegate's gate from its stale cache")
+            && l.contains(&format!("fix: either give nodegate its own key, the default {own_key} (--taint={DEFAULT_TAINT} on the webhook and the agent instead, and --release-taint={LEGACY_TAINT} on the agent"))
+            && l.contains("operator.removeNodeTaints=false, operator.setNodeTaints=false and extraConfig.remove-cilium-node-taints=\"false\""),
+        "{l}"
+    );
+    assert_eq!(
+        out.lines().filter(|l| l.starts_with("FAIL")).count(),
+        1,
+        "only the Cilium line fails: {out}"
+    );
 }

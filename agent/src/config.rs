@@ -80,7 +80,7 @@ pub struct Args {
     /// Time between probe rounds while not ready: the node is gated, so
     /// every round saved here is time the node cannot take pods. Probes of
     /// localhost are cheap; an exec probe forks this often.
-    #[arg(long, env = "NODEGATE_PENDING_PROBE_PERIOD", default_value = "50ms", value_parser = parse_duration)]
+    #[arg(long, env = "NODEGATE_PENDING_PROBE_PERIOD", default_value = "20ms", value_parser = parse_duration)]
     pub pending_probe_period: Duration,
 
     /// Time limit of one probe.
@@ -269,7 +269,7 @@ mod tests {
             a.release_taints.is_empty(),
             "the flag's default releases nothing"
         );
-        assert_eq!(a.pending_probe_period, Duration::from_millis(50));
+        assert_eq!(a.pending_probe_period, Duration::from_millis(20));
         assert!(!a.taint_on_shutdown);
         assert_eq!(a.prune_source, PruneSource::Roster);
         assert_eq!(a.roster_namespace, "nodegate");

@@ -145,6 +145,12 @@ impl State {
         self.readiness.is_ready()
     }
 
+    /// The node as the watch last delivered it, if no write of ours made
+    /// it stale since.
+    pub fn seen(&self) -> Option<NodeView> {
+        self.view.clone()
+    }
+
     /// Time until the next probe round: short while the node waits on its
     /// agent, the configured period once ready.
     pub fn period(&self) -> Duration {

@@ -93,7 +93,7 @@ impl Gate {
                 Action::RunProbes => Some(Event::Probed(self.round().await)),
                 Action::RemoveTaints { boot, within } => Some(Event::ReadyPatched(
                     self.writer
-                        .mark_ready(Instant::now() + within, boot.as_deref())
+                        .mark_ready(Instant::now() + within, boot.as_deref(), state.seen())
                         .await
                         .map_err(|e| e.to_string()),
                 )),

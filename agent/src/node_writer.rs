@@ -67,20 +67,33 @@ impl NodeWriter {
         Ok((node, view))
     }
 
-    /// Re-reads and applies `build(view)` until it succeeds, nothing is left
-    /// to do (`build` returns `None`) or `deadline` passes. Also returns the
-    /// node as last seen (read, or as the patch left it).
+    /// Applies `build(view)` until it succeeds, nothing is left to do
+    /// (`build` returns `None` on a fresh read) or `deadline` passes. The
+    /// first attempt may start from `seen`, the node as the watch last
+    /// delivered it, saving a read on the path that ungates a node: the
+    /// patch's `test`s refuse it if that view is stale, and every retry
+    /// re-reads. Returns what `build` said with the node the patch left,
+    /// and the node as last seen (read, or as the patch left it).
     async fn patch_loop<T>(
         &self,
         deadline: Instant,
-        mut build: impl FnMut(&Node, &NodeView) -> Option<(Patch, T)>,
-    ) -> Result<(Option<T>, NodeView), WriteError> {
+        mut seen: Option<NodeView>,
+        mut build: impl FnMut(&NodeView) -> Option<(Patch, T)>,
+    ) -> Result<(Option<(T, Node)>, NodeView), WriteError> {
         let mut backoff = Duration::from_millis(50);
         loop {
             let attempt = async {
-                let (node, view) = self.read().await?;
-                let Some((patch, out)) = build(&node, &view) else {
-                    return Ok((None, view));
+                // A cached view with nothing to do proves nothing: read.
+                let cached = seen.take().and_then(|v| build(&v).map(|b| (b, v)));
+                let ((patch, out), _) = match cached {
+                    Some(c) => c,
+                    None => {
+                        let (_, view) = self.read().await?;
+                        match build(&view) {
+                            Some(b) => (b, view),
+                            None => return Ok((None, view)),
+                        }
+                    }
                 };
                 let patched = self
                     .api
@@ -93,7 +106,7 @@ impl NodeWriter {
                 let after = serde_json::to_value(&patched)
                     .and_then(serde_json::from_value::<NodeView>)
                     .map_err(|e| WriteError::Decode(self.name.clone(), e))?;
-                Ok::<_, WriteError>((Some(out), after))
+                Ok::<_, WriteError>((Some((out, patched)), after))
             };
             let err = match attempt.await {
                 Ok(r) => return Ok(r),
@@ -112,7 +125,8 @@ impl NodeWriter {
         }
     }
 
-    /// Removes the configured taints and records the bootID, in one patch.
+    /// Removes the configured taints and records the bootID, in one patch,
+    /// starting from `seen` (the watched node) when it shows work to do.
     /// `outcome` is `None` when the node already had no taint and the
     /// bootID recorded, or when it now reports another boot than
     /// `expected_boot` (the probes passed on the previous boot).
@@ -120,11 +134,12 @@ impl NodeWriter {
         &self,
         deadline: Instant,
         expected_boot: Option<&str>,
+        seen: Option<NodeView>,
     ) -> Result<MarkReady, WriteError> {
         let specs = self.specs.clone();
         let release = self.release.clone();
         let (out, latest) = self
-            .patch_loop(deadline, |node, view| {
+            .patch_loop(deadline, seen, |view| {
                 if let (Some(want), Some(now)) = (expected_boot, view.boot_id())
                     && want != now
                 {
@@ -137,22 +152,25 @@ impl NodeWriter {
                     .filter(|t| removes(t, &specs, &release))
                     .cloned()
                     .collect();
-                let since_creation_ms = node
-                    .metadata
-                    .creation_timestamp
-                    .as_ref()
-                    .map(|t| Timestamp::now().as_millisecond() - t.0.as_millisecond());
                 Some((
                     patch,
                     ReadyOutcome {
                         removed,
                         boot_id: view.boot_id().map(str::to_owned),
-                        since_creation_ms,
-                        uid: node.metadata.uid.clone(),
+                        since_creation_ms: None,
+                        uid: view.metadata.uid.clone(),
                     },
                 ))
             })
             .await?;
+        let out = out.map(|(mut o, patched)| {
+            o.since_creation_ms = patched
+                .metadata
+                .creation_timestamp
+                .as_ref()
+                .map(|t| Timestamp::now().as_millisecond() - t.0.as_millisecond());
+            o
+        });
         if out.as_ref().is_some_and(|o| !o.removed.is_empty()) {
             self.metrics.taint_removals.inc();
         }
@@ -172,7 +190,7 @@ impl NodeWriter {
         let specs = self.specs.clone();
         let boot = self.boot_specs.clone();
         let (taints, latest) = self
-            .patch_loop(deadline, |_, view| {
+            .patch_loop(deadline, None, |view| {
                 let missing = taints_to_add(reason, view, &specs, &boot);
                 if missing.is_empty() {
                     return None;
@@ -181,7 +199,7 @@ impl NodeWriter {
                 Some((add_taints(view, &missing, Guard::Current), keys))
             })
             .await?;
-        let taints = taints.unwrap_or_default();
+        let taints = taints.map(|(t, _)| t).unwrap_or_default();
         if !taints.is_empty() {
             self.metrics
                 .taint_adds

@@ -113,7 +113,10 @@ async fn ready_patch_is_one_exact_json_patch() {
             ),
         );
     });
-    let done = t.mark_ready(deadline(), Some("boot-2")).await.unwrap();
+    let done = t
+        .mark_ready(deadline(), Some("boot-2"), None)
+        .await
+        .unwrap();
     assert_eq!(
         done.latest.taints().len(),
         1,
@@ -123,6 +126,45 @@ async fn ready_patch_is_one_exact_json_patch() {
     server.await.unwrap();
     assert_eq!(out.removed, vec![ours()]);
     assert_eq!(out.boot_id.as_deref(), Some("boot-2"));
+    assert_eq!(metrics.taint_removals.get(), 1);
+}
+
+/// The ungating write starts from the watched node: no read before the
+/// patch. A stale view fails the patch's `test`, and the retry reads.
+#[tokio::test]
+async fn ready_patch_starts_from_the_watched_node_and_reads_only_when_stale() {
+    let (t, mut h, metrics) = setup();
+    let seen: nodegate_shared::NodeView =
+        serde_json::from_value(node("5", json!([ours()]), json!({"x": "y"}))).unwrap();
+    let server = tokio::spawn(async move {
+        // Straight to the patch; the view was stale (a taint prepended).
+        let (first, send) = expect_patch(&mut h).await;
+        respond(send, 422, status(422, "Invalid"));
+        let moved = json!([{"key": "a/b", "effect": "NoSchedule"}, ours()]);
+        expect_get(&mut h, node("6", moved, json!({"x": "y"}))).await;
+        let (second, send) = expect_patch(&mut h).await;
+        respond(
+            send,
+            200,
+            node(
+                "7",
+                json!([{"key": "a/b", "effect": "NoSchedule"}]),
+                json!({}),
+            ),
+        );
+        (first, second)
+    });
+    let out = t
+        .mark_ready(deadline(), Some("boot-2"), Some(seen))
+        .await
+        .unwrap()
+        .outcome
+        .expect("patched");
+    let (first, second) = server.await.unwrap();
+    assert_eq!(first[0]["path"], "/spec/taints/0", "from the watched view");
+    assert_eq!(second[0]["path"], "/spec/taints/1", "from the fresh read");
+    assert_eq!(out.removed, vec![ours()]);
+    assert!(out.since_creation_ms.is_some(), "from the patched node");
     assert_eq!(metrics.taint_removals.get(), 1);
 }
 
@@ -153,7 +195,7 @@ async fn ready_patch_rereads_after_conflict_and_failed_test() {
         );
         (first, second, third)
     });
-    t.mark_ready(deadline(), Some("boot-2"))
+    t.mark_ready(deadline(), Some("boot-2"), None)
         .await
         .unwrap()
         .outcome
@@ -198,7 +240,10 @@ async fn nothing_to_do_means_no_patch() {
         // The client is dropped after the GET: no further request may come.
         assert!(h.next_request().await.is_none());
     });
-    let done = t.mark_ready(deadline(), Some("boot-2")).await.unwrap();
+    let done = t
+        .mark_ready(deadline(), Some("boot-2"), None)
+        .await
+        .unwrap();
     assert!(done.outcome.is_none());
     assert_eq!(done.latest.ready_boot_id(), Some("boot-2"));
     drop(t);
@@ -263,7 +308,10 @@ async fn no_patch_when_the_node_rebooted_since_the_probes_passed() {
         expect_get(&mut h, node("5", json!([ours()]), json!({}))).await;
         assert!(h.next_request().await.is_none(), "no PATCH");
     });
-    let done = t.mark_ready(deadline(), Some("boot-1")).await.unwrap();
+    let done = t
+        .mark_ready(deadline(), Some("boot-1"), None)
+        .await
+        .unwrap();
     assert!(done.outcome.is_none());
     assert_eq!(
         done.latest.boot_id(),
@@ -281,7 +329,10 @@ async fn forbidden_is_not_retried() {
         let (_, send) = h.next_request().await.expect("GET");
         respond(send, 403, status(403, "Forbidden"));
     });
-    let err = t.mark_ready(deadline(), Some("boot-2")).await.unwrap_err();
+    let err = t
+        .mark_ready(deadline(), Some("boot-2"), None)
+        .await
+        .unwrap_err();
     server.await.unwrap();
     assert!(err.to_string().contains("mock"), "{err}");
 }

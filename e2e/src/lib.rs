@@ -5,6 +5,7 @@
 //! moment (`standin`); `readme` reads the README's install commands, `manifests` builds the
 //! shipped kustomizations. Test code: nothing shipped depends on it.
 
+pub mod cilium_operator;
 pub mod cluster;
 pub mod manifests;
 pub mod process;

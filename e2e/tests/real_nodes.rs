@@ -26,6 +26,8 @@ use kube::runtime::watcher;
 use nodegate_e2e::readme::{install_commands, repo_dir, shell, stdout_if_ok, user_dir};
 use serde_json::json;
 
+#[path = "real_nodes/cilium.rs"]
+mod cilium;
 #[path = "real_nodes/strict.rs"]
 mod strict;
 
@@ -606,10 +608,11 @@ async fn nodegate_on_real_nodes() {
         nodes0.len() >= 2,
         "the harness brings up at least two nodes"
     );
-    // Strict mode alone, on a cluster an earlier run left up with nodegate
-    // installed (NODEGATE_REAL_NODES_KEEP=1): a shorter loop while working on it.
-    let strict_only = std::env::var("NODEGATE_REAL_NODES_ONLY").as_deref() == Ok("strict");
-    if !strict_only {
+    // One group alone (`strict`, `cilium`), on a cluster an earlier run left
+    // up with nodegate installed (NODEGATE_REAL_NODES_KEEP=1): a shorter loop
+    // while working on it.
+    let only = std::env::var("NODEGATE_REAL_NODES_ONLY").ok();
+    if only.is_none() {
         install(&h, &client, &nodes0).await;
     }
     let c = Ctx {
@@ -619,9 +622,11 @@ async fn nodegate_on_real_nodes() {
         rec,
         nodes0,
     };
-    if strict_only {
-        strict::strict_mode(&c).await;
-        return;
+    match only.as_deref() {
+        Some("strict") => return strict::strict_mode(&c).await,
+        Some("cilium") => return cilium::cilium(&c).await,
+        Some(other) => panic!("NODEGATE_REAL_NODES_ONLY={other}: strict or cilium"),
+        None => {}
     }
     join(&c).await;
     crash_reboot(&c).await;
@@ -633,6 +638,7 @@ async fn nodegate_on_real_nodes() {
     webhook_host_crash(&c).await;
     memory_and_nothing_gated(&c).await;
     strict::strict_mode(&c).await;
+    cilium::cilium(&c).await;
 }
 
 /// What every scenario after the install shares.

@@ -14,7 +14,7 @@ const LABEL: &str = "nodegate-e2e=strict";
 /// The DaemonSet that tolerates every taint, as log and metrics agents do.
 const TOLERATING: &str = "strict-logs-";
 
-fn boot_gated(n: &Node) -> bool {
+pub(super) fn boot_gated(n: &Node) -> bool {
     taints(n).iter().any(|(k, e)| k == GATE && e == "NoExecute")
 }
 
@@ -50,7 +50,7 @@ fn starts(p: &Pod) -> (Option<Timestamp>, i32) {
 
 /// Which install `my-nodegate/` holds.
 #[derive(Clone, Copy, PartialEq, Debug)]
-enum Install {
+pub(super) enum Install {
     Default,
     Strict,
     StrictAdmissionPolicy,
@@ -95,7 +95,7 @@ pub(super) async fn strict_mode(c: &Ctx) {
 /// Applies `to` as an upgrade users make (`kubectl apply -k`), waits for
 /// both rollouts, and asserts that it gated or disrupted nothing: the
 /// agents' shutdown re-taint never carries the boot gate.
-async fn switch(c: &Ctx, to: Install) {
+pub(super) async fn switch(c: &Ctx, to: Install) {
     let Ctx { h, client, rec, .. } = c;
     step(&format!("switch the install to {to:?}: nothing evicted"));
     let before = last_rv(rec);
@@ -121,6 +121,18 @@ async fn switch(c: &Ctx, to: Install) {
     all_nodegate_ready(client, 2).await;
     for n in node_names(client).await {
         wait_gated(client, &n, false, 120).await;
+    }
+    if to == Install::StrictAdmissionPolicy {
+        // The API server loads a new admission policy asynchronously: until
+        // it does, the webhook still taints new nodes (with its warning),
+        // and nodegate-check's canary would report the policy as not applied.
+        wait("the admission policy in effect", 60, async || {
+            let out = h.sh("kubectl create --dry-run=server -o name -f - <<'EOF'\napiVersion: v1\nkind: Node\nmetadata: {name: nodegate-e2e-policy-probe}\nEOF");
+            (out.status.success()
+                && !String::from_utf8_lossy(&out.stderr).contains("nodegate: added taint"))
+            .then_some(())
+        })
+        .await;
     }
     assert_nothing_disrupted(rec, before, &format!("switch to {to:?}"));
     let check = h.sh("nodegate-check");

@@ -1,0 +1,21 @@
+//! A stand-in of cilium-operator's node-taint controller
+//! (`operator/watchers/node_taint.go` and `node_taint_cell.go` in
+//! cilium/cilium): it removes the agent-not-ready taint (every taint with
+//! the key) from a node once a Cilium pod there is Ready, sets the
+//! `NetworkUnavailable=False/CiliumIsUp` condition, and — with
+//! `set-cilium-node-taints` — adds `key:NoSchedule` to a node whose Cilium
+//! pod is scheduled but not Ready. It acts on informer caches, stale ones
+//! included, guarding its taint writes with a JSON patch `test`, as
+//! upstream does; so tests can run nodegate next to it.
+//!
+//! `config` parses the `cilium-config` ConfigMap, `decide` is the pure
+//! decision, `queue` the node work queue, `run` the watches and workers;
+//! the binary is `cilium-operator-standin`.
+
+pub mod config;
+pub mod decide;
+pub mod queue;
+pub mod run;
+
+pub use config::OperatorConfig;
+pub use run::{Controller, Counts, Options, WriteRecord};

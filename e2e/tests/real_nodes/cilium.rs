@@ -1,0 +1,630 @@
+//! Beside Cilium's own operator: a stand-in Cilium DaemonSet with the probes
+//! Cilium's chart sets, and the stand-in of cilium-operator's node-taint
+//! controller (`e2e/src/cilium_operator`, configured from a `cilium-config`
+//! ConfigMap holding Helm's defaults), on the same real nodes as nodegate.
+//!
+//! nodegate owns `nodegate.dev/agent-not-ready`, the operator owns
+//! `node.cilium.io/agent-not-ready`. Each scenario asserts that nodegate's
+//! gate is on the node from its first version of a new boot until its agent
+//! is ready, that nothing is bound to the node in between, and counts the
+//! Node writes of both from the API server's audit log, with a quiet window
+//! after the node settled in which neither may write again (no loop).
+
+use std::process::{Child, Stdio};
+
+use k8s_openapi::jiff::Timestamp;
+
+use super::*;
+
+const CILIUM_KEY: &str = "node.cilium.io/agent-not-ready";
+const CILIUM_NS: &str = "kube-system";
+/// The node this module joins, crashes and reboots: the first `nodeN` from
+/// node5 on that the harness never made (a rerun on a kept cluster joins
+/// another).
+fn fresh_node(h: &Harness) -> String {
+    (5..)
+        .map(|i| format!("node{i}"))
+        .find(|n| !h.node_dir(n).exists())
+        .unwrap()
+}
+/// Crash reboots in a row.
+const CRASHES: usize = 10;
+/// After a node settled, neither nodegate nor the operator may write it
+/// again for this long: a loop between them would.
+const QUIET: Duration = Duration::from_secs(8);
+const OPERATOR_USER: &str = "system:serviceaccount:kube-system:cilium-operator";
+const NODEGATE_USERS: [&str; 2] = [
+    "system:serviceaccount:nodegate:nodegate-agent",
+    "system:serviceaccount:nodegate:nodegate-webhook",
+];
+
+fn operator_tainted(n: &Node) -> bool {
+    taints(n).iter().any(|(k, _)| k == CILIUM_KEY)
+}
+
+fn ready_boot(n: &Node) -> Option<&str> {
+    n.metadata
+        .annotations
+        .as_ref()?
+        .get(nodegate_shared::keys::READY_BOOT_ID_ANNOTATION)
+        .map(String::as_str)
+}
+
+fn is_cilium(p: &Pod) -> bool {
+    ns_of(p) == CILIUM_NS
+        && p.metadata
+            .labels
+            .as_ref()
+            .is_some_and(|l| l.get("k8s-app").map(String::as_str) == Some("cilium"))
+}
+
+fn owned_by_daemonset(p: &Pod) -> bool {
+    p.metadata
+        .owner_references
+        .as_ref()
+        .is_some_and(|o| o.iter().any(|o| o.kind == "DaemonSet"))
+}
+
+/// The operator's `CiliumIsUp` condition (`setNodeNetworkUnavailableFalse`).
+fn cilium_is_up(n: &Node) -> bool {
+    n.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| {
+            c.iter().any(|c| {
+                c.type_ == "NetworkUnavailable"
+                    && c.status == "False"
+                    && c.reason.as_deref() == Some("CiliumIsUp")
+            })
+        })
+}
+
+/// The stand-in operator, a process on the host with its own
+/// ServiceAccount's token, as the chart runs it with its own credentials.
+struct Operator {
+    child: Child,
+}
+
+impl Operator {
+    fn start(h: &Harness) -> Operator {
+        let dir = repo_dir().join("e2e/real-nodes/cilium");
+        h.kubectl(&format!("apply -f {}", dir.display()));
+        let token = h.kubectl(&format!(
+            "-n {CILIUM_NS} create token cilium-operator --duration=4h"
+        ));
+        let server = h.kubectl("config view --minify -o jsonpath={.clusters[0].cluster.server}");
+        let kc = h.state.join("cilium-operator.kubeconfig");
+        std::fs::write(
+            &kc,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters: [{{name: c, cluster: {{server: \"{server}\", certificate-authority: \"{}\"}}}}]\nusers: [{{name: u, user: {{token: \"{}\"}}}}]\ncontexts: [{{name: c, context: {{cluster: c, user: u}}}}]\ncurrent-context: c\n",
+                h.state.join("pki/ca.crt").display(),
+                token.trim()
+            ),
+        )
+        .unwrap();
+        let log = std::fs::File::create(h.state.join("log/cilium-operator.log")).unwrap();
+        let child = Command::new(repo_dir().join("target/debug/cilium-operator-standin"))
+            .arg("--kubeconfig")
+            .arg(&kc)
+            .stdout(Stdio::from(log.try_clone().unwrap()))
+            .stderr(Stdio::from(log))
+            .spawn()
+            .expect("cilium-operator-standin is built (cargo build -p nodegate-e2e --bins)");
+        Operator { child }
+    }
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Node writes (patch, update; main resource and status) from the API
+/// server's audit log.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+struct Writes {
+    nodegate: u64,
+    operator: u64,
+    /// Writes of either that the API server refused (a failed `test`).
+    refused: u64,
+}
+
+impl Writes {
+    fn total(&self) -> u64 {
+        self.nodegate + self.operator
+    }
+}
+
+fn writes(h: &Harness, nodes: &[&str], from: Timestamp, to: Timestamp) -> Writes {
+    let log = std::fs::read_to_string(h.state.join("log/audit.log")).unwrap_or_default();
+    let mut w = Writes::default();
+    for line in log.lines() {
+        let Ok(e) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        let at: Option<Timestamp> = e["requestReceivedTimestamp"]
+            .as_str()
+            .and_then(|t| t.parse().ok());
+        let name = e["objectRef"]["name"].as_str().unwrap_or_default();
+        if e["stage"] != "ResponseComplete"
+            || e["objectRef"]["resource"] != "nodes"
+            || !matches!(e["verb"].as_str(), Some("patch" | "update"))
+            || !nodes.contains(&name)
+            || at.is_none_or(|t| t < from || t > to)
+        {
+            continue;
+        }
+        let user = e["user"]["username"].as_str().unwrap_or_default();
+        let ok = e["responseStatus"]["code"]
+            .as_u64()
+            .is_some_and(|c| (200..300).contains(&c));
+        let counter = if user == OPERATOR_USER {
+            &mut w.operator
+        } else if NODEGATE_USERS.contains(&user) {
+            &mut w.nodegate
+        } else {
+            continue;
+        };
+        if ok {
+            *counter += 1;
+        } else {
+            w.refused += 1;
+        }
+    }
+    w
+}
+
+/// The network agent of `node` turns healthy: its CNI config is on disk
+/// (the agent's file probe), then its health endpoint answers. Returns the
+/// moment it answers.
+fn healthy(h: &Harness, node: &str) -> Instant {
+    let d = h.node_dir(node);
+    let conf = d.join("cni-net.d/05-cilium.conflist");
+    if !conf.exists() {
+        std::fs::copy(d.join("standin.conflist"), &conf).unwrap();
+    }
+    std::fs::create_dir_all(d.join("run/standin")).unwrap();
+    let t = Instant::now();
+    std::fs::write(d.join("run/standin/healthz"), "ok").unwrap();
+    t
+}
+
+/// What one join or reboot looked like.
+struct Gating {
+    /// Health endpoint up → nodegate's gate gone, ms.
+    nodegate_ms: u128,
+    /// Health endpoint up → the operator's taint gone (its path: the pod's
+    /// probes, then the operator), ms.
+    operator_ms: u128,
+    writes: Writes,
+    versions: usize,
+}
+
+/// Waits until `node` settled (no gate of either, its Cilium pod Ready, the
+/// operator's condition set), then observes it for [`QUIET`] and asserts
+/// that neither nodegate nor the operator wrote it in that window.
+async fn settle(c: &Ctx, node: &str, what: &str) -> Timestamp {
+    let Ctx { h, client, .. } = c;
+    wait(&format!("{what}: {node} settled"), 90, async || {
+        let n = live_node(client, node).await?;
+        let pods = live_pods(client).await;
+        let cilium_ready = pods.iter().any(|p| {
+            is_cilium(p)
+                && node_of(p) == Some(node)
+                && p.metadata.deletion_timestamp.is_none()
+                && pod_ready(p)
+        });
+        (!gated(&n) && !operator_tainted(&n) && cilium_ready && cilium_is_up(&n)).then_some(())
+    })
+    .await;
+    let settled = Timestamp::now();
+    tokio::time::sleep(QUIET).await;
+    let after = writes(h, &[node], settled, Timestamp::now());
+    assert_eq!(
+        after.total(),
+        0,
+        "{what}: nodegate and the operator kept writing {node} after it settled: {after:?}"
+    );
+    settled
+}
+
+/// From `before` (the resourceVersion before the node's new boot or join)
+/// to `ready_rv` (the agent's ready patch): nodegate's gate on every
+/// version, and nothing but DaemonSet pods bound to the node.
+fn assert_gated_until_ready(
+    rec: &Recorder,
+    node: &str,
+    first_gated: u64,
+    ready_rv: u64,
+    bound_before: &BTreeSet<String>,
+    what: &str,
+) {
+    let lost: Vec<u64> = versions_after(rec, node, first_gated - 1)
+        .into_iter()
+        .filter(|s| s.rv < ready_rv && !gated(&s.obj))
+        .map(|s| s.rv)
+        .collect();
+    assert!(
+        lost.is_empty(),
+        "{what}: versions of {node} without nodegate's gate before its agent was ready: {lost:?}"
+    );
+    let bound: Vec<String> = rec
+        .pods()
+        .into_iter()
+        .filter(|s| s.rv > first_gated && s.rv < ready_rv)
+        .filter(|s| node_of(&s.obj) == Some(node) && !owned_by_daemonset(&s.obj))
+        .filter(|s| !bound_before.contains(s.obj.metadata.uid.as_deref().unwrap_or_default()))
+        .map(|s| name_of(&s.obj).to_string())
+        .collect();
+    assert!(
+        bound.is_empty(),
+        "{what}: pods bound to {node} while gated: {bound:?}"
+    );
+}
+
+/// The first version of `node` after `since` in which its agent recorded
+/// `boot` as ready and removed nodegate's gate, in one write.
+async fn agent_ready_version(rec: &Recorder, node: &str, since: u64, boot: &str) -> Seen<Node> {
+    let v = first_version(
+        rec,
+        node,
+        since,
+        &format!("{node} without nodegate's gate"),
+        60,
+        |n| !gated(n),
+    )
+    .await;
+    assert_eq!(
+        ready_boot(&v.obj),
+        Some(boot),
+        "nodegate's gate left {node} in a write other than its agent's ready patch"
+    );
+    v
+}
+
+/// Health up → each path's untaint; then settle and count.
+async fn measure(
+    c: &Ctx,
+    node: &str,
+    what: &str,
+    start: Timestamp,
+    start_rv: u64,
+    boot: &str,
+) -> (Gating, u64) {
+    let Ctx { h, rec, .. } = c;
+    let t_health = healthy(h, node);
+    let health_rv = last_rv(rec);
+    let ready = agent_ready_version(rec, node, start_rv, boot).await;
+    let nodegate_ms = ready.at.saturating_duration_since(t_health).as_millis();
+    settle(c, node, what).await;
+    let op_free = versions_after(rec, node, health_rv)
+        .into_iter()
+        .find(|s| !operator_tainted(&s.obj) && !gated(&s.obj))
+        .unwrap();
+    let operator_ms = op_free.at.saturating_duration_since(t_health).as_millis();
+    // The window closes at the end of the quiet period.
+    let w = writes(h, &[node], start, Timestamp::now());
+    let versions = versions_after(rec, node, start_rv).len();
+    figure(&format!("{what}_nodegate_ms"), nodegate_ms);
+    figure(&format!("{what}_operator_path_ms"), operator_ms);
+    figure(&format!("{what}_writes_nodegate"), w.nodegate);
+    figure(&format!("{what}_writes_operator"), w.operator);
+    figure(&format!("{what}_writes_refused"), w.refused);
+    figure(&format!("{what}_node_versions"), versions);
+    (
+        Gating {
+            nodegate_ms,
+            operator_ms,
+            writes: w,
+            versions,
+        },
+        ready.rv,
+    )
+}
+
+fn summary(name: &str, runs: &[Gating]) {
+    let mut ng: Vec<u128> = runs.iter().map(|g| g.nodegate_ms).collect();
+    let mut op: Vec<u128> = runs.iter().map(|g| g.operator_ms).collect();
+    ng.sort_unstable();
+    op.sort_unstable();
+    let p50 = |v: &[u128]| v[v.len() / 2];
+    figure(&format!("{name}_runs"), runs.len());
+    figure(&format!("{name}_nodegate_ms_p50"), p50(&ng));
+    figure(
+        &format!("{name}_nodegate_ms_range"),
+        format!("{}-{}", ng[0], ng[ng.len() - 1]),
+    );
+    figure(&format!("{name}_operator_path_ms_p50"), p50(&op));
+    figure(
+        &format!("{name}_operator_path_ms_range"),
+        format!("{}-{}", op[0], op[op.len() - 1]),
+    );
+    let w: Vec<u64> = runs.iter().map(|g| g.writes.total()).collect();
+    let v: Vec<usize> = runs.iter().map(|g| g.versions).collect();
+    figure(&format!("{name}_writes_per_run"), format!("{w:?}"));
+    figure(&format!("{name}_versions_per_run"), format!("{v:?}"));
+}
+
+pub(super) async fn cilium(c: &Ctx) {
+    let Ctx { h, client, .. } = c;
+    step("beside cilium-operator: its stand-in and a Cilium DaemonSet with Cilium's probes");
+    let _operator = Operator::start(h);
+    // Nodes that run already: healthy, so their Cilium pods turn Ready and
+    // the operator sets its condition; nothing to untaint.
+    for n in node_names(client).await {
+        healthy(h, &n);
+    }
+    for n in node_names(client).await {
+        settle(c, &n, "cilium_install").await;
+    }
+    let check = h.sh("nodegate-check");
+    let report = String::from_utf8_lossy(&check.stdout);
+    println!("{report}");
+    assert!(
+        check.status.success(),
+        "nodegate-check failed beside Cilium"
+    );
+    let node = fresh_node(h);
+    let mut runs = vec![join(c, &node).await];
+    summary("cilium_join", &runs);
+    let mut crashes = Vec::new();
+    for i in 0..CRASHES {
+        crashes.push(reboot(c, &node, &format!("cilium_crash{i}"), Reboot::Crash).await);
+    }
+    summary("cilium_crash", &crashes);
+    let mut graceful = vec![reboot(c, &node, "cilium_graceful", Reboot::Graceful).await];
+    summary("cilium_graceful", &graceful);
+    // Strict mode: the operator removes every effect of its own key, and
+    // nodegate's boot gate is not under it.
+    strict::switch(c, strict::Install::Strict).await;
+    graceful.push(reboot(c, &node, "cilium_strict_crash", Reboot::Strict).await);
+    strict::switch(c, strict::Install::Default).await;
+    agent_rollout(c).await;
+    cilium_rollout(c).await;
+    runs.extend(crashes);
+    runs.extend(graceful);
+    for g in &runs {
+        assert!(
+            g.writes.total() <= 4,
+            "a join or reboot took more than 4 Node writes of nodegate and the operator: {:?}",
+            g.writes
+        );
+    }
+    summary("cilium_all", &runs);
+}
+
+/// A node joins: gated by nodegate from its first version; the operator
+/// taints it with its own key while its Cilium pod is not Ready.
+async fn join(c: &Ctx, node: &str) -> Gating {
+    let Ctx { h, client, rec, .. } = c;
+    step("cilium: a node joins");
+    let start = Timestamp::now();
+    let before = last_rv(rec);
+    h.kubectl(&format!(
+        "apply -f - <<'EOF'\n{}EOF",
+        workload("cilium-pinned", node, 2)
+    ));
+    h.cluster(&["add-node", node]);
+    let first = first_version(rec, node, before, "the first version", 60, |_| true).await;
+    assert!(
+        gated(&first.obj),
+        "{node}'s first version lacks nodegate's gate: {:?}",
+        taints(&first.obj)
+    );
+    agent_pod(client, node).await;
+    // The operator sees the Cilium pod scheduled, not Ready: its own taint.
+    first_version(
+        rec,
+        node,
+        before,
+        "the operator's taint",
+        60,
+        operator_tainted,
+    )
+    .await;
+    let boot = wait("the bootID", 60, async || {
+        boot_id(&live_node(client, node).await?)
+    })
+    .await;
+    let (g, ready_rv) = measure(c, node, "cilium_join", start, before, &boot).await;
+    assert_gated_until_ready(rec, node, first.rv, ready_rv, &BTreeSet::new(), "join");
+    g
+}
+
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Reboot {
+    Crash,
+    /// The agent's shutdown re-taint first, as on a node whose shutdown
+    /// stops its pods before the machine goes down.
+    Graceful,
+    /// A crash in strict mode: the boot gate must hold too.
+    Strict,
+}
+
+/// A reboot of `node`.
+async fn reboot(c: &Ctx, node: &str, what: &str, kind: Reboot) -> Gating {
+    let Ctx { h, client, rec, .. } = c;
+    step(&format!("cilium: {what}"));
+    let old_boot = boot_id(&live_node(client, node).await.unwrap()).unwrap();
+    let start = Timestamp::now();
+    let before = last_rv(rec);
+    let bound_before = uids_bound_to(rec, node, before);
+    if kind == Reboot::Graceful {
+        // The machine stops its pods: the network agent goes down with them.
+        h.cluster(&["unready", node]);
+        let agent = agent_pod(client, node).await;
+        h.kubectl(&format!(
+            "-n {NS} delete pod {} --wait=false",
+            name_of(&agent)
+        ));
+        first_version(
+            rec,
+            node,
+            before,
+            "the agent's shutdown re-taint",
+            30,
+            gated,
+        )
+        .await;
+    }
+    h.cluster(&["crash", node]);
+    let new_boot = first_version(
+        rec,
+        node,
+        before,
+        "the first version on the new boot",
+        120,
+        |n| boot_id(n).is_some_and(|b| b != old_boot),
+    )
+    .await;
+    assert!(
+        gated(&new_boot.obj),
+        "{what}: the first version of the new boot lacks nodegate's gate: {:?}",
+        taints(&new_boot.obj)
+    );
+    let boot = boot_id(&new_boot.obj).unwrap();
+    let first_gated = versions_after(rec, node, before)
+        .into_iter()
+        .find(|s| gated(&s.obj))
+        .unwrap();
+    // The agent runs again on the new boot before its network agent is up.
+    wait(&format!("{what}: agent restarted"), 120, async || {
+        let p = rec
+            .pods()
+            .into_iter()
+            .filter(|s| s.rv > new_boot.rv && node_of(&s.obj) == Some(node))
+            .find(|s| name_of(&s.obj).starts_with("nodegate-agent-") && pod_ready(&s.obj));
+        p.map(|_| ())
+    })
+    .await;
+    if kind == Reboot::Strict {
+        assert!(
+            strict::boot_gated(&new_boot.obj),
+            "{what}: the first version of the new boot lacks the boot gate"
+        );
+    }
+    let (g, ready_rv) = measure(c, node, what, start, before, &boot).await;
+    assert_gated_until_ready(rec, node, first_gated.rv, ready_rv, &bound_before, what);
+    if kind == Reboot::Strict {
+        let lost: Vec<u64> = versions_after(rec, node, new_boot.rv - 1)
+            .into_iter()
+            .filter(|s| s.rv < ready_rv && !strict::boot_gated(&s.obj))
+            .map(|s| s.rv)
+            .collect();
+        assert!(
+            lost.is_empty(),
+            "{what}: the boot gate was lost in {lost:?}"
+        );
+    }
+    g
+}
+
+/// nodegate's agents roll: each re-taints on shutdown and untaints when its
+/// successor is ready; the operator has nothing to do.
+async fn agent_rollout(c: &Ctx) {
+    let Ctx { h, client, .. } = c;
+    step("cilium: nodegate's agent DaemonSet rolls");
+    let nodes = node_names(client).await;
+    let names: Vec<&str> = nodes.iter().map(String::as_str).collect();
+    let start = Timestamp::now();
+    h.kubectl(&format!("-n {NS} rollout restart daemonset/nodegate-agent"));
+    h.kubectl(&format!(
+        "-n {NS} rollout status daemonset/nodegate-agent --timeout=300s"
+    ));
+    for n in &nodes {
+        settle(c, n, "cilium_agent_rollout").await;
+    }
+    let w = writes(h, &names, start, Timestamp::now());
+    figure("cilium_agent_rollout_nodes", nodes.len());
+    figure("cilium_agent_rollout_writes_nodegate", w.nodegate);
+    figure("cilium_agent_rollout_writes_operator", w.operator);
+    assert_eq!(
+        w.operator, 0,
+        "the operator wrote during nodegate's rollout"
+    );
+    assert!(
+        w.nodegate <= 2 * nodes.len() as u64,
+        "more than a re-taint and an untaint per node: {w:?}"
+    );
+}
+
+/// Cilium's DaemonSet rolls (maxUnavailable 2, as the chart sets): each old
+/// pod's health endpoint goes down as it stops (its preStop), the new one's
+/// comes up when it runs. The operator taints each node meanwhile and
+/// removes its taint when the new pod is Ready; nodegate's agent, not
+/// continuous, leaves that taint alone.
+async fn cilium_rollout(c: &Ctx) {
+    let Ctx { h, client, rec, .. } = c;
+    step("cilium: the Cilium DaemonSet rolls");
+    let nodes = node_names(client).await;
+    let names: Vec<&str> = nodes.iter().map(String::as_str).collect();
+    let start = Timestamp::now();
+    let before = last_rv(rec);
+    let old: BTreeSet<String> = live_pods(client)
+        .await
+        .iter()
+        .filter(|p| is_cilium(p))
+        .filter_map(|p| p.metadata.uid.clone())
+        .collect();
+    h.kubectl(&format!("-n {CILIUM_NS} rollout restart daemonset/cilium"));
+    // The new pod of each node runs: its agent turns healthy.
+    let mut up: BTreeSet<String> = BTreeSet::new();
+    wait(
+        "every new Cilium pod running and healthy",
+        300,
+        async || {
+            for p in live_pods(client).await {
+                let running = p
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.container_statuses.as_ref())
+                    .is_some_and(|cs| {
+                        cs.iter()
+                            .all(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()))
+                    });
+                let fresh = !old.contains(p.metadata.uid.as_deref().unwrap_or_default());
+                if let Some(n) = node_of(&p).filter(|_| is_cilium(&p) && fresh && running)
+                    && up.insert(n.to_string())
+                {
+                    healthy(h, n);
+                }
+            }
+            (up.len() == nodes.len()).then_some(())
+        },
+    )
+    .await;
+    h.kubectl(&format!(
+        "-n {CILIUM_NS} rollout status daemonset/cilium --timeout=300s"
+    ));
+    for n in &nodes {
+        settle(c, n, "cilium_rollout").await;
+    }
+    let w = writes(h, &names, start, Timestamp::now());
+    let versions: usize = nodes
+        .iter()
+        .map(|n| versions_after(rec, n, before).len())
+        .sum();
+    figure("cilium_rollout_nodes", nodes.len());
+    figure("cilium_rollout_writes_nodegate", w.nodegate);
+    figure("cilium_rollout_writes_operator", w.operator);
+    figure("cilium_rollout_node_versions", versions);
+    assert_eq!(
+        w.nodegate, 0,
+        "nodegate wrote during Cilium's rollout: {w:?}"
+    );
+    assert!(
+        w.operator <= 2 * nodes.len() as u64,
+        "more than a taint and an untaint per node by the operator: {w:?}"
+    );
+    for n in &nodes {
+        assert!(
+            versions_after(rec, n, before)
+                .iter()
+                .all(|s| !gated(&s.obj)),
+            "{n} got nodegate's gate during Cilium's rollout"
+        );
+    }
+}

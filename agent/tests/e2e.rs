@@ -1846,3 +1846,98 @@ async fn roster_poisoned_shard_prunes_no_live_node() {
     assert!(agent.term().await.success());
     assert!(publisher.term().await.success());
 }
+
+/// Beside cilium-operator's node-taint controller with Cilium's Helm
+/// defaults (its stand-in, `nodegate_e2e::cilium_operator`): each owns its
+/// own taint key, neither removes the other's, and once the node settled
+/// neither writes it again (the loop of a shared key is gone). Emulator
+/// only: a real cluster runs its own Cilium, or none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn beside_cilium_operator_each_owns_its_key_and_nothing_loops() {
+    use k8s_openapi::api::core::v1::Pod;
+    use nodegate_e2e::cilium_operator::{Controller, OperatorConfig, Options};
+    const CILIUM_KEY: &str = "node.cilium.io/agent-not-ready";
+    let (c, nodes) = cluster().await;
+    if c.is_real() {
+        println!(
+            "skipped on a real cluster: e2e/real-nodes runs the operator's stand-in beside Cilium's DaemonSet"
+        );
+        return;
+    }
+    let admin = c.client(users::ADMIN).await.unwrap();
+    let node_a = c.node_name("cilium-a");
+    let mut kubelet = c.kubelet(&node_a).await.unwrap();
+    assert!(our_taint(&kubelet.register().await.unwrap()));
+    // Cilium's agent pod on the node, scheduled, not Ready.
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "kube-system");
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "cilium-a", "namespace": "kube-system", "labels": {"k8s-app": "cilium"}},
+        "spec": {"nodeName": node_a, "containers": [{"name": "cilium-agent", "image": "cilium"}]},
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    let mut opts = Options::new(OperatorConfig::helm_defaults(), "kube-system");
+    opts.print = false;
+    let operator = Controller::start(admin.clone(), opts);
+    eventually(
+        "the operator's own taint while Cilium is not Ready",
+        || async { has_taint(&node(&nodes, &node_a).await, CILIUM_KEY) },
+    )
+    .await;
+
+    // Cilium's node-local signs of life: nodegate's agent ungates its key only.
+    let dir = tempfile::tempdir().unwrap();
+    let probe = dir.path().join("05-cilium.conflist");
+    std::fs::write(&probe, b"{}").unwrap();
+    let mut agent = Agent::start(
+        &c,
+        &node_a,
+        &dir.path().join("state"),
+        &["--probe-file", probe.to_str().unwrap()],
+    )
+    .await;
+    eventually("nodegate's gate removed", || async {
+        !our_taint(&node(&nodes, &node_a).await)
+    })
+    .await;
+    assert!(
+        has_taint(&node(&nodes, &node_a).await, CILIUM_KEY),
+        "the agent removed the operator's taint"
+    );
+
+    // The kubelet reports the Cilium pod Ready: the operator ungates its key.
+    pods.patch_status(
+        "cilium-a",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"phase": "Running", "conditions": [
+            {"type": "ContainersReady", "status": "True"}, {"type": "Ready", "status": "True"}]}})),
+    )
+    .await
+    .unwrap();
+    eventually("the operator's taint removed", || async {
+        let n = node(&nodes, &node_a).await;
+        !has_taint(&n, CILIUM_KEY) && !our_taint(&n)
+    })
+    .await;
+    // A quiet window, measured: a loop between the two writes within it.
+    let writes = operator.writes().len();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        operator.writes().len(),
+        writes,
+        "the operator kept writing: {:?}",
+        operator.writes()
+    );
+    assert_eq!(
+        agent.metric("nodegate_agent_taint_removals_total").await,
+        Some(1.0),
+        "the agent removed a taint more than once"
+    );
+    assert!(
+        operator.writes().iter().all(|w| w.node == node_a),
+        "{:?}",
+        operator.writes()
+    );
+    operator.stop().await;
+    assert!(agent.term().await.success());
+}

@@ -386,10 +386,14 @@ pub(super) async fn cilium(c: &Ctx) {
     cilium_rollout(c).await;
     runs.extend(crashes);
     runs.extend(graceful);
+    // nodegate's share is its minimum: the ready patch, and at a reboot the
+    // re-registration's re-taint. The operator's: its taint, its removal,
+    // and at a join its condition, which it may write twice on its own (the
+    // second from a cache that lacks the first; the stand-in alone does it).
     for g in &runs {
         assert!(
-            g.writes.total() <= 4,
-            "a join or reboot took more than 4 Node writes of nodegate and the operator: {:?}",
+            g.writes.nodegate <= 2 && g.writes.operator <= 4,
+            "a join or reboot took more Node writes than each owner's own: {:?}",
             g.writes
         );
     }

@@ -80,7 +80,10 @@ impl NodeWriter {
         mut seen: Option<NodeView>,
         mut build: impl FnMut(&NodeView) -> Option<(Patch, T)>,
     ) -> Result<(Option<(T, Node)>, NodeView), WriteError> {
-        let mut backoff = Duration::from_millis(50);
+        // A failed `test` or a conflict means the node changed since it
+        // was read: read again at once (the node is gated meanwhile), then
+        // back off from 10 ms.
+        let mut backoff = Duration::ZERO;
         loop {
             let attempt = async {
                 // A cached view with nothing to do proves nothing: read.
@@ -121,7 +124,7 @@ impl NodeWriter {
             }
             tracing::debug!(node = %self.name, error = %err, "node patch failed, re-reading");
             tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(Duration::from_secs(2));
+            backoff = (backoff * 2).clamp(Duration::from_millis(10), Duration::from_secs(2));
         }
     }
 

@@ -1941,3 +1941,53 @@ async fn beside_cilium_operator_each_owns_its_key_and_nothing_loops() {
     operator.stop().await;
     assert!(agent.term().await.success());
 }
+
+/// An upgrade from a nodegate that used Cilium's key: a node the old
+/// webhook gated carries `node.cilium.io/agent-not-ready=true:NoSchedule`;
+/// the new agent's ready patch removes it with its own (exactly, under the
+/// confinement), and no taint of either is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgrade_from_ciliums_key_leaves_no_stale_taint() {
+    use nodegate_shared::keys::LEGACY_TAINT;
+    let (c, nodes) = cluster().await;
+    let node_a = c.node_name("upgrade-a");
+    let mut kubelet = c.kubelet(&node_a).await.unwrap();
+    kubelet.register().await.unwrap();
+    let legacy =
+        json!({"key": "node.cilium.io/agent-not-ready", "value": "true", "effect": "NoSchedule"});
+    nodes
+        .patch(
+            &node_a,
+            &PatchParams::default(),
+            &Patch::Json::<()>(
+                serde_json::from_value(
+                    json!([{"op": "add", "path": "/spec/taints/-", "value": legacy}]),
+                )
+                .unwrap(),
+            ),
+        )
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let probe = dir.path().join("05-cilium.conflist");
+    std::fs::write(&probe, b"{}").unwrap();
+    let release = format!("--release-taint={LEGACY_TAINT}");
+    let mut agent = Agent::start(
+        &c,
+        &node_a,
+        &dir.path().join("state"),
+        &["--probe-file", probe.to_str().unwrap(), &release],
+    )
+    .await;
+    eventually("both taints gone in the ready patch", || async {
+        let n = node(&nodes, &node_a).await;
+        !our_taint(&n) && !has_taint(&n, "node.cilium.io/agent-not-ready")
+    })
+    .await;
+    assert_eq!(
+        agent.metric("nodegate_agent_taint_removals_total").await,
+        Some(1.0),
+        "one ready patch"
+    );
+    assert!(agent.term().await.success());
+}

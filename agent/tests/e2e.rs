@@ -1866,7 +1866,7 @@ async fn beside_cilium_operator_each_owns_its_key_and_nothing_loops() {
     }
     let admin = c.client(users::ADMIN).await.unwrap();
     let node_a = c.node_name("cilium-a");
-    let mut kubelet = c.kubelet(&node_a).await.unwrap();
+    let kubelet = c.kubelet(&node_a).await.unwrap();
     assert!(our_taint(&kubelet.register().await.unwrap()));
     // Cilium's agent pod on the node, scheduled, not Ready.
     let pods: Api<Pod> = Api::namespaced(admin.clone(), "kube-system");
@@ -1951,7 +1951,7 @@ async fn an_upgrade_from_ciliums_key_leaves_no_stale_taint() {
     use nodegate_shared::keys::LEGACY_TAINT;
     let (c, nodes) = cluster().await;
     let node_a = c.node_name("upgrade-a");
-    let mut kubelet = c.kubelet(&node_a).await.unwrap();
+    let kubelet = c.kubelet(&node_a).await.unwrap();
     kubelet.register().await.unwrap();
     let legacy =
         json!({"key": "node.cilium.io/agent-not-ready", "value": "true", "effect": "NoSchedule"});

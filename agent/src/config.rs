@@ -183,6 +183,8 @@ pub enum ConfigError {
     NodeName,
     #[error("--prune-confirm-qps must be a positive number and --prune-hold-share within 0..=1")]
     Prune,
+    #[error("--probe-period and --pending-probe-period must be at least 1ms")]
+    Period,
 }
 
 impl Args {
@@ -221,6 +223,10 @@ impl Args {
             .collect();
         check_release(&managed, &self.release_taints)?;
         self.probe_specs()?;
+        // A zero period would run probe rounds back to back.
+        if self.probe_period.min(self.pending_probe_period) < Duration::from_millis(1) {
+            return Err(ConfigError::Period);
+        }
         let qps_ok = self.prune_confirm_qps.is_finite() && self.prune_confirm_qps > 0.0;
         if !qps_ok || !(0.0..=1.0).contains(&self.prune_hold_share) {
             return Err(ConfigError::Prune);
@@ -317,6 +323,16 @@ mod tests {
                 .to_string()
                 .contains("the agent would remove what the webhook adds")
         );
+        for flag in ["--probe-period", "--pending-probe-period"] {
+            let a = Args::try_parse_from(["a", "--node-name", "n", flag, "0s"]).unwrap();
+            assert!(
+                a.validate()
+                    .unwrap_err()
+                    .to_string()
+                    .contains("at least 1ms"),
+                "{flag}"
+            );
+        }
         let a = Args::try_parse_from(["a", "--node-name", "n", "--probe-tcp", "nohost"]).unwrap();
         assert!(a.validate().unwrap_err().to_string().contains("HOST:PORT"));
         for bad in [

@@ -61,8 +61,10 @@ impl Gate {
             .default_backoff()
             .applied_objects();
         let mut own = std::pin::pin!(own);
-        // The next round comes one period after the last event, and the
-        // period is short while the node waits (State::period).
+        // The next round comes one period after the last round (a probe's
+        // wake-up counts); any other event may only bring it closer, as
+        // when the node turns gated and the period becomes short
+        // (State::period).
         let mut next = Instant::now();
         loop {
             let event = tokio::select! {

@@ -45,6 +45,12 @@ pub struct NodeWriter {
     pub metrics: Metrics,
 }
 
+/// The node changed between the read and the patch: a failed `test` or a
+/// conflict.
+fn moved(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if matches!(s.code, 409 | 422))
+}
+
 fn retryable(e: &kube::Error) -> bool {
     match e {
         kube::Error::Api(s) => !matches!(s.code, 400 | 401 | 403 | 405 | 415),
@@ -80,10 +86,12 @@ impl NodeWriter {
         mut seen: Option<NodeView>,
         mut build: impl FnMut(&NodeView) -> Option<(Patch, T)>,
     ) -> Result<(Option<(T, Node)>, NodeView), WriteError> {
-        // A failed `test` or a conflict means the node changed since it
-        // was read: read again at once (the node is gated meanwhile), then
-        // back off from 10 ms.
-        let mut backoff = Duration::ZERO;
+        // A failed `test` (422) or a conflict (409) means the node changed
+        // since it was read: read again at once, then back off from 10 ms
+        // (the node is gated meanwhile). Anything else (an overloaded or
+        // unreachable API server) backs off from 50 ms.
+        let mut moved_backoff = Duration::ZERO;
+        let mut backoff = Duration::from_millis(50);
         loop {
             let attempt = async {
                 // A cached view with nothing to do proves nothing: read.
@@ -111,20 +119,26 @@ impl NodeWriter {
                     .map_err(|e| WriteError::Decode(self.name.clone(), e))?;
                 Ok::<_, WriteError>((Some((out, patched)), after))
             };
-            let err = match attempt.await {
+            let (err, moved) = match attempt.await {
                 Ok(r) => return Ok(r),
-                Err(WriteError::Kube(e)) if retryable(&e) => e.to_string(),
+                Err(WriteError::Kube(e)) if retryable(&e) => (e.to_string(), moved(&e)),
                 Err(e) => return Err(e),
             };
-            if Instant::now() + backoff > deadline {
+            let wait = if moved { moved_backoff } else { backoff };
+            if Instant::now() + wait > deadline {
                 return Err(WriteError::Deadline {
                     name: self.name.clone(),
                     last: err,
                 });
             }
             tracing::debug!(node = %self.name, error = %err, "node patch failed, re-reading");
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).clamp(Duration::from_millis(10), Duration::from_secs(2));
+            tokio::time::sleep(wait).await;
+            if moved {
+                moved_backoff =
+                    (moved_backoff * 2).clamp(Duration::from_millis(10), Duration::from_secs(2));
+            } else {
+                backoff = (backoff * 2).min(Duration::from_secs(2));
+            }
         }
     }
 

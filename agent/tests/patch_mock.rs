@@ -168,6 +168,33 @@ async fn ready_patch_starts_from_the_watched_node_and_reads_only_when_stale() {
     assert_eq!(metrics.taint_removals.get(), 1);
 }
 
+/// A watched view with nothing left to do proves nothing (the webhook may
+/// have re-tainted since): the node is read before the agent gives up.
+#[tokio::test]
+async fn a_watched_view_without_work_is_checked_by_a_read() {
+    let (t, mut h, _) = setup();
+    let seen: nodegate_shared::NodeView = serde_json::from_value(node(
+        "5",
+        json!([]),
+        json!({"nodegate.dev/ready-boot-id": "boot-2"}),
+    ))
+    .unwrap();
+    let server = tokio::spawn(async move {
+        expect_get(&mut h, node("6", json!([ours()]), json!({"x": "y"}))).await;
+        let (patch, send) = expect_patch(&mut h).await;
+        respond(send, 200, node("7", json!([]), json!({})));
+        patch
+    });
+    let out = t
+        .mark_ready(deadline(), Some("boot-2"), Some(seen))
+        .await
+        .unwrap()
+        .outcome
+        .expect("patched after the read");
+    assert_eq!(server.await.unwrap()[0]["op"], "test");
+    assert_eq!(out.removed, vec![ours()]);
+}
+
 #[tokio::test]
 async fn ready_patch_rereads_after_conflict_and_failed_test() {
     let (t, mut h, metrics) = setup();

@@ -311,6 +311,12 @@ pub fn verdict(i: &Inputs) -> (Status, String) {
             notes.push(format!(
                 "but the agent's --release-taint={r} is the operator's own taint exactly (empty value, NoSchedule): the agent's ready patch removes it, even while the node's Cilium pod is not Ready; release {k}=true:NoSchedule, the taint an older nodegate added"
             ));
+        } else if operators_own {
+            // The operator does not set it now, but kubelets may register
+            // with it: the agent's ready patch removes that one.
+            notes.push(format!(
+                "the agent's --release-taint={r} removes, once, a taint with exactly that empty value (the operator does not set it here, but kubelets registering with it lose it at nodegate's ready patch), and never adds it"
+            ));
         } else {
             notes.push(format!(
                 "the agent's --release-taint={r} removes the taint an older nodegate added, once, when it matches exactly (key, value and effect), and never adds it: the operator's own (empty value) is not touched"
@@ -650,9 +656,18 @@ mod tests {
             ),
             (
                 "release of the operator's own taint",
-                releases_operators_own,
+                releases_operators_own.clone(),
                 Status::Warn,
                 vec![format!("--release-taint={operators_own} is the operator's own taint exactly (empty value, NoSchedule)")],
+            ),
+            (
+                "the agent releases the operator's own taint, which the operator does not set",
+                Inputs {
+                    config: data(&[(REMOVE, "true"), (SET, "false")]),
+                    ..releases_operators_own
+                },
+                Status::Pass,
+                vec![format!("--release-taint={operators_own} removes, once, a taint with exactly that empty value (the operator does not set it here, but kubelets registering with it lose it")],
             ),
             (
                 "values that are not booleans",

@@ -121,6 +121,12 @@ fn policy_problems(i: &Inputs, f: &Flags, problems: &mut Vec<String>, notes: &mu
         .iter()
         .map(|t| format!("--taint={t}"))
         .chain(f.boot.iter().map(|t| format!("--boot-taint={t}")))
+        .chain(
+            i.agent
+                .release
+                .iter()
+                .map(|t| format!("--release-taint={t}")),
+        )
         .collect();
     let shown_flags = shown_flags.join(" ");
     let vap = "ValidatingAdmissionPolicy";

@@ -299,6 +299,28 @@ async fn a_stolen_agent_token_releases_only_the_old_default_taint() {
         &[AGENT_POLICY, "may change only the taints"],
     );
     json_patch(&admin, &a, add(&legacy)).await.unwrap();
+    // The release is removal only: not a swap for the operator's taint, not
+    // a cover for another change.
+    let mut swap = remove(&legacy).await;
+    swap.as_array_mut()
+        .unwrap()
+        .push(json!({"op": "add", "path": "/spec/taints/-", "value": operators}));
+    assert_refused(
+        "agent swaps the old taint for the operator's",
+        json_patch(&agent_a, &a, swap).await,
+        &[AGENT_POLICY, "may change only the taints"],
+    );
+    let mut cover = remove(&legacy).await;
+    cover
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"op": "add", "path": "/spec/taints/-",
+        "value": {"key": "example.com/evil", "effect": "NoSchedule"}}));
+    assert_refused(
+        "agent adds a foreign taint while releasing",
+        json_patch(&agent_a, &a, cover).await,
+        &[AGENT_POLICY, "example.com/evil:NoSchedule"],
+    );
     json_patch(&agent_a, &a, remove(&legacy).await)
         .await
         .expect("the agent releases the old default taint");

@@ -343,7 +343,7 @@ mod tests {
     }
 
     #[test]
-    fn parses_default_taint() {
+    fn parses_the_old_default_taint() {
         let t: TaintSpec = "node.cilium.io/agent-not-ready=true:NoSchedule"
             .parse()
             .unwrap();

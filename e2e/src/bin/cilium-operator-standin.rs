@@ -4,14 +4,11 @@
 //! mounted copy, and runs until SIGTERM or SIGINT. Every write is one
 //! `WRITE …` line on stdout; the rest goes to stderr.
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Parser;
-use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::Api;
-use nodegate_e2e::cilium_operator::{Controller, OperatorConfig, Options};
+use nodegate_e2e::cilium_operator::{Controller, Options, source};
 use tokio::signal::unix::{SignalKind, signal};
 
 #[derive(Debug, Parser)]
@@ -46,27 +43,14 @@ async fn client(kubeconfig: Option<&PathBuf>) -> anyhow::Result<kube::Client> {
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let client = client(args.kubeconfig.as_ref()).await?;
-    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &args.config_namespace);
-    let config = match cms.get_opt(&args.config_name).await.with_context(|| {
-        format!(
-            "reading ConfigMap {}/{}",
+    let (config, found) =
+        source::read_config(client.clone(), &args.config_namespace, &args.config_name).await?;
+    if !found {
+        eprintln!(
+            "ConfigMap {}/{} not found: using the operator's own flag defaults",
             args.config_namespace, args.config_name
-        )
-    })? {
-        Some(cm) => {
-            let data: BTreeMap<String, String> = cm.data.unwrap_or_default();
-            OperatorConfig::from_configmap_data(&data).with_context(|| {
-                format!("ConfigMap {}/{}", args.config_namespace, args.config_name)
-            })?
-        }
-        None => {
-            eprintln!(
-                "ConfigMap {}/{} not found: using Cilium's Helm defaults",
-                args.config_namespace, args.config_name
-            );
-            OperatorConfig::helm_defaults()
-        }
-    };
+        );
+    }
     let pod_namespace = config.resolve_pod_namespace(&args.config_namespace);
     eprintln!(
         "remove-cilium-node-taints={} set-cilium-node-taints={} set-cilium-is-up-condition={} \

@@ -8,14 +8,16 @@
 //! included, guarding its taint writes with a JSON patch `test`, as
 //! upstream does; so tests can run nodegate next to it.
 //!
-//! `config` parses the `cilium-config` ConfigMap, `decide` is the pure
-//! decision, `queue` the node work queue, `run` the watches and workers;
+//! `config` parses the `cilium-config` ConfigMap, `source` reads it,
+//! `decide` is the pure decision, `queue` the node work queue, `run` the
+//! watches and workers;
 //! the binary is `cilium-operator-standin`.
 
 pub mod config;
 pub mod decide;
 pub mod queue;
 pub mod run;
+pub mod source;
 
 pub use config::OperatorConfig;
 pub use run::{Controller, Counts, Options, WriteRecord};

@@ -529,11 +529,12 @@ async fn reboot(c: &Ctx, node: &str, what: &str, kind: Reboot) -> Gating {
 /// nodegate's agents roll: each re-taints on shutdown and untaints when its
 /// successor is ready; the operator has nothing to do.
 async fn agent_rollout(c: &Ctx) {
-    let Ctx { h, client, .. } = c;
+    let Ctx { h, client, rec, .. } = c;
     step("cilium: nodegate's agent DaemonSet rolls");
     let nodes = node_names(client).await;
     let names: Vec<&str> = nodes.iter().map(String::as_str).collect();
     let start = Timestamp::now();
+    let before = last_rv(rec);
     h.kubectl(&format!("-n {NS} rollout restart daemonset/nodegate-agent"));
     h.kubectl(&format!(
         "-n {NS} rollout status daemonset/nodegate-agent --timeout=300s"
@@ -553,6 +554,20 @@ async fn agent_rollout(c: &Ctx) {
         w.nodegate <= 2 * nodes.len() as u64,
         "more than a re-taint and an untaint per node: {w:?}"
     );
+    // Each shutdown re-taint lasts until the successor's ready patch, and
+    // nothing is bound to the node in between.
+    for n in &nodes {
+        let versions = versions_after(rec, n, before);
+        let Some(from) = versions.iter().find(|s| gated(&s.obj)) else {
+            continue;
+        };
+        let to = versions
+            .iter()
+            .find(|s| s.rv > from.rv && !gated(&s.obj))
+            .map_or(u64::MAX, |s| s.rv);
+        let bound = uids_bound_to(rec, n, before);
+        assert_gated_until_ready(rec, n, from.rv, to, &bound, "agent rollout");
+    }
 }
 
 /// Cilium's DaemonSet rolls (maxUnavailable 2, as the chart sets): each old

@@ -20,6 +20,12 @@ const OPERATOR: &str = "system:serviceaccount:kube-system:cilium-operator";
 const NS: &str = "kube-system";
 const KEY: &str = "node.cilium.io/agent-not-ready";
 const DEADLINE: Duration = Duration::from_secs(10);
+/// `cilium-config` as Cilium's chart renders it with its defaults.
+const HELM_DEFAULTS: [(&str, &str); 3] = [
+    ("remove-cilium-node-taints", "true"),
+    ("set-cilium-node-taints", "true"),
+    ("set-cilium-is-up-condition", "true"),
+];
 
 async fn emulator() -> Emulator {
     let rbac = Path::new(env!("CARGO_MANIFEST_DIR")).join("real-nodes/cilium/operator-rbac.yaml");
@@ -140,15 +146,7 @@ fn written(c: &Controller, node: &str, action: Action) -> usize {
 async fn ready_pod_removes_every_taint_with_the_key_and_keeps_the_others() {
     let emu = emulator().await;
     // As Cilium's chart renders cilium-config with its defaults.
-    let op = operator(
-        &emu,
-        &[
-            ("remove-cilium-node-taints", "true"),
-            ("set-cilium-node-taints", "true"),
-            ("set-cilium-is-up-condition", "true"),
-        ],
-    )
-    .await;
+    let op = operator(&emu, &HELM_DEFAULTS).await;
     create_node(
         &emu,
         "n-a",
@@ -194,15 +192,7 @@ async fn ready_pod_removes_every_taint_with_the_key_and_keeps_the_others() {
 #[tokio::test]
 async fn scheduled_not_ready_pod_gets_the_taint_no_schedule() {
     let emu = emulator().await;
-    let op = operator(
-        &emu,
-        &[
-            ("remove-cilium-node-taints", "true"),
-            ("set-cilium-node-taints", "true"),
-            ("set-cilium-is-up-condition", "true"),
-        ],
-    )
-    .await;
+    let op = operator(&emu, &HELM_DEFAULTS).await;
     create_node(
         &emu,
         "n-b",

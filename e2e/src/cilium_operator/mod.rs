@@ -8,6 +8,14 @@
 //! included, guarding its taint writes with a JSON patch `test`, as
 //! upstream does; so tests can run nodegate next to it.
 //!
+//! What it leaves out, none of which touches Node taints: leader election
+//! (it runs as one replica; the operator's standby replicas write nothing),
+//! the operator's other controllers (CiliumNode and IPAM, the restart of
+//! pods "not managed by Cilium", identity and endpoint garbage collection),
+//! its metrics, and the in-cluster mount of its ConfigMap (it reads the
+//! ConfigMap through the API once at start, with its own ServiceAccount's
+//! token, from outside the cluster).
+//!
 //! `config` parses the `cilium-config` ConfigMap, `source` reads it,
 //! `decide` is the pure decision, `queue` the node work queue, `run` the
 //! watches and workers;

@@ -45,6 +45,15 @@ pub struct GateConfig {
     pub taint_on_shutdown: Option<Duration>,
 }
 
+/// When the next probe round is due, after an event handled at `now`: one
+/// `period` after a round (a probe's wake-up counts), and any other event
+/// may only bring it closer, as when a node turns gated and `period`
+/// becomes the short one ([`State::period`]).
+pub fn next_round(next: Instant, now: Instant, period: Duration, round: bool) -> Instant {
+    let after = now + period;
+    if round || after < next { after } else { next }
+}
+
 /// What happened.
 #[derive(Debug, Clone)]
 pub enum Event {
@@ -519,6 +528,25 @@ mod tests {
         assert_eq!(g.period(), Duration::from_secs(1));
         g.on(Event::NodeChanged(node("b2", true)), t0);
         assert_eq!(g.period(), Duration::from_millis(50));
+    }
+
+    #[test]
+    fn a_node_event_never_postpones_a_round_and_a_gate_brings_it_closer() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let secs = Duration::from_secs;
+        // After a round: one period later.
+        assert_eq!(next_round(t0, t0, secs(2), true), t0 + secs(2));
+        // A watch event 1 s later leaves the due round where it was.
+        assert_eq!(
+            next_round(t0 + secs(2), t0 + secs(1), secs(2), false),
+            t0 + secs(2)
+        );
+        // The node turned gated: the short period brings the round closer.
+        assert_eq!(
+            next_round(t0 + secs(2), t0 + secs(1), ms(20), false),
+            t0 + secs(1) + ms(20)
+        );
     }
 
     #[test]

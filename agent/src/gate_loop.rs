@@ -14,7 +14,7 @@ use nodegate_shared::signal::stopped;
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
-use crate::gate::{Action, Event, GateConfig, State};
+use crate::gate::{Action, Event, GateConfig, State, next_round};
 use crate::metrics::{Metrics, OriginLabel, ProbeLabels, ProbeName};
 use crate::node_writer::NodeWriter;
 use crate::probe::Probe;
@@ -61,10 +61,6 @@ impl Gate {
             .default_backoff()
             .applied_objects();
         let mut own = std::pin::pin!(own);
-        // The next round comes one period after the last round (a probe's
-        // wake-up counts); any other event may only bring it closer, as
-        // when the node turns gated and the period becomes short
-        // (State::period).
         let mut next = Instant::now();
         loop {
             let event = tokio::select! {
@@ -80,10 +76,7 @@ impl Gate {
             };
             let round = matches!(event, Event::Tick);
             self.act(state, event).await;
-            let after = Instant::now() + state.period();
-            if round || after < next {
-                next = after;
-            }
+            next = next_round(next, Instant::now(), state.period(), round);
         }
     }
 

@@ -129,8 +129,29 @@ fn passes_against_nodegate_sim_serve() {
     }
     let https = https.expect("serve printed the webhook's address");
     let (code, out) = check(&kubeconfig, &["--webhook-address", &https]);
-    let _ = sim.kill();
-    let _ = sim.wait();
+    // SIGTERM, as a user's Ctrl-C or a supervisor stops it: serve stops its
+    // webhook child first (a SIGKILL would leave that child running).
+    let term = Command::new("kill")
+        .arg("-TERM")
+        .arg(sim.id().to_string())
+        .status()
+        .unwrap();
+    assert!(term.success());
+    let stop_by = Instant::now() + Duration::from_secs(30);
+    let stopped = loop {
+        if let Some(status) = sim.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > stop_by {
+            let _ = sim.kill();
+            panic!("nodegate-sim serve did not stop within 30 s of SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(
+        stopped.success(),
+        "nodegate-sim serve on SIGTERM: {stopped}"
+    );
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("\nresult: PASS ("), "{out}");
     for c in [

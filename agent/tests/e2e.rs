@@ -1855,6 +1855,7 @@ async fn roster_poisoned_shard_prunes_no_live_node() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn beside_cilium_operator_each_owns_its_key_and_nothing_loops() {
     use k8s_openapi::api::core::v1::Pod;
+    use nodegate_e2e::cilium_operator::decide::{Action, has_cilium_is_up_condition};
     use nodegate_e2e::cilium_operator::{Controller, OperatorConfig, Options};
     const CILIUM_KEY: &str = "node.cilium.io/agent-not-ready";
     let (c, nodes) = cluster().await;
@@ -1914,18 +1915,47 @@ async fn beside_cilium_operator_each_owns_its_key_and_nothing_loops() {
     )
     .await
     .unwrap();
-    eventually("the operator's taint removed", || async {
-        let n = node(&nodes, &node_a).await;
-        !has_taint(&n, CILIUM_KEY) && !our_taint(&n)
-    })
+    // Settled: both taints gone, the operator's condition set, and its
+    // removal recorded (the record follows the API server's answer).
+    let removed = || {
+        operator
+            .writes()
+            .iter()
+            .any(|w| w.action == Action::RemoveTaint && w.error.is_none())
+    };
+    eventually(
+        "the operator's taint removed and its condition set",
+        || async {
+            let n = node(&nodes, &node_a).await;
+            !has_taint(&n, CILIUM_KEY)
+                && !our_taint(&n)
+                && has_cilium_is_up_condition(&n)
+                && removed()
+        },
+    )
     .await;
-    // A quiet window, measured: a loop between the two writes within it.
-    let writes = operator.writes().len();
+    // A quiet window, measured: a loop between the two would write taints
+    // within it. (The operator may write its condition a second time from
+    // a stale cache, on its own; that is no loop.)
+    let taint_writes = || {
+        operator
+            .writes()
+            .iter()
+            .filter(|w| w.action != Action::SetCondition && w.error.is_none())
+            .count()
+    };
+    let before = taint_writes();
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(
-        operator.writes().len(),
-        writes,
-        "the operator kept writing: {:?}",
+        taint_writes(),
+        before,
+        "the operator kept writing taints: {:?}",
+        operator.writes()
+    );
+    assert_eq!(
+        before,
+        2,
+        "its taint and its removal: {:?}",
         operator.writes()
     );
     assert_eq!(

@@ -19,8 +19,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
-use k8s_openapi::api::core::v1::{ConfigMap, Container, Pod, PodSpec};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::Client;
 use kube::api::{Api, ListParams};
 use nodegate_shared::TaintSpec;
@@ -28,6 +27,7 @@ use nodegate_shared::keys::DEFAULT_TAINT;
 use nodegate_shared::taint::Effect;
 
 use crate::container_flags::{Flags, flags};
+use crate::installed::{Installed, Workload};
 use crate::{Args, Report, Status};
 
 pub const CHECK: &str = "cilium operator";
@@ -382,10 +382,6 @@ fn clash_line(op: &Operator, at: &str, clash: &[&Managed]) -> String {
     )
 }
 
-fn first_container(spec: Option<PodSpec>) -> Option<Container> {
-    spec.and_then(|p| p.containers.into_iter().next())
-}
-
 async fn pods(client: &Client, ns: &str) -> Pods {
     let api: Api<Pod> = Api::namespaced(client.clone(), ns);
     match api
@@ -402,7 +398,7 @@ async fn pods(client: &Client, ns: &str) -> Pods {
 
 /// Reads the ConfigMap (and, without it, whether Cilium's pods run), the
 /// webhook's and the agent's flags, and reports [`verdict`].
-pub async fn check(client: &Client, args: &Args, report: &mut Report) {
+pub async fn check(client: &Client, args: &Args, installed: &Installed, report: &mut Report) {
     let ns = &args.cilium_namespace;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
     let config = match cms.get_opt(&args.cilium_config).await {
@@ -410,22 +406,10 @@ pub async fn check(client: &Client, args: &Args, report: &mut Report) {
         Ok(None) => Config::Missing(pods(client, ns).await),
         Err(e) => Config::Unreadable(e.to_string(), pods(client, ns).await),
     };
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &args.namespace);
-    let webhook = deployments
-        .get_opt(&args.deployment)
-        .await
-        .ok()
-        .flatten()
-        .and_then(|d| first_container(d.spec.map(|s| s.template).and_then(|t| t.spec)))
-        .and_then(|c| flags(&c).ok());
-    let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), &args.namespace);
-    let agent = daemonsets
-        .get_opt(&args.daemonset)
-        .await
-        .ok()
-        .flatten()
-        .and_then(|d| first_container(d.spec.map(|s| s.template).and_then(|t| t.spec)))
-        .and_then(|c| flags(&c).ok());
+    // Unreadable or invalid flags leave that workload out of the verdict.
+    let read = |w: &Workload| w.container().and_then(|c| flags(c).ok());
+    let webhook = read(&installed.webhook);
+    let agent = read(&installed.agent);
     let inputs = Inputs {
         namespace: ns.clone(),
         name: args.cilium_config.clone(),

@@ -17,6 +17,8 @@
 //! - [`workloads`]: Service, webhook Deployment, agent DaemonSet, taints;
 //! - [`confinement`]: the agent's and webhook's credentials are confined (a
 //!   dry-run of a forbidden change as the agent is refused);
+//! - [`installed`]: the webhook's and the agent's container, read once for
+//!   the two checks below;
 //! - [`strict_mode`]: strict mode's boot gate is off, or on and the same in
 //!   the webhook, the agent and the policies generated for them;
 //! - [`cilium`]: Cilium's operator and nodegate own different taint keys (or
@@ -27,6 +29,7 @@ pub mod canary;
 pub mod cilium;
 pub mod confinement;
 pub mod container_flags;
+pub mod installed;
 pub mod report;
 pub mod serving;
 pub mod strict_mode;
@@ -254,6 +257,7 @@ pub async fn run_with_client(
     }
     webhook_config::check_apiserver_metrics(&client, args, report).await;
     confinement::check(&client, config, args, report).await;
-    strict_mode::check(&client, args, report).await;
-    cilium::check(&client, args, report).await;
+    let installed = installed::read(&client, args).await;
+    strict_mode::check(&client, args, &installed, report).await;
+    cilium::check(&client, args, &installed, report).await;
 }

@@ -7,8 +7,6 @@
 //!
 //! [`flags`] and [`verdict`] decide from what was read; [`check`] only reads.
 
-use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
-use k8s_openapi::api::core::v1::{Container, PodSpec};
 use kube::Client;
 use kube::api::{Api, ApiResource, DynamicObject};
 use kube::core::GroupVersionKind;
@@ -17,6 +15,7 @@ use nodegate_webhook::{confinement, policy};
 use serde_json::Value;
 
 use crate::container_flags::{Flags, flags};
+use crate::installed::{Installed, Workload};
 use crate::{Args, Report, Status};
 
 pub const CHECK: &str = "strict mode";
@@ -274,10 +273,6 @@ fn resource(kind: &str, plural: &str) -> ApiResource {
     )
 }
 
-fn first_container(spec: Option<PodSpec>) -> Option<Container> {
-    spec.and_then(|p| p.containers.into_iter().next())
-}
-
 /// `spec` of a cluster-scoped object, `None` when absent or unreadable
 /// (also when the API server does not serve the kind).
 async fn spec_of(client: &Client, res: &ApiResource, name: &str) -> Option<Value> {
@@ -286,35 +281,18 @@ async fn spec_of(client: &Client, res: &ApiResource, name: &str) -> Option<Value
     Some(obj.data.get("spec").cloned().unwrap_or(Value::Null))
 }
 
-/// Reads the webhook's and the agent's container 0, the confinement
-/// policies and the admission policy, and reports [`verdict`].
-pub async fn check(client: &Client, args: &Args, report: &mut Report) {
-    let ns = &args.namespace;
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
-    let webhook = match deployments.get_opt(&args.deployment).await {
-        Ok(d) => d.and_then(|d| first_container(d.spec.and_then(|s| s.template.spec))),
-        Err(e) => {
-            report.add(
-                CHECK,
-                Status::Skip,
-                format!("cannot read Deployment {ns}/{}: {e}", args.deployment),
-            );
+/// Compares the webhook's and the agent's container 0 (read once, in
+/// `installed`), the confinement policies and the admission policy, and
+/// reports [`verdict`].
+pub async fn check(client: &Client, args: &Args, installed: &Installed, report: &mut Report) {
+    for w in [&installed.webhook, &installed.agent] {
+        if let Workload::Unreadable(e) = w {
+            report.add(CHECK, Status::Skip, e.clone());
             return;
         }
-    };
-    let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), ns);
-    let agent = match daemonsets.get_opt(&args.daemonset).await {
-        Ok(d) => d.and_then(|d| first_container(d.spec.and_then(|s| s.template.spec))),
-        Err(e) => {
-            report.add(
-                CHECK,
-                Status::Skip,
-                format!("cannot read DaemonSet {ns}/{}: {e}", args.daemonset),
-            );
-            return;
-        }
-    };
-    let (Some(webhook), Some(agent)) = (webhook, agent) else {
+    }
+    let (Some(webhook), Some(agent)) = (installed.webhook.container(), installed.agent.container())
+    else {
         report.add(
             CHECK,
             Status::Skip,
@@ -322,7 +300,7 @@ pub async fn check(client: &Client, args: &Args, report: &mut Report) {
         );
         return;
     };
-    let (webhook, agent) = match (flags(&webhook), flags(&agent)) {
+    let (webhook, agent) = match (flags(webhook), flags(agent)) {
         (Ok(w), Ok(a)) => (w, a),
         (w, a) => {
             let mut why = Vec::new();

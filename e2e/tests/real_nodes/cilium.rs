@@ -13,6 +13,7 @@
 use std::process::{Child, Stdio};
 
 use k8s_openapi::jiff::Timestamp;
+use nodegate_e2e::cilium_operator::decide::has_cilium_is_up_condition;
 
 use super::*;
 
@@ -63,20 +64,6 @@ fn owned_by_daemonset(p: &Pod) -> bool {
         .owner_references
         .as_ref()
         .is_some_and(|o| o.iter().any(|o| o.kind == "DaemonSet"))
-}
-
-/// The operator's `CiliumIsUp` condition (`setNodeNetworkUnavailableFalse`).
-fn cilium_is_up(n: &Node) -> bool {
-    n.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|c| {
-            c.iter().any(|c| {
-                c.type_ == "NetworkUnavailable"
-                    && c.status == "False"
-                    && c.reason.as_deref() == Some("CiliumIsUp")
-            })
-        })
 }
 
 /// The stand-in operator, a process on the host with its own
@@ -217,7 +204,8 @@ async fn settle(c: &Ctx, node: &str, what: &str) -> Timestamp {
                 && p.metadata.deletion_timestamp.is_none()
                 && pod_ready(p)
         });
-        (!gated(&n) && !operator_tainted(&n) && cilium_ready && cilium_is_up(&n)).then_some(())
+        (!gated(&n) && !operator_tainted(&n) && cilium_ready && has_cilium_is_up_condition(&n))
+            .then_some(())
     })
     .await;
     let settled = Timestamp::now();

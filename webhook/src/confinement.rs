@@ -38,39 +38,37 @@ fn q(s: &str) -> String {
     format!("'{}'", s.replace('\\', "\\\\").replace('\'', "\\'"))
 }
 
-/// CEL: `t` is one of the configured taints (same key and effect).
-fn managed(taints: &[TaintSpec], t: &str) -> String {
-    let alternatives: Vec<String> = taints
-        .iter()
-        .map(|s| {
-            format!(
-                "({t}.key == {} && {t}.effect == {})",
-                q(s.key()),
-                q(s.effect().as_str())
-            )
-        })
-        .collect();
+/// CEL: one of `clause(spec)` holds, `false` for no spec.
+fn any_of(specs: &[TaintSpec], clause: impl Fn(&TaintSpec) -> String) -> String {
+    if specs.is_empty() {
+        return "false".into();
+    }
+    let alternatives: Vec<String> = specs.iter().map(clause).collect();
     format!("({})", alternatives.join(" || "))
 }
 
+/// CEL: `t` is one of the configured taints (same key and effect).
+fn managed(taints: &[TaintSpec], t: &str) -> String {
+    any_of(taints, |s| {
+        format!(
+            "({t}.key == {} && {t}.effect == {})",
+            q(s.key()),
+            q(s.effect().as_str())
+        )
+    })
+}
+
 /// CEL: `t` is one of the released taints, exactly (key, value, effect):
-/// the agent may remove it, never add it. `false` when none are released.
+/// the agent may remove it, never add it.
 fn released(release: &[TaintSpec], t: &str) -> String {
-    if release.is_empty() {
-        return "false".into();
-    }
-    let alternatives: Vec<String> = release
-        .iter()
-        .map(|s| {
-            format!(
-                "({t}.key == {} && (has({t}.value) ? {t}.value : '') == {} && {t}.effect == {})",
-                q(s.key()),
-                q(s.value().unwrap_or("")),
-                q(s.effect().as_str())
-            )
-        })
-        .collect();
-    format!("({})", alternatives.join(" || "))
+    any_of(release, |s| {
+        format!(
+            "({t}.key == {} && (has({t}.value) ? {t}.value : '') == {} && {t}.effect == {})",
+            q(s.key()),
+            q(s.value().unwrap_or("")),
+            q(s.effect().as_str())
+        )
+    })
 }
 
 /// `key:Effect, …` for messages.

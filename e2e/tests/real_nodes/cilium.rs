@@ -514,26 +514,34 @@ async fn reboot(c: &Ctx, node: &str, what: &str, kind: Reboot) -> Gating {
     g
 }
 
+/// After a rollout: every node settled (and quiet), then the writes of
+/// nodegate and the operator on them since `start`, printed as
+/// `<what>_nodes` and `<what>_writes_*`.
+async fn settled_writes(c: &Ctx, what: &str, nodes: &[String], start: Timestamp) -> Writes {
+    for n in nodes {
+        settle(c, n, what).await;
+    }
+    let names: Vec<&str> = nodes.iter().map(String::as_str).collect();
+    let w = writes(&c.h, &names, start, Timestamp::now());
+    figure(&format!("{what}_nodes"), nodes.len());
+    figure(&format!("{what}_writes_nodegate"), w.nodegate);
+    figure(&format!("{what}_writes_operator"), w.operator);
+    w
+}
+
 /// nodegate's agents roll: each re-taints on shutdown and untaints when its
 /// successor is ready; the operator has nothing to do.
 async fn agent_rollout(c: &Ctx) {
     let Ctx { h, client, rec, .. } = c;
     step("cilium: nodegate's agent DaemonSet rolls");
     let nodes = node_names(client).await;
-    let names: Vec<&str> = nodes.iter().map(String::as_str).collect();
     let start = Timestamp::now();
     let before = last_rv(rec);
     h.kubectl(&format!("-n {NS} rollout restart daemonset/nodegate-agent"));
     h.kubectl(&format!(
         "-n {NS} rollout status daemonset/nodegate-agent --timeout=300s"
     ));
-    for n in &nodes {
-        settle(c, n, "cilium_agent_rollout").await;
-    }
-    let w = writes(h, &names, start, Timestamp::now());
-    figure("cilium_agent_rollout_nodes", nodes.len());
-    figure("cilium_agent_rollout_writes_nodegate", w.nodegate);
-    figure("cilium_agent_rollout_writes_operator", w.operator);
+    let w = settled_writes(c, "cilium_agent_rollout", &nodes, start).await;
     assert_eq!(
         w.operator, 0,
         "the operator wrote during nodegate's rollout"
@@ -567,7 +575,6 @@ async fn cilium_rollout(c: &Ctx) {
     let Ctx { h, client, rec, .. } = c;
     step("cilium: the Cilium DaemonSet rolls");
     let nodes = node_names(client).await;
-    let names: Vec<&str> = nodes.iter().map(String::as_str).collect();
     let start = Timestamp::now();
     let before = last_rv(rec);
     let old: BTreeSet<String> = live_pods(client)
@@ -606,17 +613,11 @@ async fn cilium_rollout(c: &Ctx) {
     h.kubectl(&format!(
         "-n {CILIUM_NS} rollout status daemonset/cilium --timeout=300s"
     ));
-    for n in &nodes {
-        settle(c, n, "cilium_rollout").await;
-    }
-    let w = writes(h, &names, start, Timestamp::now());
+    let w = settled_writes(c, "cilium_rollout", &nodes, start).await;
     let versions: usize = nodes
         .iter()
         .map(|n| versions_after(rec, n, before).len())
         .sum();
-    figure("cilium_rollout_nodes", nodes.len());
-    figure("cilium_rollout_writes_nodegate", w.nodegate);
-    figure("cilium_rollout_writes_operator", w.operator);
     figure("cilium_rollout_node_versions", versions);
     assert_eq!(
         w.nodegate, 0,

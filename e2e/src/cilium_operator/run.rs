@@ -193,6 +193,27 @@ fn now() -> Time {
     Time(k8s_openapi::jiff::Timestamp::now())
 }
 
+/// Runs one informer: every add or update enqueues the node `node_of`
+/// names (upstream's AddFunc / UpdateFunc; neither informer has a
+/// DeleteFunc).
+fn informer<K: Send + 'static>(
+    tasks: &mut JoinSet<()>,
+    events: impl futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
+    queue: Arc<WorkQueue>,
+    node_of: fn(&K) -> Option<&str>,
+) {
+    tasks.spawn(async move {
+        let mut events = std::pin::pin!(events);
+        while let Some(e) = events.next().await {
+            if let Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) = e
+                && let Some(node) = node_of(&o)
+            {
+                queue.add(node);
+            }
+        }
+    });
+}
+
 impl Controller {
     /// Starts the informers and, once both synced, the workers. With the
     /// controller disabled (`registerNodeTaintSync`: neither
@@ -215,39 +236,23 @@ impl Controller {
             return Self { shared, tasks };
         }
 
-        let q = shared.queue.clone();
         let node_events = watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
             .default_backoff()
             .reflect(node_writer);
-        tasks.spawn(async move {
-            let mut events = std::pin::pin!(node_events);
-            while let Some(e) = events.next().await {
-                // AddFunc / UpdateFunc; no DeleteFunc.
-                if let Ok(watcher::Event::Apply(n) | watcher::Event::InitApply(n)) = e
-                    && let Some(name) = n.metadata.name.as_deref()
-                {
-                    q.add(name);
-                }
-            }
+        informer(&mut tasks, node_events, shared.queue.clone(), |n: &Node| {
+            n.metadata.name.as_deref()
         });
-
-        let q = shared.queue.clone();
         let pod_api = Api::<Pod>::namespaced(client, &shared.opts.pod_namespace);
         let pod_cfg = watcher::Config::default().labels(&shared.opts.config.pod_labels);
         let pod_events = watcher(pod_api, pod_cfg)
             .default_backoff()
             .reflect(pod_writer);
-        tasks.spawn(async move {
-            let mut events = std::pin::pin!(pod_events);
-            while let Some(e) = events.next().await {
-                // ciliumPodHandler: the pod's node, once it has one.
-                if let Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) = e
-                    && let Some(node) = p.spec.as_ref().and_then(|s| s.node_name.as_deref())
-                    && !node.is_empty()
-                {
-                    q.add(node);
-                }
-            }
+        // ciliumPodHandler: the pod's node, once it has one.
+        informer(&mut tasks, pod_events, shared.queue.clone(), |p: &Pod| {
+            p.spec
+                .as_ref()
+                .and_then(|s| s.node_name.as_deref())
+                .filter(|n| !n.is_empty())
         });
 
         let s = shared.clone();

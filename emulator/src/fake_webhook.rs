@@ -68,6 +68,7 @@ impl FakeWebhook {
         crate::tls::install_crypto_provider();
         let ca = Ca::generate(1)?;
         let cert = ca.issue(&ServingRequest {
+            also_services: vec![],
             service: service.into(),
             namespace: namespace.into(),
             ips: vec![],
@@ -181,6 +182,13 @@ impl FakeWebhook {
     /// A MutatingWebhookConfiguration pointing at this fake: one webhook with
     /// the given rules and fields merged over sane defaults.
     pub fn config(&self, name: &str, webhook_overrides: Value) -> String {
+        configuration(name, vec![self.hook(name, webhook_overrides)])
+    }
+
+    /// One webhook entry (named `<name>.example.com`) pointing at this fake,
+    /// with `webhook_overrides` merged over sane defaults; several of them make
+    /// a multi-entry configuration with [`configuration`].
+    pub fn hook(&self, name: &str, webhook_overrides: Value) -> Value {
         let (svc, rest) = self.service.split_once('.').unwrap_or((&self.service, ""));
         let ns = rest.trim_end_matches(".svc");
         let mut hook = json!({
@@ -197,12 +205,17 @@ impl FakeWebhook {
             "timeoutSeconds": 2,
         });
         json_patch::merge(&mut hook, &webhook_overrides);
-        json!({
-            "apiVersion": "admissionregistration.k8s.io/v1",
-            "kind": "MutatingWebhookConfiguration",
-            "metadata": {"name": name},
-            "webhooks": [hook],
-        })
-        .to_string()
+        hook
     }
+}
+
+/// A MutatingWebhookConfiguration named `name` holding `hooks` in order.
+pub fn configuration(name: &str, hooks: Vec<Value>) -> String {
+    json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": name},
+        "webhooks": hooks,
+    })
+    .to_string()
 }

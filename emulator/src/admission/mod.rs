@@ -4,7 +4,8 @@
 //!
 //! Follows `k8s.io/apiserver/pkg/admission/chain.go` (`chainAdmissionHandler`),
 //! `k8s.io/apiserver/pkg/admission/plugin/webhook/mutating/dispatcher.go`
-//! (`Dispatch`, reinvocation via `reinvocationcontext.go`) and
+//! (`Dispatch`, reinvocation via `reinvocationcontext.go`), the webhook order of
+//! `configuration/mutating_webhook_manager.go` (`getMutatingWebhookConfigurations`) and
 //! `plugin/pkg/admission/noderestriction/admission.go` (`admitNode`).
 //! Below it: `attributes`, `metrics`, `nodetaint`, `noderestriction`, the
 //! webhook client (`webhook`), CEL (`cel`, `cel_compile`), the policies
@@ -37,6 +38,7 @@ use crate::users;
 pub use attributes::{Attributes, Operation};
 pub use metrics::{
     AdmissionMetrics, MATCH_CONDITION_ERRORS, MATCH_CONDITION_EXCLUSIONS, WEBHOOK_FAIL_OPEN,
+    WEBHOOK_REQUESTS,
 };
 use noderestriction::forbidden_label_changes;
 pub use nodetaint::NOT_READY_TAINT_KEY;
@@ -100,6 +102,16 @@ impl Admission {
             .write()
             .unwrap_or_else(|p| p.into_inner())
             .remove(service);
+    }
+
+    /// Where a service name (`"<svc>.<ns>.svc"`) points, if anywhere (the
+    /// service proxy resolves Services through the same map).
+    pub fn endpoint(&self, service: &str) -> Option<SocketAddr> {
+        self.endpoints
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(service)
+            .copied()
     }
 
     /// Every webhook call so far (and clears the record when `drain`).
@@ -193,17 +205,17 @@ impl Admission {
 
     fn webhooks(&self) -> Vec<MutatingWebhook> {
         let (configs, _) = self.store.list(&resources::MUTATING_WEBHOOKS, None);
-        // The API server orders configurations by name.
-        let mut hooks = Vec::new();
-        for c in configs {
-            match serde_json::from_value::<MutatingWebhookConfiguration>((*c).clone()) {
-                Ok(cfg) => hooks.extend(cfg.webhooks.unwrap_or_default()),
-                Err(e) => {
-                    tracing::warn!(error = %e, "ignoring unreadable MutatingWebhookConfiguration")
-                }
-            }
-        }
-        hooks
+        let configs = configs
+            .iter()
+            .filter_map(|c| {
+                serde_json::from_value::<MutatingWebhookConfiguration>((**c).clone())
+                    .inspect_err(|e| {
+                        tracing::warn!(error = %e, "ignoring unreadable MutatingWebhookConfiguration")
+                    })
+                    .ok()
+            })
+            .collect();
+        ordered_webhooks(configs)
     }
 
     fn target(&self, hook: &MutatingWebhook) -> Result<webhook::Target, String> {
@@ -288,27 +300,92 @@ impl Admission {
         json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": req})
     }
 
-    /// Runs one webhook if it matches: `None` when it was not called,
-    /// `Some(changed)` when it was.
-    async fn run_webhook(
+    /// `generic/webhook.go` `ShouldCallHook`: rules, objectSelector, then
+    /// matchConditions, all on the current object (earlier webhooks' patches
+    /// included). `false` skips the webhook; it then does not count as invoked.
+    fn should_call(
+        &self,
+        hook: &MutatingWebhook,
+        a: &Attributes<'_>,
+        obj: &Value,
+        old: &Value,
+    ) -> Result<bool, ApiError> {
+        let ignore = webhook::failure_policy_ignore(hook);
+        let op = a.operation.as_str();
+        // predicates/object/matcher.go MatchObjectSelector: an unusable
+        // selector is an InternalError whatever the failurePolicy.
+        if !webhook::matches(hook, a, obj, old).map_err(ApiError::internal)? {
+            return Ok(false);
+        }
+        let conditions = hook.match_conditions.as_deref().unwrap_or_default();
+        if conditions.is_empty() {
+            return Ok(true);
+        }
+        let request = cel::request_variable(a);
+        let (verdict, errors) = cel::match_all(
+            conditions
+                .iter()
+                .map(|c| (c.name.as_str(), c.expression.as_str())),
+            obj,
+            old,
+            &request,
+        );
+        self.metrics
+            .add(MATCH_CONDITION_ERRORS, &hook.name, op, errors as u64);
+        match verdict {
+            cel::Verdict::Call => Ok(true),
+            cel::Verdict::Excluded(_) => {
+                self.metrics
+                    .add(MATCH_CONDITION_EXCLUSIONS, &hook.name, op, 1);
+                Ok(false)
+            }
+            cel::Verdict::Errors(errs) if ignore => {
+                // matcher.go: Ignore turns errors into "does not match",
+                // silently (counted, logged, no fail-open count).
+                tracing::warn!(webhook = %hook.name, errors = ?errs, "match conditions failed to evaluate, failurePolicy Ignore: webhook skipped");
+                self.metrics
+                    .add(MATCH_CONDITION_EXCLUSIONS, &hook.name, op, 1);
+                self.ignored
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(format!(
+                        "{}: match conditions: {}",
+                        hook.name,
+                        errs.join("; ")
+                    ));
+                Ok(false)
+            }
+            cel::Verdict::Errors(errs) => Err(ApiError::forbidden(
+                a.res.plural,
+                a.res.group,
+                a.name,
+                &errs.join(", "),
+            )),
+        }
+    }
+
+    /// Calls a webhook `should_call` selected (`callAttrMutatingHook` plus
+    /// the failurePolicy handling of `Dispatch`) and returns whether its patch
+    /// changed the object. A call failure that failurePolicy Ignore swallows
+    /// is `Ok(false)`: upstream it still counts as invoked.
+    async fn call_webhook(
         &self,
         hook: &MutatingWebhook,
         a: &Attributes<'_>,
         obj: &mut Value,
         old: &Value,
         warnings: &mut Vec<String>,
-    ) -> Result<Option<bool>, ApiError> {
-        let ignore = webhook::failure_policy_ignore(hook);
-        let op = a.operation.as_str();
-        let fail = |msg: String| -> Result<Option<bool>, ApiError> {
-            if ignore {
+    ) -> Result<bool, ApiError> {
+        let fail = |msg: String| -> Result<bool, ApiError> {
+            if webhook::failure_policy_ignore(hook) {
                 tracing::warn!(webhook = %hook.name, error = %msg, "webhook failed, failurePolicy Ignore");
-                self.metrics.add(WEBHOOK_FAIL_OPEN, &hook.name, op, 1);
+                self.metrics
+                    .add(WEBHOOK_FAIL_OPEN, &hook.name, a.operation.as_str(), 1);
                 self.ignored
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .push(format!("{}: {msg}", hook.name));
-                Ok(None)
+                Ok(false)
             } else {
                 Err(ApiError::internal(format!(
                     "failed calling webhook \"{}\": {msg}",
@@ -316,67 +393,18 @@ impl Admission {
                 )))
             }
         };
-        match webhook::matches(hook, a, obj, old) {
-            Ok(true) => {}
-            Ok(false) => return Ok(None),
-            Err(e) => return fail(e),
-        }
-        // generic/webhook.go ShouldCallHook: match conditions after the
-        // selectors, with the request bound as CreateAdmissionRequest builds it.
-        let conditions = hook.match_conditions.as_deref().unwrap_or_default();
-        if !conditions.is_empty() {
-            let request = cel::request_variable(a);
-            let (verdict, errors) = cel::match_all(
-                conditions
-                    .iter()
-                    .map(|c| (c.name.as_str(), c.expression.as_str())),
-                obj,
-                old,
-                &request,
-            );
-            self.metrics
-                .add(MATCH_CONDITION_ERRORS, &hook.name, op, errors as u64);
-            match verdict {
-                cel::Verdict::Call => {}
-                cel::Verdict::Excluded(_) => {
-                    self.metrics
-                        .add(MATCH_CONDITION_EXCLUSIONS, &hook.name, op, 1);
-                    return Ok(None);
-                }
-                cel::Verdict::Errors(errs) if ignore => {
-                    // matcher.go: Ignore turns errors into "does not match",
-                    // silently (counted, logged, no fail-open count).
-                    tracing::warn!(webhook = %hook.name, errors = ?errs, "match conditions failed to evaluate, failurePolicy Ignore: webhook skipped");
-                    self.metrics
-                        .add(MATCH_CONDITION_EXCLUSIONS, &hook.name, op, 1);
-                    self.ignored
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .push(format!(
-                            "{}: match conditions: {}",
-                            hook.name,
-                            errs.join("; ")
-                        ));
-                    return Ok(None);
-                }
-                cel::Verdict::Errors(errs) => {
-                    return Err(ApiError::forbidden(
-                        a.res.plural,
-                        a.res.group,
-                        a.name,
-                        &errs.join(", "),
-                    ));
-                }
-            }
-        }
-        let uid = uuid_like();
-        let review = self.review(a, &uid, obj, old);
         if a.dry_run && !matches!(hook.side_effects.as_str(), "None" | "NoneOnDryRun") {
             return Err(ApiError::bad_request(format!(
                 "admission webhook \"{}\" does not support dry run",
                 hook.name
             )));
         }
+        let uid = uuid_like();
+        let review = self.review(a, &uid, obj, old);
+        // Counted whatever the outcome, as `Dispatch` observes an unresolvable
+        // service or a failed call like an answer.
+        self.metrics
+            .add(WEBHOOK_REQUESTS, &hook.name, a.operation.as_str(), 1);
         let target = match self.target(hook) {
             Ok(t) => t,
             Err(e) => return fail(e),
@@ -421,12 +449,12 @@ impl Admission {
             return Err(e);
         }
         let Some(patch) = verdict.patch else {
-            return Ok(Some(false));
+            return Ok(false);
         };
         let before = obj.clone();
         // A patch that does not apply fails the request whatever the policy.
         json_patch::patch(obj, &patch).map_err(ApiError::internal)?;
-        Ok(Some(*obj != before))
+        Ok(*obj != before)
     }
 
     /// One policy invocation with its failurePolicy applied: `None` when it
@@ -469,6 +497,9 @@ impl Admission {
     /// its `IfNeeded` policies/webhooks that were invoked and either saw a
     /// later one of their kind change the object, or find the object changed
     /// since their plugin last ran (`reinvocationcontext.go` of both).
+    /// Webhooks run in `ordered_webhooks` order; each round decides whom to
+    /// call on the current object (`should_call`); a webhook counts as
+    /// invoked once called, even if the call failed open under Ignore.
     pub async fn admit(
         &self,
         a: &Attributes<'_>,
@@ -496,16 +527,19 @@ impl Admission {
 
         let mut hook_marks = Reinvocation::new(hooks.len());
         for (i, hook) in hooks.iter().enumerate() {
-            if let Some(changed) = self
-                .run_webhook(hook, a, &mut obj, &old_v, &mut warnings)
-                .await?
-            {
-                if changed {
-                    hook_marks.require_previous();
-                    reinvoke = true;
-                }
-                hook_marks.invoked(i, hook.reinvocation_policy.as_deref() == Some("IfNeeded"));
+            if !self.should_call(hook, a, &obj, &old_v)? {
+                continue;
             }
+            // dispatcher.go Dispatch: marked after the call whatever its
+            // outcome, so a call that failed open is reinvoked too.
+            let changed = self
+                .call_webhook(hook, a, &mut obj, &old_v, &mut warnings)
+                .await?;
+            if changed {
+                hook_marks.require_previous();
+                reinvoke = true;
+            }
+            hook_marks.invoked(i, hook.reinvocation_policy.as_deref() == Some("IfNeeded"));
         }
         let after_hooks = obj.clone();
 
@@ -523,10 +557,15 @@ impl Admission {
                 hook_marks.require_previous();
             }
             for (i, hook) in hooks.iter().enumerate() {
-                if hook_marks.required(i) {
-                    self.run_webhook(hook, a, &mut obj, &old_v, &mut warnings)
-                        .await?;
+                // dispatcher.go Dispatch: ShouldCallHook runs for every
+                // webhook (its errors and exclusion counts included) before
+                // the reinvocation check, so a webhook not invoked in the
+                // first round is never called for the first time here.
+                if !self.should_call(hook, a, &obj, &old_v)? || !hook_marks.required(i) {
+                    continue;
                 }
+                self.call_webhook(hook, a, &mut obj, &old_v, &mut warnings)
+                    .await?;
             }
         }
         self.node_restriction(a, &obj, old)?;
@@ -588,6 +627,46 @@ impl Reinvocation {
     }
 }
 
+/// `configuration/mutating_webhook_manager.go`
+/// `getMutatingWebhookConfigurations`: configurations sorted by name (a
+/// stable sort), each one's webhooks in list order.
+fn ordered_webhooks(mut configs: Vec<MutatingWebhookConfiguration>) -> Vec<MutatingWebhook> {
+    configs.sort_by(|x, y| x.metadata.name.cmp(&y.metadata.name));
+    configs
+        .into_iter()
+        .flat_map(|c| c.webhooks.unwrap_or_default())
+        .collect()
+}
+
 fn uuid_like() -> String {
     uuid::Uuid::new_v4().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(name: &str, hooks: &[&str]) -> MutatingWebhookConfiguration {
+        serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "webhooks": hooks.iter().map(|h| json!({
+                "name": h, "admissionReviewVersions": ["v1"], "sideEffects": "None",
+                "clientConfig": {"url": "https://127.0.0.1:1/"},
+            })).collect::<Vec<_>>(),
+        }))
+        .expect("a valid configuration")
+    }
+
+    /// Configurations by name whatever order the store lists them in;
+    /// entries keep their list order (not sorted by webhook name).
+    #[test]
+    fn webhooks_are_ordered_by_configuration_name_then_entry() {
+        let hooks = ordered_webhooks(vec![
+            config("z-late", &["a.z"]),
+            config("a-early", &["y.a", "x.a"]),
+            config("m-middle", &["m"]),
+        ]);
+        let names: Vec<_> = hooks.iter().map(|h| h.name.as_str()).collect();
+        assert_eq!(names, ["y.a", "x.a", "m", "a.z"]);
+    }
 }

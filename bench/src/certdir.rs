@@ -41,6 +41,7 @@ impl std::fmt::Debug for CertDir {
 
 fn request() -> ServingRequest {
     ServingRequest {
+        also_services: vec![],
         service: "nodegate-webhook".into(),
         namespace: "nodegate".into(),
         ips: vec![IpAddr::from([127, 0, 0, 1])],

@@ -64,6 +64,9 @@ impl std::fmt::Debug for Ca {
 pub struct ServingRequest {
     pub service: String,
     pub namespace: String,
+    /// More Services the same certificate serves, `(name, namespace)`: one
+    /// per replica when each has its own line of admission.
+    pub also_services: Vec<(String, String)>,
     /// Extra IP SANs, for running the webhook outside the cluster (tests, local use).
     pub ips: Vec<IpAddr>,
     pub days: u32,
@@ -88,13 +91,21 @@ impl std::fmt::Debug for ServingCert {
 impl ServingRequest {
     /// The DNS SANs: every name a client inside the cluster may use for the service.
     pub fn dns_names(&self) -> Vec<String> {
-        let (svc, ns) = (&self.service, &self.namespace);
-        vec![
-            svc.clone(),
-            format!("{svc}.{ns}"),
-            format!("{svc}.{ns}.svc"),
-            format!("{svc}.{ns}.svc.cluster.local"),
-        ]
+        let mut names = Vec::new();
+        let first = (self.service.clone(), self.namespace.clone());
+        for (svc, ns) in std::iter::once(&first).chain(&self.also_services) {
+            for name in [
+                svc.clone(),
+                format!("{svc}.{ns}"),
+                format!("{svc}.{ns}.svc"),
+                format!("{svc}.{ns}.svc.cluster.local"),
+            ] {
+                if !names.contains(&name) {
+                    names.push(name);
+                }
+            }
+        }
+        names
     }
 
     fn validate(&self) -> Result<(), CertError> {
@@ -289,6 +300,25 @@ pub fn ca_bundle_patch(webhook_config_yaml: &str, ca_pem: &str) -> Result<String
     Ok(serde_yaml::to_string(&Value::Mapping(patch))?)
 }
 
+/// Every Service the configuration's webhooks call, `(name, namespace)`, in
+/// order and once each: the names one serving certificate must carry.
+pub fn webhook_services(webhook_config_yaml: &str) -> Result<Vec<(String, String)>, CertError> {
+    use serde_yaml::Value;
+    let mut doc: Value = serde_yaml::from_str(webhook_config_yaml)?;
+    let mut out = Vec::new();
+    for hook in webhooks_mut(&mut doc)?.iter() {
+        let Some(svc) = hook.get("clientConfig").and_then(|c| c.get("service")) else {
+            continue;
+        };
+        let field = |k: &str| svc.get(k).and_then(Value::as_str).unwrap_or("").to_owned();
+        let pair = (field("name"), field("namespace"));
+        if !pair.0.is_empty() && !out.contains(&pair) {
+            out.push(pair);
+        }
+    }
+    Ok(out)
+}
+
 /// The non-empty `webhooks` list of a v1 MutatingWebhookConfiguration.
 fn webhooks_mut(doc: &mut serde_yaml::Value) -> Result<&mut Vec<serde_yaml::Value>, CertError> {
     use serde_yaml::Value;
@@ -328,6 +358,7 @@ mod tests {
     fn request() -> ServingRequest {
         ServingRequest {
             service: "nodegate-webhook".into(),
+            also_services: vec![],
             namespace: "nodegate".into(),
             ips: vec!["127.0.0.1".parse().unwrap(), "::1".parse().unwrap()],
             days: 30,

@@ -6,7 +6,9 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Parser;
-use nodegate_certs::{Ca, ServingRequest, ca_bundle_patch, write_atomic, write_files};
+use nodegate_certs::{
+    Ca, ServingRequest, ca_bundle_patch, webhook_services, write_atomic, write_files,
+};
 
 #[derive(Debug, Parser)]
 #[command(version, about)]
@@ -31,13 +33,27 @@ struct Args {
     #[arg(long, env = "NODEGATE_CERTS_DAYS", default_value_t = 365)]
     days: u32,
     /// MutatingWebhookConfiguration YAML: also write `ca-bundle-patch.yaml`, the
-    /// strategic merge patch that sets its caBundle (for `kubectl patch`).
+    /// strategic merge patch that sets its caBundle (for `kubectl patch`), and
+    /// serve every Service its webhooks name (one per replica's line).
     #[arg(long, env = "NODEGATE_CERTS_WEBHOOK_CONFIG")]
     webhook_config: Option<PathBuf>,
+    /// A CA certificate (PEM) the caBundle keeps trusting besides the new CA,
+    /// for a rotation without a fail-open call: the old install's `ca.crt`
+    /// (repeatable). Then `ca-bundle-patch.yaml` trusts both, and
+    /// `ca-bundle-final-patch.yaml` the new CA alone, for once every
+    /// replica serves the new certificate.
+    #[arg(
+        long = "also-trust",
+        env = "NODEGATE_CERTS_ALSO_TRUST",
+        value_delimiter = ','
+    )]
+    also_trust: Vec<PathBuf>,
 }
 
 /// The caBundle patch's file name inside `--out-dir`.
 const PATCH_FILE: &str = "ca-bundle-patch.yaml";
+/// With `--also-trust`: the patch that ends the rotation (the new CA alone).
+const FINAL_PATCH_FILE: &str = "ca-bundle-final-patch.yaml";
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
@@ -47,26 +63,59 @@ fn main() -> anyhow::Result<()> {
         .as_ref()
         .map(|p| std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display())))
         .transpose()?;
+    let mut trusted = String::new();
+    for p in &args.also_trust {
+        let pem = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+        if !pem.contains("-----BEGIN CERTIFICATE-----") {
+            anyhow::bail!("--also-trust {}: no PEM certificate in it", p.display());
+        }
+        trusted.push_str(pem.trim_end());
+        trusted.push('\n');
+    }
+    if !trusted.is_empty() && args.webhook_config.is_none() {
+        anyhow::bail!("--also-trust only shapes the caBundle patch: give --webhook-config too");
+    }
+    let also_services = match (&config, &args.webhook_config) {
+        (Some(config), Some(path)) => webhook_services(config)
+            .with_context(|| format!("reading the Services of {}", path.display()))?,
+        _ => Vec::new(),
+    };
     let ca = Ca::generate(args.days)?;
     let serving = ca.issue(&ServingRequest {
+        also_services,
         service: args.service,
         namespace: args.namespace,
         ips: args.ips,
         days: args.days,
     })?;
     // Inject before writing so a bad config leaves no half-done output.
-    let patch = match (&config, &args.webhook_config) {
-        (Some(config), Some(path)) => Some(
-            ca_bundle_patch(config, ca.cert_pem())
-                .with_context(|| format!("making the caBundle patch for {}", path.display()))?,
-        ),
+    let bundle = format!("{}{trusted}", ca.cert_pem());
+    let patches = match (&config, &args.webhook_config) {
+        (Some(config), Some(path)) => {
+            let make = |pem: &str| {
+                ca_bundle_patch(config, pem)
+                    .with_context(|| format!("making the caBundle patch for {}", path.display()))
+            };
+            let last = if trusted.is_empty() {
+                None
+            } else {
+                Some(make(ca.cert_pem())?)
+            };
+            Some((make(&bundle)?, last))
+        }
         _ => None,
     };
     write_files(&args.out_dir, ca.cert_pem(), &serving)?;
-    let mut wrote = "ca.crt,tls.crt,tls.key";
-    if let Some(patch) = patch {
+    let mut wrote = "ca.crt,tls.crt,tls.key".to_string();
+    if let Some((patch, last)) = patches {
         write_atomic(&args.out_dir.join(PATCH_FILE), patch.as_bytes(), 0o644)?;
-        wrote = "ca.crt,tls.crt,tls.key,ca-bundle-patch.yaml";
+        wrote.push(',');
+        wrote.push_str(PATCH_FILE);
+        if let Some(last) = last {
+            write_atomic(&args.out_dir.join(FINAL_PATCH_FILE), last.as_bytes(), 0o644)?;
+            wrote.push(',');
+            wrote.push_str(FINAL_PATCH_FILE);
+        }
     }
     eprintln!("wrote {}/{{{wrote}}}", args.out_dir.display());
     Ok(())

@@ -107,11 +107,23 @@ pub fn shipped_rbac() -> anyhow::Result<Vec<String>> {
 /// The service the shipped configuration points at.
 pub const WEBHOOK_SERVICE: &str = "nodegate-webhook";
 pub const WEBHOOK_NAMESPACE: &str = "nodegate";
-/// The Secret the shipped Deployment mounts its serving certificate from.
+/// The shipped StatefulSet's replicas, each with a Service and a line of
+/// admission of its own; here one process stands behind all of them.
+pub const REPLICAS: i64 = 2;
+/// The Secret the shipped StatefulSet mounts its serving certificate from.
 pub const WEBHOOK_TLS_SECRET: &str = "nodegate-webhook-tls";
 
 /// A Deployment `status` as the deployment controller writes it for
 /// `available` of `replicas` pods (`Available` while at least one is).
+/// A StatefulSet's status with `ready` of `replicas` Ready and current.
+pub fn statefulset_status(replicas: i64, ready: i64) -> serde_json::Value {
+    serde_json::json!({
+        "observedGeneration": 1, "replicas": replicas, "readyReplicas": ready,
+        "availableReplicas": ready, "currentReplicas": replicas, "updatedReplicas": replicas,
+        "currentRevision": "nodegate-webhook-1", "updateRevision": "nodegate-webhook-1",
+    })
+}
+
 pub fn deployment_status(replicas: i64, available: i64) -> serde_json::Value {
     let ok = if available > 0 { "True" } else { "False" };
     serde_json::json!({
@@ -281,6 +293,9 @@ impl WebhookProcess {
         let ca = Ca::generate(1).context("generating webhook CA")?;
         let cert = ca
             .issue(&ServingRequest {
+                also_services: (0..REPLICAS)
+                    .map(|i| (format!("{WEBHOOK_SERVICE}-{i}"), WEBHOOK_NAMESPACE.into()))
+                    .collect(),
                 service: WEBHOOK_SERVICE.into(),
                 namespace: WEBHOOK_NAMESPACE.into(),
                 ips: vec![std::net::IpAddr::from([127, 0, 0, 1])],
@@ -352,9 +367,20 @@ impl WebhookProcess {
         &self.ca_pem
     }
 
+    /// Every Service of the shipped configuration: the first line's and
+    /// each replica's own, all served by this one process.
+    pub fn services(&self) -> Vec<String> {
+        std::iter::once(self.service())
+            .chain((0..REPLICAS).map(|i| format!("{WEBHOOK_SERVICE}-{i}.{WEBHOOK_NAMESPACE}.svc")))
+            .collect()
+    }
+
     /// For [`nodegate_emulator::EmulatorOptions::service_endpoints`].
     pub fn service_endpoints(&self) -> HashMap<String, SocketAddr> {
-        HashMap::from([(self.service(), self.https)])
+        self.services()
+            .into_iter()
+            .map(|s| (s, self.https))
+            .collect()
     }
 
     /// `yaml` with this process's CA as `caBundle`.
@@ -373,16 +399,18 @@ impl WebhookProcess {
                 &shipped
             }
         };
-        emu.set_service_endpoint(&self.service(), self.https);
+        for s in self.services() {
+            emu.set_service_endpoint(&s, self.https);
+        }
         emu.apply_webhook_config(&self.webhook_config(yaml)?)
     }
 
     /// Stores what `kubectl apply -k manifests/` and the install steps leave
     /// in a cluster around this webhook, so `kubectl` and `nodegate-check`
-    /// see an installed system: the shipped Namespace, Service, Deployment and
+    /// see an installed system: the shipped Namespace, Services, StatefulSet and
     /// agent DaemonSet, and the serving Secret holding this process's
-    /// certificate. Statuses describe what runs here: one webhook replica
-    /// available ([`deployment_status`]), and the agent DaemonSet scheduled on
+    /// certificate. Statuses describe what runs here: both webhook replicas
+    /// Ready ([`statefulset_status`]; one process serves every line), and the agent DaemonSet scheduled on
     /// no node (no kubelet in the emulator runs pods).
     pub fn install_objects(&self, emu: &Emulator) -> anyhow::Result<()> {
         use base64::Engine;
@@ -404,14 +432,13 @@ impl WebhookProcess {
             },
         });
         emu.apply(&secret.to_string())?;
-        let mut deploy =
-            nodegate_emulator::server::parse_documents(&read("webhook/deployment.yaml")?)?
+        let mut sts =
+            nodegate_emulator::server::parse_documents(&read("webhook/statefulset.yaml")?)?
                 .into_iter()
                 .next()
-                .context("empty deployment.yaml")?;
-        deploy["spec"]["replicas"] = serde_json::json!(1);
-        deploy["status"] = deployment_status(1, 1);
-        emu.apply(&deploy.to_string())?;
+                .context("empty statefulset.yaml")?;
+        sts["status"] = statefulset_status(REPLICAS, REPLICAS);
+        emu.apply(&sts.to_string())?;
         let mut ds = nodegate_emulator::server::parse_documents(&read("agent/daemonset.yaml")?)?
             .into_iter()
             .next()

@@ -158,7 +158,7 @@ fn container_args(objects: &Objects, kind: &str, name: &str) -> Vec<String> {
 fn strict_mode_is_one_component_and_matches_the_generators() {
     use nodegate_shared::TaintSpec;
     use nodegate_shared::keys::DEFAULT_TAINT;
-    use nodegate_webhook::{confinement, policy};
+    use nodegate_webhook::{confinement, policy, webhook_config};
     const GATE: &str = "nodegate.dev/agent-not-ready=true:NoExecute";
     let ordinary: Vec<TaintSpec> = vec![DEFAULT_TAINT.parse().unwrap()];
     let gate: Vec<TaintSpec> = vec![GATE.parse().unwrap()];
@@ -173,7 +173,7 @@ fn strict_mode_is_one_component_and_matches_the_generators() {
 
         let built = by_kind_and_name(&render(base, &["strict-mode"])).unwrap();
         for (kind, name) in [
-            ("Deployment", "nodegate-webhook"),
+            ("StatefulSet", "nodegate-webhook"),
             ("DaemonSet", "nodegate-agent"),
         ] {
             let args = container_args(&built, kind, name);
@@ -186,6 +186,22 @@ fn strict_mode_is_one_component_and_matches_the_generators() {
                 args.contains(&format!("--taint={DEFAULT_TAINT}")),
                 "{base}: {kind} {name}"
             );
+        }
+        // Every line of the webhook configuration names the boot gate too
+        // (the backups' still-ungated condition): the generator's webhooks.
+        let hooks = by_kind_and_name(&webhook_config::render(
+            &ordinary,
+            &gate,
+            webhook_config::DEFAULT_REPLICAS,
+        ))
+        .unwrap();
+        let want = &hooks[&("MutatingWebhookConfiguration".into(), "nodegate".into())];
+        let got = &built[&("MutatingWebhookConfiguration".into(), "nodegate".into())];
+        if base == "manifests" {
+            assert_eq!(got["webhooks"], want["webhooks"], "{base}: webhook lines");
+        } else {
+            let lines = |v: &serde_json::Value| v["webhooks"].as_array().unwrap()[1..].to_vec();
+            assert_eq!(lines(got), lines(want), "{base}: backup lines");
         }
         let release: Vec<TaintSpec> = vec![nodegate_shared::keys::LEGACY_TAINT.parse().unwrap()];
         let mut generated =

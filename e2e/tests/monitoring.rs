@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 
 use nodegate_emulator::admission::{
-    MATCH_CONDITION_ERRORS, MATCH_CONDITION_EXCLUSIONS, WEBHOOK_FAIL_OPEN,
+    MATCH_CONDITION_ERRORS, MATCH_CONDITION_EXCLUSIONS, WEBHOOK_FAIL_OPEN, WEBHOOK_REQUESTS,
 };
 
 fn repo() -> PathBuf {
@@ -94,6 +94,7 @@ fn exported() -> BTreeSet<String> {
             MATCH_CONDITION_ERRORS,
             MATCH_CONDITION_EXCLUSIONS,
             WEBHOOK_FAIL_OPEN,
+            WEBHOOK_REQUESTS,
         ]
         .map(String::from),
     );
@@ -224,6 +225,7 @@ fn rules_and_dashboard_use_only_metrics_that_exist() {
         "nodegate_agent_time_to_ready_seconds_bucket",
         MATCH_CONDITION_ERRORS,
         WEBHOOK_FAIL_OPEN,
+        WEBHOOK_REQUESTS,
         // Pruning's alarms: a forged roster, a mass deletion, the roster.
         "nodegate_agent_prune_refused_total",
         "nodegate_agent_prune_holds_total",

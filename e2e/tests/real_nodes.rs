@@ -86,22 +86,18 @@ impl Harness {
         kubeconfig_client(&self.kubeconfig).await
     }
 
-    /// `apiserver_admission_webhook_fail_open_count` for nodegate's webhook.
-    fn fail_open(&self) -> u64 {
-        metric_sum(
-            &self.kubectl("get --raw /metrics"),
-            "apiserver_admission_webhook_fail_open_count",
-            WEBHOOK,
-        )
+    /// The API server's counters for every line of nodegate's admission.
+    fn lines(&self) -> Lines {
+        let text = self.kubectl("get --raw /metrics");
+        Lines {
+            fail_open: by_line(&text, "apiserver_admission_webhook_fail_open_count"),
+            calls: by_line(&text, "apiserver_admission_webhook_request_total"),
+        }
     }
 
-    /// Calls the API server made to nodegate's webhook.
-    fn webhook_calls(&self) -> u64 {
-        metric_sum(
-            &self.kubectl("get --raw /metrics"),
-            "apiserver_admission_webhook_request_total",
-            WEBHOOK,
-        )
+    /// Fail-open calls, every line.
+    fn fail_open(&self) -> u64 {
+        self.lines().fail_open.values().sum()
     }
 
     fn node_dir(&self, node: &str) -> PathBuf {
@@ -113,12 +109,67 @@ fn ok(what: &str, out: Output) -> String {
     stdout_if_ok(what, out).unwrap()
 }
 
-fn metric_sum(text: &str, metric: &str, name: &str) -> u64 {
-    let label = format!("name=\"{name}\"");
-    text.lines()
-        .filter(|l| l.starts_with(metric) && l.contains(&label))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum::<f64>() as u64
+/// `metric`'s samples summed per webhook name, for nodegate's lines only
+/// (`nodes.nodegate.dev` and each `replica-<i>.nodes.nodegate.dev`).
+fn by_line(text: &str, metric: &str) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    for l in text.lines().filter(|l| l.starts_with(metric)) {
+        let Some(name) = l
+            .split("name=\"")
+            .nth(1)
+            .and_then(|r| r.split('"').next())
+            .filter(|n| *n == WEBHOOK || n.ends_with(&format!(".{WEBHOOK}")))
+        else {
+            continue;
+        };
+        let v = l
+            .rsplit(' ')
+            .next()
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0);
+        *out.entry(name.to_string()).or_default() += v as u64;
+    }
+    out
+}
+
+/// The API server's per-line counters at one moment.
+#[derive(Debug, Clone, Default)]
+struct Lines {
+    fail_open: BTreeMap<String, u64>,
+    calls: BTreeMap<String, u64>,
+}
+
+impl Lines {
+    fn since(&self, before: &Lines) -> Lines {
+        let diff = |now: &BTreeMap<String, u64>, then: &BTreeMap<String, u64>| {
+            now.iter()
+                .map(|(k, v)| (k.clone(), v - then.get(k).copied().unwrap_or(0)))
+                .collect()
+        };
+        Lines {
+            fail_open: diff(&self.fail_open, &before.fail_open),
+            calls: diff(&self.calls, &before.calls),
+        }
+    }
+
+    fn backups<'a>(m: &'a BTreeMap<String, u64>) -> impl Iterator<Item = u64> + 'a {
+        m.iter().filter(|(k, _)| k.as_str() != WEBHOOK).map(|(_, v)| *v)
+    }
+
+    /// Node writes no line answered: the backups are called in order, each
+    /// only while the Node still lacks the taint, so those are the calls
+    /// entering the backups minus the backup calls that were answered.
+    /// (Writes only the first line handles, status writes, are not in it.)
+    fn failed_through_every_line(&self) -> u64 {
+        let entering = self
+            .calls
+            .get(&format!("replica-0.{WEBHOOK}"))
+            .copied()
+            .unwrap_or(0);
+        let answered =
+            Self::backups(&self.calls).sum::<u64>() - Self::backups(&self.fail_open).sum::<u64>();
+        entering - answered
+    }
 }
 
 async fn kubeconfig_client(path: &Path) -> kube::Client {
@@ -285,13 +336,14 @@ fn name_of(p: &Pod) -> &str {
 /// Nothing is stored.
 #[derive(Clone, Default)]
 struct Prober {
-    counts: Arc<Mutex<(u64, u64)>>,
+    /// Each answered create: how long it took, and whether it came back gated.
+    answers: Arc<Mutex<Vec<(Duration, bool)>>>,
 }
 
 impl Prober {
     fn start(client: kube::Client) -> Prober {
         let p = Prober::default();
-        let counts = p.counts.clone();
+        let answers = p.answers.clone();
         tokio::spawn(async move {
             let api: Api<Node> = Api::all(client);
             let dry = kube::api::PostParams {
@@ -303,12 +355,9 @@ impl Prober {
                     "metadata": {"name": format!("nodegate-e2e-canary-{i}")}
                 }))
                 .unwrap();
+                let t = Instant::now();
                 if let Ok(n) = api.create(&dry, &canary).await {
-                    let mut c = counts.lock().unwrap();
-                    c.0 += 1;
-                    if !gated(&n) {
-                        c.1 += 1;
-                    }
+                    answers.lock().unwrap().push((t.elapsed(), gated(&n)));
                 }
                 tokio::time::sleep(Duration::from_millis(250)).await;
             }
@@ -316,52 +365,109 @@ impl Prober {
         p
     }
 
-    /// (creates answered, of which came back without the gate)
-    fn counts(&self) -> (u64, u64) {
-        *self.counts.lock().unwrap()
+    /// How many creates were answered so far (a mark for [`Self::since`]).
+    fn mark(&self) -> usize {
+        self.answers.lock().unwrap().len()
     }
 
-    fn since(&self, before: (u64, u64)) -> (u64, u64) {
-        let now = self.counts();
-        (now.0 - before.0, now.1 - before.1)
+    /// (creates answered, of which came back without the gate) since `mark`.
+    fn since(&self, mark: usize) -> (u64, u64) {
+        let a = self.answers.lock().unwrap();
+        let after = &a[mark.min(a.len())..];
+        (
+            after.len() as u64,
+            after.iter().filter(|(_, g)| !g).count() as u64,
+        )
+    }
+
+    /// The slowest answer since `mark`, and the median.
+    fn latency_since(&self, mark: usize) -> (Duration, Duration) {
+        let a = self.answers.lock().unwrap();
+        let mut d: Vec<Duration> = a[mark.min(a.len())..].iter().map(|(d, _)| *d).collect();
+        d.sort();
+        (
+            d.last().copied().unwrap_or_default(),
+            d.get(d.len() / 2).copied().unwrap_or_default(),
+        )
     }
 }
 
-/// Admission during a window: the API server's fail-open and call counters
-/// for the webhook, and the canaries answered and ungated.
+/// Admission during a window: the API server's per-line counters for the
+/// webhook, and the canaries answered and ungated.
 struct Window {
+    lines: Lines,
+    mark: usize,
+}
+
+/// What a window saw.
+struct Admitted {
+    /// Fail-open calls, every line.
     fail_open: u64,
-    calls: u64,
-    canaries: (u64, u64),
+    /// Node writes no line answered.
+    failed_through: u64,
+    sent: u64,
+    ungated: u64,
 }
 
 impl Window {
     fn open(h: &Harness, prober: &Prober) -> Window {
         Window {
-            fail_open: h.fail_open(),
-            calls: h.webhook_calls(),
-            canaries: prober.counts(),
+            lines: h.lines(),
+            mark: prober.mark(),
         }
     }
 
-    /// Prints the window's figures as `<what>_*`; returns (fail-open calls,
-    /// canaries answered, canaries ungated).
-    fn close(self, h: &Harness, prober: &Prober, what: &str) -> (u64, u64, u64) {
-        let fail_open = h.fail_open() - self.fail_open;
-        let (sent, ungated) = prober.since(self.canaries);
+    /// Prints the window's figures as `<what>_*`.
+    fn close(self, h: &Harness, prober: &Prober, what: &str) -> Admitted {
+        let d = h.lines().since(&self.lines);
+        let (sent, ungated) = prober.since(self.mark);
+        let (slowest, median) = prober.latency_since(self.mark);
+        let fail_open = d.fail_open.values().sum();
+        let failed_through = d.failed_through_every_line();
         figure(&format!("{what}_fail_open"), fail_open);
-        figure(&format!("{what}_calls"), h.webhook_calls() - self.calls);
+        figure(
+            &format!("{what}_fail_open_first_line"),
+            d.fail_open.get(WEBHOOK).copied().unwrap_or(0),
+        );
+        figure(
+            &format!("{what}_calls"),
+            d.calls.get(WEBHOOK).copied().unwrap_or(0),
+        );
+        figure(
+            &format!("{what}_backup_calls"),
+            Lines::backups(&d.calls).sum::<u64>(),
+        );
+        figure(&format!("{what}_failed_through_every_line"), failed_through);
         figure(&format!("{what}_canaries"), sent);
         figure(&format!("{what}_canaries_ungated"), ungated);
-        (fail_open, sent, ungated)
+        figure(&format!("{what}_canary_max_ms"), slowest.as_millis());
+        figure(&format!("{what}_canary_median_ms"), median.as_millis());
+        Admitted {
+            fail_open,
+            failed_through,
+            sent,
+            ungated,
+        }
     }
 
-    /// As `close`, and asserts that nothing failed open.
+    /// As `close`, and asserts that no call of any line failed open.
     fn close_none_open(self, h: &Harness, prober: &Prober, what: &str) {
-        let (fail_open, sent, ungated) = self.close(h, prober, what);
-        assert_eq!(fail_open, 0, "{what}: admission calls failed open");
-        assert!(sent > 0, "{what}: no canary create was answered");
-        assert_eq!(ungated, 0, "{what}: canary creates came back ungated");
+        let s = self.close(h, prober, what);
+        assert_eq!(s.fail_open, 0, "{what}: admission calls failed open");
+        assert!(s.sent > 0, "{what}: no canary create was answered");
+        assert_eq!(s.ungated, 0, "{what}: canary creates came back ungated");
+    }
+
+    /// As `close`, and asserts that every Node write some line answered:
+    /// calls may fail open as long as a later line caught them.
+    fn close_none_ungated(self, h: &Harness, prober: &Prober, what: &str, min: u64) {
+        let s = self.close(h, prober, what);
+        assert!(s.sent >= min, "{what}: {} canaries answered, want {min}", s.sent);
+        assert_eq!(s.ungated, 0, "{what}: canary creates came back ungated");
+        assert_eq!(
+            s.failed_through, 0,
+            "{what}: Node writes failed open through every line"
+        );
     }
 }
 
@@ -636,6 +742,7 @@ async fn nodegate_on_real_nodes() {
     upgrade(&c).await;
     pruning(&c).await;
     webhook_host_crash(&c).await;
+    webhook_host_down(&c).await;
     memory_and_nothing_gated(&c).await;
     strict::strict_mode(&c).await;
     cilium::cilium(&c).await;
@@ -902,7 +1009,7 @@ async fn rollouts(c: &Ctx) {
         prober,
         ..
     } = c;
-    step("rollout restart of the agent DaemonSet and the webhook Deployment");
+    step("rollout restart of the agent DaemonSet and the webhook StatefulSet");
     let nodes = node_names(client).await;
     let t0 = Instant::now();
     h.kubectl(&format!("-n {NS} rollout restart daemonset/nodegate-agent"));
@@ -928,16 +1035,76 @@ async fn rollouts(c: &Ctx) {
     );
     let window = Window::open(h, prober);
     h.kubectl(&format!(
-        "-n {NS} rollout restart deployment/nodegate-webhook"
+        "-n {NS} rollout restart statefulset/nodegate-webhook"
     ));
     h.kubectl(&format!(
-        "-n {NS} rollout status deployment/nodegate-webhook --timeout=300s"
+        "-n {NS} rollout status statefulset/nodegate-webhook --timeout=300s"
     ));
     all_nodegate_ready(client, 2).await;
     window.close_none_open(h, prober, "webhook_rollout");
     for n in &nodes {
         wait_gated(client, n, false, 120).await;
     }
+    cert_rotation(c).await;
+}
+
+/// 7b. The serving certificate rotated to a new CA the way docs/install.md
+/// says, while canaries register: not one call fails open.
+async fn cert_rotation(c: &Ctx) {
+    let Ctx {
+        h, client, prober, ..
+    } = c;
+    step("certificate rotation to a new CA: caBundle trusts both, Secret, caBundle trusts the new");
+    let window = Window::open(h, prober);
+    let t0 = Instant::now();
+    h.kubectl("version"); // the kubeconfig works before anything changes
+    ok(
+        "rotation, first half",
+        h.sh("nodegate-certs --service nodegate-webhook --namespace nodegate --out-dir ./ng-certs-2 \
+                --webhook-config manifests/base/webhook/mutatingwebhookconfiguration.yaml \
+                --also-trust ./ng-certs/ca.crt
+              kubectl patch mutatingwebhookconfiguration nodegate --patch-file ./ng-certs-2/ca-bundle-patch.yaml
+              kubectl -n nodegate create secret tls nodegate-webhook-tls --cert ./ng-certs-2/tls.crt \
+                --key ./ng-certs-2/tls.key --dry-run=client -o yaml | kubectl apply -f -"),
+    );
+    // Each replica serves the new leaf once the kubelet has synced the
+    // Secret's volume and the webhook reloaded it.
+    let want = ok(
+        "new leaf",
+        h.sh("openssl x509 -in ./ng-certs-2/tls.crt -noout -fingerprint -sha256"),
+    );
+    let hosts: Vec<String> = live_pods(client)
+        .await
+        .iter()
+        .filter(|p| name_of(p).starts_with("nodegate-webhook-"))
+        .filter_map(|p| p.status.as_ref()?.pod_ip.clone())
+        .collect();
+    assert_eq!(hosts.len(), 2, "two webhook replicas");
+    for ip in &hosts {
+        wait(&format!("{ip} serving the new certificate"), 240, async || {
+            let got = h.sh(&format!(
+                "openssl s_client -connect {ip}:9443 -servername nodegate-webhook.nodegate.svc </dev/null 2>/dev/null \
+                 | openssl x509 -noout -fingerprint -sha256"
+            ));
+            (String::from_utf8_lossy(&got.stdout) == want).then_some(())
+        })
+        .await;
+    }
+    figure("cert_rotation_reloaded_ms", t0.elapsed().as_millis());
+    h.kubectl("patch mutatingwebhookconfiguration nodegate --patch-file ./ng-certs-2/ca-bundle-final-patch.yaml");
+    // A few canaries under the new CA alone.
+    let mark = prober.mark();
+    wait("canaries under the new CA alone", 60, async || {
+        (prober.since(mark).0 >= 8).then_some(())
+    })
+    .await;
+    window.close_none_open(h, prober, "cert_rotation");
+    let check = h.sh("nodegate-check");
+    assert!(
+        check.status.success(),
+        "nodegate-check after the rotation:\n{}",
+        String::from_utf8_lossy(&check.stdout)
+    );
 }
 
 /// 8. An upgrade as users do it: the install applied again with a component.
@@ -1064,7 +1231,22 @@ async fn pruning(c: &Ctx) {
     figure("pruned_once_by_agents", survivors.len());
 }
 
-/// 10. A node that hosts a webhook replica crashes.
+/// The node of webhook replica `i` (Pod `nodegate-webhook-<i>`), once Ready.
+async fn replica_host(client: &kube::Client, i: usize) -> String {
+    let name = format!("nodegate-webhook-{i}");
+    wait(&format!("{name} Ready"), 240, async || {
+        live_pods(client)
+            .await
+            .into_iter()
+            .find(|p| ns_of(p) == NS && name_of(p) == name && pod_ready(p))
+            .and_then(|p| node_of(&p).map(str::to_string))
+    })
+    .await
+}
+
+/// 10. Nodes that host a webhook replica crash, one after the other, each
+/// time while canaries register: the second line of admission catches every
+/// call the dead replica fails.
 async fn webhook_host_crash(c: &Ctx) {
     let Ctx {
         h,
@@ -1073,35 +1255,101 @@ async fn webhook_host_crash(c: &Ctx) {
         prober,
         ..
     } = c;
-    step("a webhook replica's node crashes: admission calls that fail open");
-    let host = live_pods(client)
-        .await
-        .into_iter()
-        .find(|p| name_of(p).starts_with("nodegate-webhook-") && pod_ready(p))
-        .and_then(|p| node_of(&p).map(str::to_string))
-        .unwrap();
+    let runs: usize = std::env::var("NODEGATE_REAL_NODES_CRASH_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10);
+    let mut first_line_failed = 0;
+    for run in 0..runs {
+        step(&format!(
+            "a webhook replica's node crashes ({}/{runs}): no Node left ungated",
+            run + 1
+        ));
+        let host = replica_host(client, run % 2).await;
+        let old_boot = boot_id(&live_node(client, &host).await.unwrap()).unwrap();
+        let before = last_rv(rec);
+        let window = Window::open(h, prober);
+        let mark = prober.mark();
+        h.cluster(&["crash", &host]);
+        let first = first_version(
+            rec,
+            &host,
+            before,
+            "the crashed node's first version on its new boot",
+            120,
+            |n| boot_id(n).is_some_and(|b| b != old_boot),
+        )
+        .await;
+        assert!(
+            gated(&first.obj),
+            "run {run}: {host}'s first version on its new boot was not gated"
+        );
+        wait_gated(client, &host, true, 120).await;
+        h.cluster(&["ready", &host]);
+        all_nodegate_ready(client, 2).await;
+        wait_gated(client, &host, false, 120).await;
+        wait("20 canaries in the run", 60, async || {
+            (prober.since(mark).0 >= 20).then_some(())
+        })
+        .await;
+        let what = format!("webhook_host_crash_{run}");
+        let d = h.lines().since(&window.lines);
+        first_line_failed += d.fail_open.get(WEBHOOK).copied().unwrap_or(0);
+        window.close_none_ungated(h, prober, &what, 20);
+    }
+    figure("webhook_host_crash_runs", runs);
+    figure("webhook_host_crash_first_line_fail_open_total", first_line_failed);
+}
+
+/// 11. A replica's node powered off and unreachable (no RST: calls time
+/// out) for 60 s, past the node lifecycle controller's grace period, then
+/// booted again: no Node left ungated, its own re-registration gated.
+async fn webhook_host_down(c: &Ctx) {
+    let Ctx {
+        h,
+        client,
+        rec,
+        prober,
+        ..
+    } = c;
+    step("a webhook replica's node down for 60 s, unreachable: no Node left ungated");
+    let host = replica_host(client, 0).await;
     let old_boot = boot_id(&live_node(client, &host).await.unwrap()).unwrap();
-    let before = last_rv(rec);
     let window = Window::open(h, prober);
-    h.cluster(&["crash", &host]);
+    let t0 = Instant::now();
+    h.cluster(&["stop", &host]);
+    h.cluster(&["unreachable", &host, "on"]);
+    // Down for 60 s: a deadline to reach, not a synchronisation.
+    let not_ready = wait(&format!("{host} NotReady"), 120, async || {
+        let n = live_node(client, &host).await?;
+        let ready = n
+            .status?
+            .conditions?
+            .into_iter()
+            .find(|c| c.type_ == "Ready")?;
+        (ready.status != "True").then(|| t0.elapsed())
+    })
+    .await;
+    figure("webhook_host_down_not_ready_after_ms", not_ready.as_millis());
+    tokio::time::sleep_until((t0 + Duration::from_secs(60)).into()).await;
+    let before = last_rv(rec);
+    h.cluster(&["crash", &host]); // boots it: a new boot ID, reachable again
     let first = first_version(
         rec,
         &host,
         before,
-        "the crashed node's first version on its new boot",
+        "the node's first version on its new boot",
         120,
         |n| boot_id(n).is_some_and(|b| b != old_boot),
     )
     .await;
-    figure(
-        "webhook_host_first_new_boot_version_gated",
-        gated(&first.obj),
-    );
+    figure("webhook_host_down_first_new_boot_version_gated", gated(&first.obj));
+    assert!(gated(&first.obj), "{host}'s re-registration was not gated");
     wait_gated(client, &host, true, 120).await;
     h.cluster(&["ready", &host]);
     all_nodegate_ready(client, 2).await;
     wait_gated(client, &host, false, 120).await;
-    window.close(h, prober, "webhook_host_crash");
+    window.close_none_ungated(h, prober, "webhook_host_down", 20);
 }
 
 /// Figures: memory as the nodes' cgroups report it; and no node left gated.

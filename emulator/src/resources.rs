@@ -252,6 +252,17 @@ pub const DEPLOYMENTS: ResourceDef = res!(
     &["deploy"],
     &[]
 );
+pub const STATEFULSETS: ResourceDef = res!(
+    "apps",
+    "v1",
+    "statefulsets",
+    "statefulset",
+    "StatefulSet",
+    true,
+    &["status"],
+    &["sts"],
+    &[]
+);
 pub const DAEMONSETS: ResourceDef = res!(
     "apps",
     "v1",
@@ -290,6 +301,7 @@ pub const ALL: &[ResourceDef] = &[
     VALIDATING_POLICIES,
     VALIDATING_POLICY_BINDINGS,
     DEPLOYMENTS,
+    STATEFULSETS,
     DAEMONSETS,
 ];
 

@@ -113,6 +113,20 @@ pub enum Command {
     /// Print the ValidatingAdmissionPolicies that confine the agent's and the
     /// webhook's ServiceAccounts (Kubernetes ≥ 1.32), for the same taints.
     Confinement(ConfinementArgs),
+    /// Print the MutatingWebhookConfiguration: the first line through every
+    /// replica, then one backup line per replica, for the same taints.
+    WebhookConfig(WebhookConfigArgs),
+}
+
+/// `nodegate-webhook webhook-config` flags.
+#[derive(Debug, Clone, clap::Args)]
+pub struct WebhookConfigArgs {
+    #[command(flatten)]
+    pub taints: TaintArgs,
+    /// The StatefulSet's replicas: one backup line each.
+    #[arg(long, default_value_t = crate::webhook_config::DEFAULT_REPLICAS,
+          value_parser = clap::value_parser!(u32).range(1..=10))]
+    pub replicas: u32,
 }
 
 /// `nodegate-webhook confinement` flags: the webhook's taints and the

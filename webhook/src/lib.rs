@@ -20,6 +20,7 @@
 pub mod admission;
 pub mod app;
 pub mod body;
+pub mod cel;
 pub mod config;
 pub mod confinement;
 pub mod fixtures;
@@ -33,6 +34,7 @@ pub mod review;
 pub mod rules;
 pub mod serve;
 pub mod tls;
+pub mod webhook_config;
 
 use std::future::Future;
 use std::net::SocketAddr;

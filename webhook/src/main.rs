@@ -30,6 +30,18 @@ async fn main() -> anyhow::Result<()> {
         );
         return Ok(());
     }
+    if let Some(nodegate_webhook::config::Command::WebhookConfig(w)) = &args.command {
+        w.taints.validate()?;
+        print!(
+            "{}",
+            nodegate_webhook::webhook_config::render(
+                &w.taints.taints,
+                &w.taints.boot_taints,
+                w.replicas
+            )
+        );
+        return Ok(());
+    }
     tracing_subscriber::fmt()
         .with_env_filter(
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),

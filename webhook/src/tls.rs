@@ -270,6 +270,7 @@ mod tests {
     fn reload_swaps_good_pairs_and_reports_a_bad_pair_once() {
         let ca = Ca::generate(1).unwrap();
         let req = ServingRequest {
+            also_services: vec![],
             service: "s".into(),
             namespace: "n".into(),
             ips: vec![],

@@ -115,7 +115,7 @@ pub(super) async fn switch(c: &Ctx, to: Install) {
     }
     my_nodegate(h, base, components);
     h.kubectl("apply -k my-nodegate/");
-    for w in ["daemonset/nodegate-agent", "deployment/nodegate-webhook"] {
+    for w in ["daemonset/nodegate-agent", "statefulset/nodegate-webhook"] {
         h.kubectl(&format!("-n {NS} rollout status {w} --timeout=300s"));
     }
     all_nodegate_ready(client, 2).await;
@@ -677,7 +677,7 @@ async fn webhook_unreachable(c: &Ctx, node: &str) {
     step("strict with the webhook unreachable: the safety net's gate comes late");
     let before = place(c, node).await;
     h.kubectl(&format!(
-        "-n {NS} scale deployment nodegate-webhook --replicas=0"
+        "-n {NS} scale statefulset nodegate-webhook --replicas=0"
     ));
     wait_no_pod(client, "nodegate-webhook-").await;
     let before_crash = last_rv(rec);
@@ -721,7 +721,7 @@ async fn webhook_unreachable(c: &Ctx, node: &str) {
     );
     assert!(boot_gated(&live_node(client, node).await.unwrap()));
     h.kubectl(&format!(
-        "-n {NS} scale deployment nodegate-webhook --replicas=2"
+        "-n {NS} scale statefulset nodegate-webhook --replicas=2"
     ));
     all_nodegate_ready(client, 2).await;
     ready_and_ungated(c, node, "strict_no_webhook_ready_to_untaint_ms").await;

@@ -2,7 +2,7 @@
 //!
 //! Follows `k8s.io/apiserver/pkg/admission/metrics/metrics.go`
 //! (`ObserveMatchConditionEvalError`, `ObserveMatchConditionExclusion`,
-//! `ObserveWebhookFailOpen`).
+//! `ObserveWebhookFailOpen`, `ObserveWebhook`).
 
 use std::sync::Mutex;
 
@@ -22,6 +22,9 @@ pub const MATCH_CONDITION_ERRORS: &str =
 pub const MATCH_CONDITION_EXCLUSIONS: &str = "apiserver_admission_match_condition_exclusions_total";
 /// Webhook call failures let through by `failurePolicy: Ignore` (`ObserveWebhookFailOpen`).
 pub const WEBHOOK_FAIL_OPEN: &str = "apiserver_admission_webhook_fail_open_count";
+/// Every webhook call, answered or failed (`ObserveWebhook`'s `webhookRequest`
+/// counter; the real one also labels `code` and `rejected`).
+pub const WEBHOOK_REQUESTS: &str = "apiserver_admission_webhook_request_total";
 
 impl AdmissionMetrics {
     pub(crate) fn add(&self, metric: &'static str, webhook: &str, operation: &'static str, n: u64) {
@@ -58,11 +61,14 @@ impl AdmissionMetrics {
             MATCH_CONDITION_ERRORS,
             MATCH_CONDITION_EXCLUSIONS,
             WEBHOOK_FAIL_OPEN,
+            WEBHOOK_REQUESTS,
         ] {
             out.push_str(&format!("# TYPE {metric} counter\n"));
             for ((m, name, op), n) in counts.iter().filter(|((m, ..), _)| *m == metric) {
                 let labels = if *m == WEBHOOK_FAIL_OPEN {
                     format!("name=\"{name}\",type=\"admit\"")
+                } else if *m == WEBHOOK_REQUESTS {
+                    format!("name=\"{name}\",operation=\"{op}\",type=\"admit\"")
                 } else {
                     format!("kind=\"webhook\",name=\"{name}\",operation=\"{op}\",type=\"admit\"")
                 };

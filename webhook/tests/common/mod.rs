@@ -26,6 +26,7 @@ pub const SERVER_NAME: &str = "nodegate-webhook.nodegate.svc";
 
 pub fn serving_request() -> ServingRequest {
     ServingRequest {
+        also_services: vec![],
         service: "nodegate-webhook".into(),
         namespace: "nodegate".into(),
         ips: vec!["127.0.0.1".parse().unwrap()],

@@ -281,6 +281,16 @@ fn gated(n: &Node) -> bool {
         .any(|(k, e)| k == GATE && e == "NoSchedule")
 }
 
+/// Not schedulable anyway: the node lifecycle controller's taint for a node
+/// that is not Ready (`node.kubernetes.io/unreachable` or `not-ready`,
+/// NoSchedule) is still on.
+fn held_by_node_lifecycle(n: &Node) -> bool {
+    taints(n).iter().any(|(k, e)| {
+        (k == "node.kubernetes.io/unreachable" || k == "node.kubernetes.io/not-ready")
+            && e == "NoSchedule"
+    })
+}
+
 fn taints(n: &Node) -> Vec<(String, String)> {
     n.spec
         .as_ref()
@@ -731,7 +741,12 @@ async fn nodegate_on_real_nodes() {
     match only.as_deref() {
         Some("strict") => return strict::strict_mode(&c).await,
         Some("cilium") => return cilium::cilium(&c).await,
-        Some(other) => panic!("NODEGATE_REAL_NODES_ONLY={other}: strict or cilium"),
+        Some("lines") => {
+            webhook_host_crash(&c).await;
+            webhook_host_down(&c).await;
+            return rollouts(&c).await;
+        }
+        Some(other) => panic!("NODEGATE_REAL_NODES_ONLY={other}: strict, cilium or lines"),
         None => {}
     }
     join(&c).await;
@@ -1057,12 +1072,14 @@ async fn cert_rotation(c: &Ctx) {
     step("certificate rotation to a new CA: caBundle trusts both, Secret, caBundle trusts the new");
     let window = Window::open(h, prober);
     let t0 = Instant::now();
-    h.kubectl("version"); // the kubeconfig works before anything changes
     ok(
         "rotation, first half",
-        h.sh("nodegate-certs --service nodegate-webhook --namespace nodegate --out-dir ./ng-certs-2 \
+        // Trusting the CA the cluster trusts now, whatever made it.
+        h.sh("kubectl get mutatingwebhookconfiguration nodegate \
+                -o jsonpath='{.webhooks[0].clientConfig.caBundle}' | base64 -d > ./trusted-ca.crt
+              nodegate-certs --service nodegate-webhook --namespace nodegate --out-dir ./ng-certs-2 \
                 --webhook-config manifests/base/webhook/mutatingwebhookconfiguration.yaml \
-                --also-trust ./ng-certs/ca.crt
+                --also-trust ./trusted-ca.crt
               kubectl patch mutatingwebhookconfiguration nodegate --patch-file ./ng-certs-2/ca-bundle-patch.yaml
               kubectl -n nodegate create secret tls nodegate-webhook-tls --cert ./ng-certs-2/tls.crt \
                 --key ./ng-certs-2/tls.key --dry-run=client -o yaml | kubectl apply -f -"),
@@ -1231,22 +1248,40 @@ async fn pruning(c: &Ctx) {
     figure("pruned_once_by_agents", survivors.len());
 }
 
-/// The node of webhook replica `i` (Pod `nodegate-webhook-<i>`), once Ready.
-async fn replica_host(client: &kube::Client, i: usize) -> String {
-    let name = format!("nodegate-webhook-{i}");
-    wait(&format!("{name} Ready"), 240, async || {
-        live_pods(client)
+/// The Ready webhook replicas: (node, pod IP).
+async fn replica_hosts(client: &kube::Client) -> Vec<(String, String)> {
+    wait("both webhook replicas Ready", 240, async || {
+        let hosts: Vec<(String, String)> = live_pods(client)
             .await
             .into_iter()
-            .find(|p| ns_of(p) == NS && name_of(p) == name && pod_ready(p))
-            .and_then(|p| node_of(&p).map(str::to_string))
+            .filter(|p| ns_of(p) == NS && name_of(p).starts_with("nodegate-webhook-") && pod_ready(p))
+            .filter_map(|p| Some((node_of(&p)?.to_string(), p.status?.pod_ip?)))
+            .collect();
+        (hosts.len() == 2).then_some(hosts)
     })
     .await
 }
 
+/// The node of the replica the API server's open connection for the first
+/// line goes to (without per-request load balancing it keeps one connection
+/// and sends every call there until it breaks): killing that one is the
+/// worst case. Else the first replica's.
+async fn connected_replica_host(h: &Harness, client: &kube::Client) -> String {
+    let hosts = replica_hosts(client).await;
+    let peers = ok(
+        "ss",
+        h.sh("ss -Htn state established '( dport = :9443 )' | awk '{print $4}'"),
+    );
+    let connected = hosts
+        .iter()
+        .find(|(_, ip)| peers.lines().any(|p| p.starts_with(&format!("{ip}:"))));
+    figure("webhook_host_is_the_connected_replica", connected.is_some());
+    connected.unwrap_or(&hosts[0]).0.clone()
+}
+
 /// 10. Nodes that host a webhook replica crash, one after the other, each
-/// time while canaries register: the second line of admission catches every
-/// call the dead replica fails.
+/// time while canaries register, each time the replica the API server is
+/// connected to: the backup lines catch every call the dead replica fails.
 async fn webhook_host_crash(c: &Ctx) {
     let Ctx {
         h,
@@ -1265,7 +1300,7 @@ async fn webhook_host_crash(c: &Ctx) {
             "a webhook replica's node crashes ({}/{runs}): no Node left ungated",
             run + 1
         ));
-        let host = replica_host(client, run % 2).await;
+        let host = connected_replica_host(h, client).await;
         let old_boot = boot_id(&live_node(client, &host).await.unwrap()).unwrap();
         let before = last_rv(rec);
         let window = Window::open(h, prober);
@@ -1313,12 +1348,14 @@ async fn webhook_host_down(c: &Ctx) {
         ..
     } = c;
     step("a webhook replica's node down for 60 s, unreachable: no Node left ungated");
-    let host = replica_host(client, 0).await;
+    let host = connected_replica_host(h, client).await;
     let old_boot = boot_id(&live_node(client, &host).await.unwrap()).unwrap();
     let window = Window::open(h, prober);
     let t0 = Instant::now();
-    h.cluster(&["stop", &host]);
+    // Unreachable first: the killed processes' FINs never arrive, as when
+    // the power goes.
     h.cluster(&["unreachable", &host, "on"]);
+    h.cluster(&["stop", &host]);
     // Down for 60 s: a deadline to reach, not a synchronisation.
     let not_ready = wait(&format!("{host} NotReady"), 120, async || {
         let n = live_node(client, &host).await?;
@@ -1344,8 +1381,31 @@ async fn webhook_host_down(c: &Ctx) {
     )
     .await;
     figure("webhook_host_down_first_new_boot_version_gated", gated(&first.obj));
-    assert!(gated(&first.obj), "{host}'s re-registration was not gated");
-    wait_gated(client, &host, true, 120).await;
+    // Back after the grace period, the kubelet's fast status update
+    // (`fastNodeStatusUpdate`, pkg/kubelet/kubelet_node_status.go: the stored
+    // Node is not Ready) may precede its create: then the first version of
+    // the new boot is a status write, which no admission can taint. It still
+    // carries the node lifecycle controller's unreachable/not-ready taint, and
+    // the webhook's rule 3 must put the gate on before that taint goes.
+    let gate_at = wait_gated(client, &host, true, 120).await;
+    let new_boot: Vec<Seen<Node>> = versions_after(rec, &host, before)
+        .into_iter()
+        .filter(|s| boot_id(&s.obj).is_some_and(|b| b != old_boot) && s.at <= gate_at)
+        .collect();
+    let open: Vec<u64> = new_boot
+        .iter()
+        .take_while(|s| !gated(&s.obj))
+        .filter(|s| !held_by_node_lifecycle(&s.obj))
+        .map(|s| s.rv)
+        .collect();
+    figure(
+        "webhook_host_down_new_boot_versions_before_gate",
+        new_boot.iter().take_while(|s| !gated(&s.obj)).count(),
+    );
+    assert!(
+        open.is_empty(),
+        "{host} schedulable on its new boot without the gate: versions {open:?}"
+    );
     h.cluster(&["ready", &host]);
     all_nodegate_ready(client, 2).await;
     wait_gated(client, &host, false, 120).await;

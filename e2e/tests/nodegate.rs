@@ -601,7 +601,10 @@ async fn backup_lines_are_never_called_while_the_first_answers() {
     kubelet.reboot().await.unwrap();
     drop(agent);
     let (first, r0, r1) = line_calls(emu);
-    assert!(first >= 4, "the first line answered every write it gets: {first}");
+    assert!(
+        first >= 4,
+        "the first line answered every write it gets: {first}"
+    );
     assert_eq!((r0, r1), (0, 0), "a backup line was called in steady state");
     no_ignored_failures(&c);
 }
@@ -645,7 +648,10 @@ async fn a_dead_replica_fails_no_node_open_while_the_other_serves() {
         .await
         .unwrap();
     assert!(!has_taint(&n));
-    let backups = ["replica-0.nodes.nodegate.dev", "replica-1.nodes.nodegate.dev"];
+    let backups = [
+        "replica-0.nodes.nodegate.dev",
+        "replica-1.nodes.nodegate.dev",
+    ];
     let sum = |metric: &str| backups.iter().map(|b| get(metric, b)).sum::<u64>();
     let no_line_answered =
         get(WEBHOOK_REQUESTS, backups[0]) - (sum(WEBHOOK_REQUESTS) - sum(WEBHOOK_FAIL_OPEN));

@@ -153,7 +153,9 @@ impl Lines {
     }
 
     fn backups<'a>(m: &'a BTreeMap<String, u64>) -> impl Iterator<Item = u64> + 'a {
-        m.iter().filter(|(k, _)| k.as_str() != WEBHOOK).map(|(_, v)| *v)
+        m.iter()
+            .filter(|(k, _)| k.as_str() != WEBHOOK)
+            .map(|(_, v)| *v)
     }
 
     /// Node writes no line answered: the backups are called in order, each
@@ -472,7 +474,11 @@ impl Window {
     /// calls may fail open as long as a later line caught them.
     fn close_none_ungated(self, h: &Harness, prober: &Prober, what: &str, min: u64) {
         let s = self.close(h, prober, what);
-        assert!(s.sent >= min, "{what}: {} canaries answered, want {min}", s.sent);
+        assert!(
+            s.sent >= min,
+            "{what}: {} canaries answered, want {min}",
+            s.sent
+        );
         assert_eq!(s.ungated, 0, "{what}: canary creates came back ungated");
         assert_eq!(
             s.failed_through, 0,
@@ -1254,7 +1260,9 @@ async fn replica_hosts(client: &kube::Client) -> Vec<(String, String)> {
         let hosts: Vec<(String, String)> = live_pods(client)
             .await
             .into_iter()
-            .filter(|p| ns_of(p) == NS && name_of(p).starts_with("nodegate-webhook-") && pod_ready(p))
+            .filter(|p| {
+                ns_of(p) == NS && name_of(p).starts_with("nodegate-webhook-") && pod_ready(p)
+            })
             .filter_map(|p| Some((node_of(&p)?.to_string(), p.status?.pod_ip?)))
             .collect();
         (hosts.len() == 2).then_some(hosts)
@@ -1333,7 +1341,10 @@ async fn webhook_host_crash(c: &Ctx) {
         window.close_none_ungated(h, prober, &what, 20);
     }
     figure("webhook_host_crash_runs", runs);
-    figure("webhook_host_crash_first_line_fail_open_total", first_line_failed);
+    figure(
+        "webhook_host_crash_first_line_fail_open_total",
+        first_line_failed,
+    );
 }
 
 /// 11. A replica's node powered off and unreachable (no RST: calls time
@@ -1367,7 +1378,10 @@ async fn webhook_host_down(c: &Ctx) {
         (ready.status != "True").then(|| t0.elapsed())
     })
     .await;
-    figure("webhook_host_down_not_ready_after_ms", not_ready.as_millis());
+    figure(
+        "webhook_host_down_not_ready_after_ms",
+        not_ready.as_millis(),
+    );
     tokio::time::sleep_until((t0 + Duration::from_secs(60)).into()).await;
     let before = last_rv(rec);
     h.cluster(&["crash", &host]); // boots it: a new boot ID, reachable again
@@ -1380,7 +1394,10 @@ async fn webhook_host_down(c: &Ctx) {
         |n| boot_id(n).is_some_and(|b| b != old_boot),
     )
     .await;
-    figure("webhook_host_down_first_new_boot_version_gated", gated(&first.obj));
+    figure(
+        "webhook_host_down_first_new_boot_version_gated",
+        gated(&first.obj),
+    );
     // Back after the grace period, the kubelet's fast status update
     // (`fastNodeStatusUpdate`, pkg/kubelet/kubelet_node_status.go: the stored
     // Node is not Ready) may precede its create: then the first version of

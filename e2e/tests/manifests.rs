@@ -224,3 +224,50 @@ fn strict_mode_is_one_component_and_matches_the_generators() {
         }
     }
 }
+
+/// One certificate serves every line of admission: under cert-manager, the
+/// Certificate names each Service the webhook configuration calls, and the
+/// StatefulSet runs one replica per backup line.
+#[test]
+fn every_line_has_a_service_a_replica_and_a_name_in_the_certificate() {
+    let built = by_kind_and_name(&render("manifests", &["cert-manager"])).unwrap();
+    let get = |kind: &str, name: &str| &built[&(kind.to_owned(), name.to_owned())];
+    let mwc = get("MutatingWebhookConfiguration", "nodegate");
+    let cert = get("Certificate", "nodegate-webhook");
+    let dns: Vec<&str> = cert["spec"]["dnsNames"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d.as_str().unwrap())
+        .collect();
+    let hooks = mwc["webhooks"].as_array().unwrap();
+    for h in hooks {
+        let svc = &h["clientConfig"]["service"];
+        let (name, ns) = (
+            svc["name"].as_str().unwrap(),
+            svc["namespace"].as_str().unwrap(),
+        );
+        assert!(
+            dns.contains(&format!("{name}.{ns}.svc").as_str()),
+            "{name}.{ns}.svc missing from the Certificate's dnsNames {dns:?}"
+        );
+        let service = get("Service", name);
+        assert_eq!(service["metadata"]["namespace"], ns);
+    }
+    let replicas = get("StatefulSet", "nodegate-webhook")["spec"]["replicas"]
+        .as_u64()
+        .unwrap();
+    assert_eq!(
+        hooks.len() as u64,
+        replicas + 1,
+        "one backup line per replica"
+    );
+    for i in 0..replicas {
+        let selector = &get("Service", &format!("nodegate-webhook-{i}"))["spec"]["selector"];
+        assert_eq!(
+            selector["statefulset.kubernetes.io/pod-name"],
+            format!("nodegate-webhook-{i}"),
+            "the Service of line {i} selects replica {i} alone"
+        );
+    }
+}

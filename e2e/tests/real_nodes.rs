@@ -801,8 +801,22 @@ async fn install(h: &Harness, client: &kube::Client, nodes0: &[String]) {
         check.status.success(),
         "nodegate-check failed after the install"
     );
-    let fail_open_installed = h.fail_open();
-    figure("fail_open_during_install", fail_open_installed);
+    let lines = h.lines();
+    figure(
+        "fail_open_during_install",
+        lines.fail_open.values().sum::<u64>(),
+    );
+    // Steady state: every Node write of the install went to the first line.
+    figure(
+        "first_line_calls_during_install",
+        lines.calls.get(WEBHOOK).copied().unwrap_or(0),
+    );
+    let backup_calls = Lines::backups(&lines.calls).sum::<u64>();
+    figure("backup_calls_during_install", backup_calls);
+    assert_eq!(
+        backup_calls, 0,
+        "a backup line was called with both replicas up"
+    );
 }
 
 /// 2. A node joins after the install; 3. its agent's token, stolen.
@@ -1433,6 +1447,18 @@ async fn webhook_host_down(c: &Ctx) {
 async fn memory_and_nothing_gated(c: &Ctx) {
     let Ctx { h, client, rec, .. } = c;
     step("memory");
+    // Over the whole run so far: which line answered how many calls.
+    let lines = h.lines();
+    for (name, calls) in &lines.calls {
+        figure(&format!("run_calls_{name}"), calls);
+    }
+    for (name, n) in &lines.fail_open {
+        figure(&format!("run_fail_open_{name}"), n);
+    }
+    figure(
+        "run_failed_through_every_line",
+        lines.failed_through_every_line(),
+    );
     for n in node_names(client).await {
         let agent = h.cluster(&["memory", &n, "nodegate-agent-"]);
         figure(&format!("agent_memory_{n}"), agent.trim());

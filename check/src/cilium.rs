@@ -72,7 +72,7 @@ pub struct Inputs {
     /// Name of the ConfigMap.
     pub name: String,
     pub config: Config,
-    /// The webhook Deployment's flags; `None` when it is missing, unreadable
+    /// The webhook StatefulSet's flags; `None` when it is missing, unreadable
     /// or its flags would not start the webhook (other lines say which).
     pub webhook: Option<Flags>,
     /// The agent DaemonSet's flags, likewise.
@@ -264,7 +264,7 @@ pub fn verdict(i: &Inputs) -> (Status, String) {
     if i.webhook.is_none() && i.agent.is_none() {
         return (
             Status::Skip,
-            "cannot tell which taint keys nodegate uses: neither the webhook Deployment's nor the agent DaemonSet's flags could be read (see above)".into(),
+            "cannot tell which taint keys nodegate uses: neither the webhook StatefulSet's nor the agent DaemonSet's flags could be read (see above)".into(),
         );
     }
     let ours = distinct(all.iter().map(|m| m.taint.key().to_string())).join(", ");

@@ -1,12 +1,14 @@
-//! The webhook Deployment's and the agent DaemonSet's first container, read
-//! once for the checks that compare their flags (strict mode, Cilium).
+//! The webhook StatefulSet's (or an older install's Deployment's) and the
+//! agent DaemonSet's first container, read once for the checks that compare
+//! their flags (strict mode, Cilium).
 
-use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Container, PodSpec};
 use kube::Client;
 use kube::api::Api;
 
 use crate::Args;
+use crate::workloads::{Read, read_webhook};
 
 /// One workload as read.
 #[derive(Debug, Clone)]
@@ -44,13 +46,13 @@ fn first_container(spec: Option<PodSpec>) -> Workload {
 /// One GET of each.
 pub async fn read(client: &Client, args: &Args) -> Installed {
     let ns = &args.namespace;
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
-    let webhook = match deployments.get_opt(&args.deployment).await {
-        Ok(d) => first_container(d.and_then(|d| d.spec?.template.spec)),
-        Err(e) => Workload::Unreadable(format!(
-            "cannot read Deployment {ns}/{}: {e}",
-            args.deployment
-        )),
+    let webhook = match read_webhook(client, args).await {
+        Read::Found(w) => match w.containers.into_iter().next() {
+            Some(c) => Workload::Container(Box::new(c)),
+            None => Workload::Missing,
+        },
+        Read::Missing => Workload::Missing,
+        Read::Unreadable(e) => Workload::Unreadable(e),
     };
     let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), ns);
     let agent = match daemonsets.get_opt(&args.daemonset).await {

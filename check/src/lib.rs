@@ -6,15 +6,18 @@
 //! goes through the real admission chain (matchConditions, caBundle, the
 //! webhook) and stores nothing. The other checks explain a failure: a
 //! matchCondition that errors on a CREATE, a caBundle that does not verify
-//! the serving certificate, a Service or Deployment that is not there.
+//! the serving certificate, a Service or StatefulSet that is not there, a
+//! line of admission whose replica does not answer.
 //!
 //! - [`admission_policy`]: the MutatingAdmissionPolicy, when installed (then
 //!   the webhook needs only its `nodes/status` rule and the canary comes back
 //!   without a warning: policies cannot return one);
 //! - [`webhook_config`]: the MutatingWebhookConfiguration and its conditions;
-//! - [`serving`]: the caBundle against the serving certificate;
+//! - [`serving`]: each line's caBundle against the serving certificate;
 //! - [`canary`]: the dry-run create;
-//! - [`workloads`]: Service, webhook Deployment, agent DaemonSet, taints;
+//! - [`lines`]: the first line and one backup line per replica, each
+//!   replica called directly through the API server's service proxy;
+//! - [`workloads`]: Service, webhook StatefulSet, agent DaemonSet, taints;
 //! - [`confinement`]: the agent's and webhook's credentials are confined (a
 //!   dry-run of a forbidden change as the agent is refused);
 //! - [`installed`]: the webhook's and the agent's container, read once for
@@ -30,6 +33,7 @@ pub mod cilium;
 pub mod confinement;
 pub mod container_flags;
 pub mod installed;
+pub mod lines;
 pub mod report;
 pub mod serving;
 pub mod strict_mode;
@@ -53,18 +57,18 @@ pub struct Args {
     /// Taints the webhook must add (repeatable, `key[=value]:Effect`).
     /// Given this or `--boot-taint`, the canary expects what a webhook with
     /// these two flags adds (nodegate's default taint without `--taint`);
-    /// with neither, what the webhook Deployment's flags add.
+    /// with neither, what the webhook StatefulSet's flags add.
     #[arg(long = "taint", env = "NODEGATE_TAINTS", value_delimiter = ',')]
     pub taints: Vec<TaintSpec>,
     /// Strict mode's boot gate the webhook must add too (repeatable,
-    /// `key[=value]:NoExecute`); see `--taint` for when the Deployment's is used.
+    /// `key[=value]:NoExecute`); see `--taint` for when the StatefulSet's is used.
     #[arg(
         long = "boot-taint",
         env = "NODEGATE_BOOT_TAINTS",
         value_delimiter = ','
     )]
     pub boot_taints: Vec<TaintSpec>,
-    /// Namespace of the webhook's Service, Deployment, Secret and the agent DaemonSet.
+    /// Namespace of the webhook's Services, StatefulSet, Secret and the agent DaemonSet.
     #[arg(long, env = "NODEGATE_CHECK_NAMESPACE", default_value = "nodegate")]
     pub namespace: String,
     /// Name of the MutatingWebhookConfiguration.
@@ -78,20 +82,22 @@ pub struct Args {
     /// when it exists, it must admit Node creates and updates.
     #[arg(long, env = "NODEGATE_CHECK_POLICY", default_value = "nodegate")]
     pub policy: String,
-    /// Name of the webhook entry in it.
+    /// Name of the first line's webhook entry in it (the backup lines are
+    /// the entries after it).
     #[arg(
         long,
         env = "NODEGATE_CHECK_WEBHOOK",
         default_value = "nodes.nodegate.dev"
     )]
     pub webhook: String,
-    /// The webhook Deployment.
-    #[arg(
-        long,
-        env = "NODEGATE_CHECK_DEPLOYMENT",
-        default_value = "nodegate-webhook"
-    )]
-    pub deployment: String,
+    /// The webhook StatefulSet [default: nodegate-webhook]; replica `i` is
+    /// the Pod `<name>-<i>`. Without one, a Deployment of that name (an
+    /// install from before the per-replica lines) is read instead.
+    #[arg(long, env = "NODEGATE_CHECK_STATEFULSET")]
+    pub statefulset: Option<String>,
+    /// The former name of `--statefulset`, still read when it is not given.
+    #[arg(long, env = "NODEGATE_CHECK_DEPLOYMENT", hide = true)]
+    pub deployment: Option<String>,
     /// The agent DaemonSet.
     #[arg(
         long,
@@ -107,7 +113,7 @@ pub struct Args {
     )]
     pub tls_secret: String,
     /// Also verify the certificate the webhook presents at HOST:PORT (e.g.
-    /// after `kubectl -n nodegate port-forward deploy/nodegate-webhook 9443`).
+    /// after `kubectl -n nodegate port-forward sts/nodegate-webhook 9443`).
     #[arg(long, env = "NODEGATE_CHECK_WEBHOOK_ADDRESS")]
     pub webhook_address: Option<String>,
     /// Namespace of Cilium's ConfigMap and agent pods (`k8s-app=cilium`).
@@ -128,13 +134,24 @@ pub struct Args {
     pub cilium_config: String,
 }
 
-/// What the canary must come back with: nodegate-check's own flags as one
-/// set, as the webhook reads them, else the webhook Deployment's. Mixing the
-/// two would expect a configuration nothing runs. `None`: flags no webhook
-/// runs with, so nothing to compare the canary with.
-fn expected(args: &Args, deploy: &workloads::DeploymentInfo, report: &mut Report) -> Option<Flags> {
+impl Args {
+    /// The webhook's StatefulSet (or older Deployment): `--statefulset`,
+    /// else `--deployment`, else `nodegate-webhook`.
+    pub fn webhook_workload(&self) -> &str {
+        self.statefulset
+            .as_deref()
+            .or(self.deployment.as_deref())
+            .unwrap_or("nodegate-webhook")
+    }
+}
+
+/// What the canary and every line must come back with: nodegate-check's own
+/// flags as one set, as the webhook reads them, else the webhook
+/// StatefulSet's. Mixing the two would expect a configuration nothing runs.
+/// `None`: flags no webhook runs with, so nothing to compare the canary with.
+fn expected(args: &Args, webhook: &workloads::WebhookInfo, report: &mut Report) -> Option<Flags> {
     if args.taints.is_empty() && args.boot_taints.is_empty() {
-        return Some(deploy.flags.clone());
+        return Some(webhook.flags.clone());
     }
     let mut taints = args.taints.clone();
     if taints.is_empty() {
@@ -184,8 +201,22 @@ pub async fn run(args: &Args) -> Report {
     report
 }
 
+/// A client for the service proxy: kube retries a 503 with backoff for
+/// minutes, and a 503 ("no endpoints available", "error trying to reach
+/// service") is what a line's check must report at once.
+fn without_retries(client: &Client, config: Option<&kube::Config>) -> Client {
+    config
+        .and_then(|c| {
+            let mut c = c.clone();
+            c.default_retry = false;
+            Client::try_from(c).ok()
+        })
+        .unwrap_or_else(|| client.clone())
+}
+
 /// [`run`] with a given client (tests, embedding); `config` (the client's)
-/// lets the confinement check impersonate the agent.
+/// lets the confinement check impersonate the agent and the line checks
+/// skip kube's retries.
 pub async fn run_with_client(
     args: &Args,
     client: Client,
@@ -198,14 +229,19 @@ pub async fn run_with_client(
         Some(h) => workloads::check_service(&client, h, report).await,
         None => false,
     };
+    let webhook = workloads::check_webhook(&client, args, report).await;
+    let want = expected(args, &webhook, report);
+    let backups = match &hook {
+        Some(h) => lines::check(&client, h, webhook.workload.as_ref(), want.as_ref(), report).await,
+        None => lines::Backups::default(),
+    };
     let cert_ok = match &hook {
         Some(h) => serving::check(&client, args, h, report).await,
         None => false,
     };
-    let deploy = workloads::check_deployment(&client, args, report).await;
     workloads::check_daemonset(&client, args, report).await;
-    let canary = match expected(args, &deploy, report) {
-        Some(want) => canary::check(&client, &want, policy.is_none(), report).await,
+    let canary = match &want {
+        Some(want) => canary::check(&client, want, policy.is_none(), report).await,
         None => {
             report.add(
                 canary::CHECK,
@@ -214,6 +250,15 @@ pub async fn run_with_client(
             );
             canary::Outcome::Error
         }
+    };
+    let answers = match &hook {
+        Some(h) => {
+            let proxy = without_retries(&client, config);
+            let answers = lines::check_answers(&proxy, h, want.as_ref(), report).await;
+            lines::check_placement(&client, &backups, report).await;
+            answers
+        }
+        None => Vec::new(),
     };
     if canary == canary::Outcome::Missing {
         // Say why, from what the other checks found.
@@ -247,15 +292,26 @@ pub async fn run_with_client(
         if hook.is_some() && !svc_ok {
             why.push("the webhook's Service is missing or lacks the port".into());
         }
-        if deploy.available == Some(0) {
-            why.push("the webhook Deployment has no available replica (webhook down)".into());
+        if webhook.available == Some(0) {
+            why.push("the webhook StatefulSet has no available replica (webhook down)".into());
+        }
+        let has = |a: lines::Answer| answers.contains(&a);
+        let reached = has(lines::Answer::Tainted) || has(lines::Answer::Untainted);
+        if has(lines::Answer::Unreachable) && !reached {
+            why.push("no line's replica answered a direct call (see the line checks)".into());
+        } else if has(lines::Answer::Tainted) && policy.is_none() && why.is_empty() {
+            why.push("the replicas answer a direct call with the taints, but the create through admission came back without them: the rules, match conditions or caBundle keep the API server from calling them".into());
         }
         if why.is_empty() && policy.is_none() {
-            why.push("the webhook was called but did not add it: does the running webhook have the --taint and --boot-taint flags checked here (pods not restarted since the Deployment changed)?".into());
+            why.push("the webhook was called but did not add it: does the running webhook have the --taint and --boot-taint flags checked here (pods not restarted since the StatefulSet changed)?".into());
         }
         report.add("diagnosis", Status::Fail, why.join("; "));
     }
-    webhook_config::check_apiserver_metrics(&client, args, report).await;
+    let names: Vec<String> = match &hook {
+        Some(h) => h.entries.iter().map(|e| e.name.clone()).collect(),
+        None => vec![args.webhook.clone()],
+    };
+    webhook_config::check_apiserver_metrics(&client, &names, report).await;
     confinement::check(&client, config, args, report).await;
     let installed = installed::read(&client, args).await;
     strict_mode::check(&client, args, &installed, report).await;

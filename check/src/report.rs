@@ -26,7 +26,9 @@ impl Status {
 
 #[derive(Debug, Clone)]
 pub struct Line {
-    pub check: &'static str,
+    /// The check's name; per-line checks carry the webhook entry's
+    /// (`line <entry>`), hence owned.
+    pub check: String,
     pub status: Status,
     pub detail: String,
 }
@@ -37,9 +39,9 @@ pub struct Report {
 }
 
 impl Report {
-    pub fn add(&mut self, check: &'static str, status: Status, detail: impl Into<String>) {
+    pub fn add(&mut self, check: impl Into<String>, status: Status, detail: impl Into<String>) {
         self.lines.push(Line {
-            check,
+            check: check.into(),
             status,
             detail: detail.into(),
         });

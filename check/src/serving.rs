@@ -1,6 +1,6 @@
 //! The caBundle against the serving certificate, verified as the API server
 //! does for a `service` reference: chain to the caBundle, SAN
-//! `<service>.<namespace>.svc` (no CN fallback).
+//! `<service>.<namespace>.svc` (no CN fallback), for every line of admission.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,6 +11,7 @@ use rustls::client::WebPkiServerVerifier;
 use rustls::client::danger::ServerCertVerifier;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime, pem::PemObject};
 
+use crate::lines::lines;
 use crate::webhook_config::Hook;
 use crate::{Args, Report, Status};
 
@@ -70,10 +71,17 @@ pub async fn verify_live(ca_pem: &[u8], addr: &str, server_name: &str) -> Result
     }
 }
 
-/// True when the caBundle verifies the serving certificate.
+/// True when each line's caBundle verifies the serving certificate for the
+/// name the API server dials for that line (one certificate serves every
+/// line's Service).
 pub async fn check(client: &Client, args: &Args, hook: &Hook, report: &mut Report) -> bool {
     const CHECK: &str = "serving certificate";
-    let Some((ns, svc, _)) = &hook.service else {
+    // (line, `<svc>.<ns>.svc`, caBundle)
+    let targets: Vec<(String, String, Vec<u8>)> = lines(hook)
+        .into_iter()
+        .filter_map(|l| Some((l.name, l.service?.host(), l.ca_bundle)))
+        .collect();
+    let Some((ns, _, _)) = &hook.service else {
         report.add(
             CHECK,
             Status::Skip,
@@ -81,28 +89,39 @@ pub async fn check(client: &Client, args: &Args, hook: &Hook, report: &mut Repor
         );
         return true;
     };
-    let server_name = format!("{svc}.{ns}.svc");
+    let names: Vec<&str> = targets.iter().map(|t| t.1.as_str()).collect();
+    let names = names.join(", ");
     let mut ok = true;
     let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
     match secrets.get_opt(&args.tls_secret).await {
         Ok(Some(s)) => {
             let crt = s.data.as_ref().and_then(|d| d.get("tls.crt")).map(|b| b.0.clone());
-            match crt.map(|c| verify_chain(&hook.ca_bundle, &c, &server_name)) {
-                Some(Ok(())) => report.add(
-                    CHECK,
-                    Status::Pass,
-                    format!("caBundle verifies Secret {ns}/{} for {server_name}", args.tls_secret),
-                ),
-                Some(Err(e)) => {
-                    ok = false;
-                    report.add(
-                        CHECK,
-                        Status::Fail,
-                        format!(
-                            "caBundle does not verify Secret {ns}/{} for {server_name}: {e} — the API server will fail every call (and skip the webhook under failurePolicy Ignore); re-inject the caBundle",
-                            args.tls_secret
-                        ),
-                    );
+            match crt {
+                Some(crt) => {
+                    let failed: Vec<String> = targets
+                        .iter()
+                        .filter_map(|(line, host, ca)| {
+                            let e = verify_chain(ca, &crt, host).err()?;
+                            Some(format!("{line}: caBundle does not verify Secret {ns}/{} for {host}: {e}", args.tls_secret))
+                        })
+                        .collect();
+                    if failed.is_empty() {
+                        report.add(
+                            CHECK,
+                            Status::Pass,
+                            format!("caBundle verifies Secret {ns}/{} for {names}", args.tls_secret),
+                        );
+                    } else {
+                        ok = false;
+                        report.add(
+                            CHECK,
+                            Status::Fail,
+                            format!(
+                                "{} — the API server will fail every call of those lines (and skip them under failurePolicy Ignore); re-issue the certificate for every line's Service (nodegate-certs --webhook-config) and re-inject the caBundle",
+                                failed.join("; ")
+                            ),
+                        );
+                    }
                 }
                 None => {
                     ok = false;
@@ -118,20 +137,23 @@ pub async fn check(client: &Client, args: &Args, hook: &Hook, report: &mut Repor
         Err(e) => report.add(CHECK, Status::Skip, format!("cannot read Secret {ns}/{}: {e}", args.tls_secret)),
     }
     if let Some(addr) = &args.webhook_address {
-        match verify_live(&hook.ca_bundle, addr, &server_name).await {
-            Ok(()) => report.add(
+        let mut failed = Vec::new();
+        for (line, host, ca) in &targets {
+            if let Err(e) = verify_live(ca, addr, host).await {
+                failed.push(format!(
+                    "{line}: {e} (trusting only its caBundle, name {host})"
+                ));
+            }
+        }
+        if failed.is_empty() {
+            report.add(
                 "served certificate",
                 Status::Pass,
-                format!("{addr} presents a certificate the caBundle verifies for {server_name}"),
-            ),
-            Err(e) => {
-                ok = false;
-                report.add(
-                    "served certificate",
-                    Status::Fail,
-                    format!("{e} (trusting only the caBundle, name {server_name})"),
-                );
-            }
+                format!("{addr} presents a certificate the caBundle verifies for {names}"),
+            );
+        } else {
+            ok = false;
+            report.add("served certificate", Status::Fail, failed.join("; "));
         }
     }
     ok

@@ -27,7 +27,7 @@ const GENERATED_POLICY: &str = "nodegate";
 /// What [`verdict`] decides on.
 #[derive(Debug, Clone, Default)]
 pub struct Inputs {
-    /// The webhook Deployment's flags.
+    /// The webhook StatefulSet's flags.
     pub webhook: Flags,
     /// The agent DaemonSet's flags.
     pub agent: Flags,
@@ -234,7 +234,7 @@ pub fn verdict(i: &Inputs) -> (Status, String) {
             gate = listed(&w.boot)
         )),
         (true, false) => problems.push(format!(
-            "the agent runs with --boot-taint={gate} but the webhook Deployment does not: the gate then comes only from the agent's start-up safety net, after the kubelet already started the pods bound to a rebooted node; add --boot-taint={gate} to the webhook's args (the strict-mode component sets both)",
+            "the agent runs with --boot-taint={gate} but the webhook StatefulSet does not: the gate then comes only from the agent's start-up safety net, after the kubelet already started the pods bound to a rebooted node; add --boot-taint={gate} to the webhook's args (the strict-mode component sets both)",
             gate = listed(&a.boot)
         )),
         (false, false) if !same(&w.boot, &a.boot) => problems.push(format!(
@@ -296,7 +296,7 @@ pub async fn check(client: &Client, args: &Args, installed: &Installed, report: 
         report.add(
             CHECK,
             Status::Skip,
-            "the webhook Deployment or the agent DaemonSet (or its container) is missing",
+            "the webhook StatefulSet or the agent DaemonSet (or its container) is missing",
         );
         return;
     };
@@ -306,7 +306,7 @@ pub async fn check(client: &Client, args: &Args, installed: &Installed, report: 
             let mut why = Vec::new();
             if let Err(e) = w {
                 why.push(format!(
-                    "nodegate-webhook refuses to start with the Deployment's flags: {e}"
+                    "nodegate-webhook refuses to start with the StatefulSet's flags: {e}"
                 ));
             }
             if let Err(e) = a {

@@ -15,6 +15,11 @@ use crate::{Args, Report, Status};
 /// What later checks need from the webhook entry.
 #[derive(Debug, Clone)]
 pub struct Hook {
+    /// The first line's entry name (`--webhook`).
+    pub name: String,
+    /// Every entry of the configuration, in the order the API server calls
+    /// them: the first line and its backups ([`crate::lines`]).
+    pub entries: Vec<MutatingWebhook>,
     /// As configured; the API server's default is Fail.
     pub failure_policy: String,
     /// `(namespace, name, port)` of a `service` clientConfig.
@@ -315,6 +320,8 @@ pub async fn check(
         report.add("match conditions", Status::Fail, bad.join("; "));
     }
     Some(Hook {
+        name: hook.name.clone(),
+        entries: hooks.clone(),
         failure_policy,
         service,
         ca_bundle,
@@ -322,10 +329,11 @@ pub async fn check(
     })
 }
 
-/// The API server's own counters (this API server only; needs `get` on the
-/// non-resource URL `/metrics`): match-condition errors and fail-open calls
-/// are the silent failures, so any count is worth a warning.
-pub async fn check_apiserver_metrics(client: &Client, args: &Args, report: &mut Report) {
+/// The API server's own counters for every line (`names`; this API server
+/// only; needs `get` on the non-resource URL `/metrics`): match-condition
+/// errors and fail-open calls are the silent failures, so any count is worth
+/// a warning.
+pub async fn check_apiserver_metrics(client: &Client, names: &[String], report: &mut Report) {
     const CHECK: &str = "api server counters";
     let req = match http::Request::get("/metrics").body(Vec::new()) {
         Ok(r) => r,
@@ -345,33 +353,44 @@ pub async fn check_apiserver_metrics(client: &Client, args: &Args, report: &mut 
             return;
         }
     };
-    let name = format!("name=\"{}\"", args.webhook);
-    let sum = |metric: &str| -> f64 {
+    let sum = |metric: &str, name: &str| -> u64 {
+        let label = format!("name=\"{name}\"");
         text.lines()
             .filter(|l| {
-                l.starts_with(metric) && l[metric.len()..].starts_with('{') && l.contains(&name)
+                l.starts_with(metric) && l[metric.len()..].starts_with('{') && l.contains(&label)
             })
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
+            .sum::<f64>()
+            // Counters: whole and non-negative (an empty f64 sum is -0).
+            .max(0.0) as u64
     };
-    let errors = sum("apiserver_admission_match_condition_evaluation_errors_total");
-    let fail_open = sum("apiserver_admission_webhook_fail_open_count");
-    if errors == 0.0 && fail_open == 0.0 {
+    let mut counted = Vec::new();
+    for name in names {
+        let errors = sum(
+            "apiserver_admission_match_condition_evaluation_errors_total",
+            name,
+        );
+        let fail_open = sum("apiserver_admission_webhook_fail_open_count", name);
+        if errors != 0 || fail_open != 0 {
+            counted.push(format!(
+                "{errors} match-condition evaluation errors and {fail_open} fail-open calls for {name}"
+            ));
+        }
+    }
+    let all = names.join(", ");
+    if counted.is_empty() {
         report.add(
             CHECK,
             Status::Pass,
-            format!(
-                "no match-condition errors and no fail-open calls counted for {}",
-                args.webhook
-            ),
+            format!("no match-condition errors and no fail-open calls counted for {all}"),
         );
     } else {
         report.add(
             CHECK,
             Status::Warn,
             format!(
-                "since this API server started it counted {errors} match-condition evaluation errors and {fail_open} fail-open calls for {} (each one let a Node write through without the webhook)",
-                args.webhook
+                "since this API server started it counted {} (each one skipped that line for a Node write; the write went through ungated when it skipped every line it reached)",
+                counted.join("; ")
             ),
         );
     }

@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use nodegate_e2e::manifests::{Objects, by_kind_and_name, kustomize};
-use nodegate_e2e::process::deployment_status;
+use nodegate_e2e::process::{REPLICAS, deployment_status, statefulset_status};
 use nodegate_e2e::{WebhookOptions, WebhookProcess};
 use nodegate_emulator::{Emulator, EmulatorOptions, users};
 use nodegate_shared::TaintSpec;
@@ -65,14 +65,26 @@ async fn installed_with(
 }
 
 /// The same with the webhook process started with `webhook_args` on top of
-/// the default ones: what it serves, whatever the stored Deployment lists.
+/// the default ones: what it serves, whatever the stored StatefulSet lists.
 async fn installed_serving(
     config: Option<String>,
     objects: Option<&str>,
     webhook_args: &[&str],
 ) -> (Emulator, WebhookProcess, tempfile::TempDir) {
+    installed_full(config, objects, webhook_args, Vec::new()).await
+}
+
+/// The same with `rbac` documents granted on top of the shipped ones.
+async fn installed_full(
+    config: Option<String>,
+    objects: Option<&str>,
+    webhook_args: &[&str],
+    rbac: Vec<String>,
+) -> (Emulator, WebhookProcess, tempfile::TempDir) {
+    let mut docs = nodegate_e2e::process::shipped_rbac().unwrap();
+    docs.extend(rbac);
     let emu = Emulator::start(EmulatorOptions {
-        rbac: Some(nodegate_e2e::process::shipped_rbac().unwrap()),
+        rbac: Some(docs),
         ..Default::default()
     })
     .await
@@ -158,18 +170,32 @@ fn passes_against_nodegate_sim_serve() {
         "webhook configuration",
         "match conditions",
         "webhook service",
+        "webhook statefulset",
+        "webhook lines",
         "serving certificate",
         "served certificate",
-        "webhook deployment",
         "canary dry-run create",
+        "line nodes.nodegate.dev",
+        "line replica-0.nodes.nodegate.dev",
+        "line replica-1.nodes.nodegate.dev",
         "api server counters",
         "credential confinement",
     ] {
         line(&out, "PASS", c);
     }
     assert!(line(&out, "PASS", "canary dry-run create").contains(DEFAULT_TAINT));
+    // The served certificate carries every line's name.
+    assert!(
+        line(&out, "PASS", "served certificate").contains(
+            "nodegate-webhook.nodegate.svc, nodegate-webhook-0.nodegate.svc, nodegate-webhook-1.nodegate.svc"
+        )
+    );
 }
 
+/// The first line's old mistake: it errors on every Node CREATE, so the API
+/// server skips it silently. The first backup line then taints the canary
+/// (what the backup lines are for), and the check still fails on the
+/// condition.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fails_on_the_unguarded_match_condition() {
     let shipped = nodegate_e2e::process::shipped_webhook_config().unwrap();
@@ -181,17 +207,27 @@ async fn fails_on_the_unguarded_match_condition() {
         mc.contains("not-a-heartbeat") && mc.contains("on a Node CREATE") && mc.contains("has()"),
         "{mc}"
     );
-    assert!(line(&out, "FAIL", "canary dry-run create").contains("WITHOUT"));
-    assert!(line(&out, "FAIL", "diagnosis").contains("skips the webhook silently"));
-    // The canary's own evaluation error, counted by the API server.
+    assert!(line(&out, "PASS", "canary dry-run create").contains(DEFAULT_TAINT));
+    line(&out, "PASS", "webhook lines");
+    // The canary's own evaluation errors (once per dispatch round), counted
+    // by the API server; the backup lines had none.
+    let counters = line(&out, "WARN", "api server counters");
     assert!(
-        line(&out, "WARN", "api server counters").contains("1 match-condition evaluation errors")
+        counters.contains(
+            "match-condition evaluation errors and 0 fail-open calls for nodes.nodegate.dev"
+        ) && !counters.contains("for replica-"),
+        "{counters}"
     );
     assert!(out.contains("\nresult: FAIL ("));
+    let called: Vec<String> = emu
+        .webhook_calls(false)
+        .into_iter()
+        .map(|c| c.webhook)
+        .collect();
     assert_eq!(
-        emu.webhook_calls(false).len(),
-        0,
-        "the webhook was never called"
+        called,
+        ["replica-0.nodes.nodegate.dev"],
+        "only the first backup line called the webhook"
     );
 }
 
@@ -208,22 +244,43 @@ async fn fails_on_a_wrong_ca_bundle() {
         &["--webhook-address", &addr],
     );
     assert_eq!(code, 1, "{out}");
-    assert!(line(&out, "FAIL", "serving certificate").contains("caBundle does not verify"));
+    let serving = line(&out, "FAIL", "serving certificate");
+    for (l, host) in [
+        ("nodes.nodegate.dev", "nodegate-webhook.nodegate.svc"),
+        (
+            "replica-0.nodes.nodegate.dev",
+            "nodegate-webhook-0.nodegate.svc",
+        ),
+        (
+            "replica-1.nodes.nodegate.dev",
+            "nodegate-webhook-1.nodegate.svc",
+        ),
+    ] {
+        assert!(
+            serving.contains(&format!(
+                "{l}: caBundle does not verify Secret nodegate/nodegate-webhook-tls for {host}"
+            )),
+            "{serving}"
+        );
+    }
     assert!(line(&out, "FAIL", "served certificate").contains("TLS handshake"));
     line(&out, "FAIL", "canary dry-run create");
     assert!(line(&out, "FAIL", "diagnosis").contains("cannot verify the webhook's certificate"));
     line(&out, "PASS", "match conditions");
+    // The service proxy does not verify the certificate: the replicas
+    // answer it, the API server's admission calls fail.
+    line(&out, "PASS", "line replica-1.nodes.nodegate.dev");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fails_when_the_webhook_is_down() {
     let (emu, mut webhook, home) = installed(None).await;
     webhook.kill().await.unwrap();
-    // What the deployment controller writes once the pod is gone.
-    let mut deploy = serde_json::to_value(
+    // What the StatefulSet controller writes once the pods are gone.
+    let mut sts = serde_json::to_value(
         emu.store()
             .get(
-                &nodegate_emulator::resources::DEPLOYMENTS,
+                &nodegate_emulator::resources::STATEFULSETS,
                 "nodegate",
                 "nodegate-webhook",
             )
@@ -231,14 +288,44 @@ async fn fails_when_the_webhook_is_down() {
             .as_ref(),
     )
     .unwrap();
-    deploy["status"] = deployment_status(1, 0);
-    emu.apply(&deploy.to_string()).unwrap();
+    sts["status"] = statefulset_status(REPLICAS, 0);
+    emu.apply(&sts.to_string()).unwrap();
     let (code, out) = check(&home.path().join("kubeconfig"), &[]);
     assert_eq!(code, 1, "{out}");
-    assert!(line(&out, "FAIL", "webhook deployment").contains("0/1 available"));
+    assert!(line(&out, "FAIL", "webhook statefulset").contains("0/2 available"));
     assert!(line(&out, "FAIL", "canary dry-run create").contains("WITHOUT"));
-    assert!(line(&out, "FAIL", "diagnosis").contains("no available replica"));
-    assert!(line(&out, "WARN", "api server counters").contains("1 fail-open calls"));
+    let diagnosis = line(&out, "FAIL", "diagnosis");
+    assert!(
+        diagnosis.contains("no available replica")
+            && diagnosis.contains("no line's replica answered a direct call"),
+        "{diagnosis}"
+    );
+    for (l, svc) in [
+        ("nodes.nodegate.dev", "nodegate-webhook"),
+        ("replica-0.nodes.nodegate.dev", "nodegate-webhook-0"),
+        ("replica-1.nodes.nodegate.dev", "nodegate-webhook-1"),
+    ] {
+        let got = line(&out, "FAIL", &format!("line {l} "));
+        assert!(
+            got.contains(&format!("POST to nodegate/{svc}:443/mutate through the API server's service proxy answered HTTP 503: error trying to reach service"))
+                && got.contains("this line fails open"),
+            "{got}"
+        );
+    }
+    // Every line failed open once for the canary.
+    let counters = line(&out, "WARN", "api server counters");
+    for l in [
+        "nodes.nodegate.dev",
+        "replica-0.nodes.nodegate.dev",
+        "replica-1.nodes.nodegate.dev",
+    ] {
+        assert!(
+            counters.contains(&format!(
+                "0 match-condition evaluation errors and 1 fail-open calls for {l}"
+            )),
+            "{counters}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -362,15 +449,14 @@ fn kustomized(base: &str, components: &[&str]) -> Objects {
 }
 
 /// Applies the rendered `kind`s named `name` of `objects`; workloads get
-/// the statuses of the emulated install (one webhook replica available, the
-/// agent on no node) so only their args change.
+/// the statuses of the emulated install (every webhook replica available,
+/// the agent on no node) so only their args change.
 fn apply_rendered(emu: &Emulator, objects: &Objects, which: &[(&str, &str)]) {
     for (kind, name) in which {
         let mut v = objects[&(kind.to_string(), name.to_string())].clone();
         match *kind {
-            "Deployment" => {
-                v["spec"]["replicas"] = serde_json::json!(1);
-                v["status"] = deployment_status(1, 1);
+            "StatefulSet" => {
+                v["status"] = statefulset_status(REPLICAS, REPLICAS);
             }
             "DaemonSet" => {
                 v["status"] = serde_json::json!({
@@ -385,7 +471,7 @@ fn apply_rendered(emu: &Emulator, objects: &Objects, which: &[(&str, &str)]) {
 }
 
 const WORKLOADS: &[(&str, &str)] = &[
-    ("Deployment", "nodegate-webhook"),
+    ("StatefulSet", "nodegate-webhook"),
     ("DaemonSet", "nodegate-agent"),
 ];
 const CONFINEMENT: &[(&str, &str)] = &[
@@ -422,7 +508,7 @@ fn gate_flag() -> String {
 async fn reports_strict_mode_off_on_and_half_installed() {
     let gate = gate();
     // The webhook serves the component's gate throughout: the canary expects
-    // it once the Deployment lists it, and an extra taint fails nothing.
+    // it once the StatefulSet lists it, and an extra taint fails nothing.
     let (emu, _webhook, home) = installed_serving(None, None, &[&gate_flag()]).await;
     let kubeconfig = home.path().join("kubeconfig");
     let (code, out) = check(&kubeconfig, &[]);
@@ -502,7 +588,6 @@ async fn strict_mode_needs_the_gate_in_the_admission_policy() {
 
     apply_rendered(&emu, &strict, &[("MutatingAdmissionPolicy", "nodegate")]);
     let (code, out) = check(&kubeconfig, &[]);
-    assert_eq!(code, 0, "{out}");
     let l = line(&out, "PASS", "canary dry-run create");
     assert!(
         l.contains(&gate) && l.contains("boot gate included) from the admission policy"),
@@ -513,13 +598,26 @@ async fn strict_mode_needs_the_gate_in_the_admission_policy() {
             .contains("MutatingAdmissionPolicy nodegate adds the gate")
     );
     line(&out, "PASS", "admission policy");
+    // What the policy hides from the canary, the direct calls show: the
+    // running webhook (a re-registration's re-taint) lacks the gate the
+    // StatefulSet lists. Nothing else fails.
+    assert_eq!(code, 1, "{out}");
+    let fails: Vec<&str> = out.lines().filter(|l| l.starts_with("FAIL")).collect();
+    assert_eq!(fails.len(), 3, "{out}");
+    for f in fails {
+        assert!(
+            f.starts_with("FAIL  line ")
+                && f.contains(&format!("allowed a Node CREATE WITHOUT [\"{gate}\"]")),
+            "{f}"
+        );
+    }
 }
 
-/// The canary expects the gate the Deployment lists: a webhook serving it
+/// The canary expects the gate the StatefulSet lists: a webhook serving it
 /// passes; one still running without it (pods not rolled since the
-/// component was applied) fails the canary, though every other line,
-/// strict mode's included, reads only the consistent manifests and passes.
-/// nodegate-check's own flags replace the Deployment's as one set.
+/// component was applied) fails the canary and each line's direct call,
+/// though strict mode's line reads only the consistent manifests and passes.
+/// nodegate-check's own flags replace the StatefulSet's as one set.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn canary_expects_the_deployments_boot_gate() {
     let gate = gate();
@@ -633,7 +731,7 @@ fn retaint(
 /// its key), and nodegate configured with the operator's key (they fight).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reports_the_cilium_operator() {
-    use nodegate_emulator::resources::{DAEMONSETS, DEPLOYMENTS};
+    use nodegate_emulator::resources::{DAEMONSETS, STATEFULSETS};
     const CHECK: &str = "cilium operator";
     let own_key = DEFAULT_TAINT
         .parse::<TaintSpec>()
@@ -687,7 +785,7 @@ async fn reports_the_cilium_operator() {
     );
 
     // nodegate configured with the operator's key (as it was by default).
-    retaint(&emu, &DEPLOYMENTS, "nodegate-webhook", LEGACY_TAINT);
+    retaint(&emu, &STATEFULSETS, "nodegate-webhook", LEGACY_TAINT);
     retaint(&emu, &DAEMONSETS, "nodegate-agent", LEGACY_TAINT);
     // The running webhook still adds nodegate's own taint: expect that of
     // the canary, so only the Cilium line fails.
@@ -708,4 +806,239 @@ async fn reports_the_cilium_operator() {
         1,
         "only the Cilium line fails: {out}"
     );
+}
+
+/// The shipped configuration (with this process's caBundle) as JSON, for
+/// tests that break one line of it.
+fn shipped_config() -> serde_json::Value {
+    serde_yaml::from_str(&nodegate_e2e::process::shipped_webhook_config().unwrap()).unwrap()
+}
+
+fn webhook_pod(replica: usize, node: &str) -> String {
+    let name = format!("nodegate-webhook-{replica}");
+    serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "nodegate", "labels": {
+            "app.kubernetes.io/name": "nodegate-webhook",
+            "app.kubernetes.io/part-of": "nodegate",
+            "statefulset.kubernetes.io/pod-name": name,
+        }},
+        "spec": {"nodeName": node, "containers": [{"name": "webhook", "image": "nodegate/nodegate-webhook"}]},
+    })
+    .to_string()
+}
+
+/// The install as shipped: the first line and one backup line per replica,
+/// each replica answering directly through the API server's service proxy;
+/// replica placement once Pods are visible (none in the emulator at first).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_line_of_the_install_answers() {
+    let (emu, _webhook, home) = installed(None).await;
+    let kubeconfig = home.path().join("kubeconfig");
+    let (code, out) = check(&kubeconfig, &[]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        line(&out, "PASS", "webhook statefulset")
+            .contains("nodegate/nodegate-webhook: 2/2 available")
+    );
+    let lines = line(&out, "PASS", "webhook lines");
+    assert!(
+        lines.contains("first line nodes.nodegate.dev → nodegate/nodegate-webhook, then replica-0.nodes.nodegate.dev → nodegate/nodegate-webhook-0 (Pod nodegate-webhook-0), replica-1.nodes.nodegate.dev → nodegate/nodegate-webhook-1 (Pod nodegate-webhook-1)")
+            && lines.contains("failurePolicy Ignore and reinvocationPolicy Never on every line"),
+        "{lines}"
+    );
+    for (l, svc) in [
+        ("nodes.nodegate.dev", "nodegate-webhook"),
+        ("replica-0.nodes.nodegate.dev", "nodegate-webhook-0"),
+        ("replica-1.nodes.nodegate.dev", "nodegate-webhook-1"),
+    ] {
+        let got = line(&out, "PASS", &format!("line {l} "));
+        assert!(
+            got.contains(&format!("nodegate/{svc}:443/mutate through the API server's service proxy allowed a Node CREATE with a patch adding [\"{DEFAULT_TAINT}\"]")),
+            "{got}"
+        );
+    }
+    assert!(
+        line(&out, "PASS", "serving certificate").contains(
+            "for nodegate-webhook.nodegate.svc, nodegate-webhook-0.nodegate.svc, nodegate-webhook-1.nodegate.svc"
+        )
+    );
+    assert!(line(&out, "SKIP", "replica placement").contains("no scheduled Pod"));
+    assert!(line(&out, "PASS", "api server counters").contains(
+        "for nodes.nodegate.dev, replica-0.nodes.nodegate.dev, replica-1.nodes.nodegate.dev"
+    ));
+
+    emu.apply(&webhook_pod(0, "n1")).unwrap();
+    emu.apply(&webhook_pod(1, "n2")).unwrap();
+    let (code, out) = check(&kubeconfig, &[]);
+    assert_eq!(code, 0, "{out}");
+    assert!(line(&out, "PASS", "replica placement").contains(
+        "replica-0.nodes.nodegate.dev → nodegate-webhook-0 on n1, replica-1.nodes.nodegate.dev → nodegate-webhook-1 on n2"
+    ));
+    emu.apply(&webhook_pod(1, "n1")).unwrap();
+    let (code, out) = check(&kubeconfig, &[]);
+    assert_eq!(code, 0, "{out}");
+    let l = line(&out, "WARN", "replica placement");
+    assert!(
+        l.contains("replica-0.nodes.nodegate.dev and replica-1.nodes.nodegate.dev run on node n1")
+            && l.contains("one node failure takes those lines at once"),
+        "{l}"
+    );
+}
+
+/// A configuration with the first line only, beside the StatefulSet: every
+/// replica lacks its backup line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fails_without_backup_lines() {
+    let mut cfg = shipped_config();
+    cfg["webhooks"].as_array_mut().unwrap().truncate(1);
+    let (_emu, _webhook, home) = installed(Some(serde_yaml::to_string(&cfg).unwrap())).await;
+    let (code, out) = check(&home.path().join("kubeconfig"), &[]);
+    assert_eq!(code, 1, "{out}");
+    let l = line(&out, "FAIL", "webhook lines");
+    assert!(
+        l.contains("no backup line for replica nodegate-webhook-0, nodegate-webhook-1 of StatefulSet nodegate/nodegate-webhook")
+            && l.contains("nodegate-webhook webhook-config --replicas 2"),
+        "{l}"
+    );
+    line(&out, "PASS", "line nodes.nodegate.dev");
+    assert!(!out.contains("line replica-"), "{out}");
+    line(&out, "PASS", "canary dry-run create");
+}
+
+/// An install from before the StatefulSet: a Deployment and one line of
+/// admission. It works, with the risk the backup lines remove: a warning.
+/// `--deployment`, the flag's former name, still names it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warns_on_an_install_from_before_the_statefulset() {
+    use k8s_openapi::api::apps::v1::StatefulSet;
+    let mut cfg = shipped_config();
+    cfg["webhooks"].as_array_mut().unwrap().truncate(1);
+    let (emu, _webhook, home) = installed(Some(serde_yaml::to_string(&cfg).unwrap())).await;
+    let admin = emu.client(users::ADMIN).await.unwrap();
+    let sets: kube::Api<StatefulSet> = kube::Api::namespaced(admin, "nodegate");
+    let mut deploy = serde_json::to_value(sets.get("nodegate-webhook").await.unwrap()).unwrap();
+    sets.delete("nodegate-webhook", &Default::default())
+        .await
+        .unwrap();
+    // The older manifest: the same Pod template in a Deployment.
+    deploy["kind"] = serde_json::json!("Deployment");
+    deploy["metadata"] = serde_json::json!({"name": "nodegate-webhook", "namespace": "nodegate"});
+    let spec = deploy["spec"].as_object_mut().unwrap();
+    for k in [
+        "serviceName",
+        "podManagementPolicy",
+        "updateStrategy",
+        "persistentVolumeClaimRetentionPolicy",
+        "revisionHistoryLimit",
+    ] {
+        spec.remove(k);
+    }
+    deploy["status"] = deployment_status(2, 2);
+    emu.apply(&deploy.to_string()).unwrap();
+    let kubeconfig = home.path().join("kubeconfig");
+    for args in [&[][..], &["--deployment", "nodegate-webhook"][..]] {
+        let (code, out) = check(&kubeconfig, args);
+        assert_eq!(code, 0, "{out}");
+        assert!(
+            line(&out, "PASS", "webhook deployment")
+                .contains("nodegate/nodegate-webhook: 2/2 available")
+        );
+        let l = line(&out, "WARN", "webhook lines");
+        assert!(
+            l.contains("Deployment nodegate/nodegate-webhook (an install from before the per-replica lines): one line of admission")
+                && l.contains("docs/webhook.md"),
+            "{l}"
+        );
+        line(&out, "PASS", "strict mode");
+    }
+    let (code, out) = check(&kubeconfig, &["--statefulset", "other"]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        line(&out, "FAIL", "webhook statefulset")
+            .contains("StatefulSet nodegate/other not found (nor a Deployment of that name)")
+    );
+    let l = line(&out, "WARN", "webhook lines");
+    assert!(
+        l.contains("the configuration has the first line only"),
+        "{l}"
+    );
+}
+
+/// A backup line whose Service has no endpoint (its replica gone): that
+/// line's direct call fails and names it; the others still answer, and the
+/// canary passes through the first line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fails_the_line_of_a_service_without_endpoint() {
+    let (emu, _webhook, home) = installed(None).await;
+    emu.remove_service_endpoint("nodegate-webhook-1.nodegate.svc");
+    let (code, out) = check(&home.path().join("kubeconfig"), &[]);
+    assert_eq!(code, 1, "{out}");
+    let l = line(&out, "FAIL", "line replica-1.nodes.nodegate.dev");
+    assert!(
+        l.contains("POST to nodegate/nodegate-webhook-1:443/mutate through the API server's service proxy answered HTTP 503: no endpoints available for service \"nodegate-webhook-1\": this line fails open"),
+        "{l}"
+    );
+    line(&out, "PASS", "line nodes.nodegate.dev");
+    line(&out, "PASS", "line replica-0.nodes.nodegate.dev");
+    line(&out, "PASS", "canary dry-run create");
+    assert_eq!(
+        out.lines().filter(|l| l.starts_with("FAIL")).count(),
+        1,
+        "only that line fails: {out}"
+    );
+}
+
+/// `reinvocationPolicy: IfNeeded` on a backup line: named, and failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fails_a_line_that_is_reinvoked() {
+    let mut cfg = shipped_config();
+    cfg["webhooks"][2]["reinvocationPolicy"] = serde_json::json!("IfNeeded");
+    let (_emu, _webhook, home) = installed(Some(serde_yaml::to_string(&cfg).unwrap())).await;
+    let (code, out) = check(&home.path().join("kubeconfig"), &[]);
+    assert_eq!(code, 1, "{out}");
+    let l = line(&out, "FAIL", "webhook lines");
+    assert!(
+        l.contains("replica-1.nodes.nodegate.dev has reinvocationPolicy IfNeeded: a line that failed open is called again after a later line's patch, so a dead replica costs a second timeout; set Never"),
+        "{l}"
+    );
+    assert!(!l.contains("replica-0.nodes.nodegate.dev has"), "{l}");
+}
+
+/// Without `create` on `services/proxy`, the lines cannot be called
+/// directly: a warning per line, not a failure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warns_when_the_service_proxy_is_forbidden() {
+    const CHECKER: &str = "checker";
+    let reader = vec![
+        serde_json::json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+            "metadata": {"name": "checker"},
+            "rules": [{"apiGroups": ["*"], "resources": ["*"], "verbs": ["get", "list", "watch"]},
+                      {"apiGroups": [""], "resources": ["nodes"], "verbs": ["create"]}]})
+        .to_string(),
+        serde_json::json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+            "metadata": {"name": "checker"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "checker"},
+            "subjects": [{"kind": "User", "name": CHECKER}]})
+        .to_string(),
+    ];
+    let (emu, _webhook, home) = installed_full(None, None, &[], reader).await;
+    let kubeconfig = home.path().join("kubeconfig-checker");
+    std::fs::write(&kubeconfig, emu.kubeconfig_yaml(CHECKER)).unwrap();
+    let (_, out) = check(&kubeconfig, &[]);
+    for l in [
+        "nodes.nodegate.dev",
+        "replica-0.nodes.nodegate.dev",
+        "replica-1.nodes.nodegate.dev",
+    ] {
+        let got = line(&out, "WARN", &format!("line {l} "));
+        assert!(
+            got.contains(
+                "not called: nodegate-check may not create services/proxy in namespace nodegate"
+            ) && got.contains("User \"checker\" cannot create resource \"services/proxy\""),
+            "{got}"
+        );
+    }
+    line(&out, "PASS", "canary dry-run create");
+    line(&out, "PASS", "webhook lines");
 }

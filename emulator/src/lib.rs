@@ -10,7 +10,7 @@
 //! `util`, `tolerations`, `pod_admission`, `taint_eviction`, `users`,
 //! `resources`, `status`, `tls`, `fanout`, `smp`, `selectors`, `store`,
 //! `table`, `discovery`, `rbac`, `node_authz`, `admission`,
-//! `impersonation`, `token_request`, `api`, `server`, `raw`, `kubelet`,
+//! `impersonation`, `token_request`, `service_proxy`, `api`, `server`, `raw`, `kubelet`,
 //! `taint_eviction_controller`, `fake_webhook`.
 
 pub mod admission;
@@ -27,6 +27,7 @@ pub mod rbac;
 pub mod resources;
 pub mod selectors;
 pub mod server;
+pub mod service_proxy;
 pub mod smp;
 pub mod status;
 pub mod store;

@@ -129,6 +129,24 @@ pub async fn handle(
             crate::token_request::create(&st.store, st.policy.as_ref(), ns, sa, &user, req)
                 .map(IntoResponse::into_response)
         }),
+        [
+            "api",
+            "v1",
+            "namespaces",
+            ns,
+            "services",
+            id,
+            "proxy",
+            rest @ ..,
+        ] => {
+            let cluster = crate::service_proxy::Cluster {
+                store: &st.store,
+                admission: &st.admission,
+                policy: st.policy.as_ref(),
+            };
+            let r = crate::service_proxy::ProxyRequest::new(&parts, ns, id, rest, body);
+            crate::service_proxy::handle(cluster, &user, r).await
+        }
         ["api", "v1", rest @ ..] if !rest.is_empty() => match target("", "v1", rest) {
             Some(t) => resource(&st, &parts.method, &parts.headers, &q, &user, t, body).await,
             None => Err(not_found()),

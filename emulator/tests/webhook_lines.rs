@@ -70,6 +70,21 @@ fn has_gate(n: &Node) -> bool {
         .is_some_and(|t| t.iter().filter(|t| t.key == GATE).count() == 1)
 }
 
+/// An emulator with these webhook configurations, each fake's Service
+/// pointing at it.
+async fn emulator_with(webhook_configs: Vec<String>, fakes: &[&FakeWebhook]) -> Emulator {
+    Emulator::start(EmulatorOptions {
+        webhook_configs,
+        service_endpoints: fakes
+            .iter()
+            .map(|f| (f.service().to_string(), f.addr()))
+            .collect(),
+        ..Default::default()
+    })
+    .await
+    .unwrap()
+}
+
 /// An address nothing listens on: a port-0 listener, closed again.
 async fn refused_addr() -> SocketAddr {
     let l = tokio::net::TcpListener::bind(("127.0.0.1", 0))
@@ -338,8 +353,7 @@ async fn a_webhook_skipped_in_round_one_is_never_first_called_in_reinvocation() 
         .await
         .unwrap();
     let if_needed = json!({"reinvocationPolicy": "IfNeeded"});
-    let emu = Emulator::start(EmulatorOptions {
-        webhook_configs: vec![configuration(
+    let emu = emulator_with(vec![configuration(
             "hooks",
             vec![
                 first.hook("first", if_needed.clone()),
@@ -350,16 +364,7 @@ async fn a_webhook_skipped_in_round_one_is_never_first_called_in_reinvocation() 
                 ),
                 labeller.hook("labeller", json!({})),
             ],
-        )],
-        service_endpoints: HashMap::from([
-            (first.service().to_string(), first.addr()),
-            (gated.service().to_string(), gated.addr()),
-            (labeller.service().to_string(), labeller.addr()),
-        ]),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
+        )], &[&first, &gated, &labeller]).await;
     let api: Api<Node> = Api::all(emu.client(users::ADMIN).await.unwrap());
     let n = api
         .create(&PostParams::default(), &node("a"))
@@ -396,8 +401,7 @@ async fn a_condition_error_in_the_reinvocation_round_follows_failure_policy() {
     let labeller = FakeWebhook::start("labeller", "test", label_reply("later"))
         .await
         .unwrap();
-    let emu = Emulator::start(EmulatorOptions {
-        webhook_configs: vec![configuration(
+    let emu = emulator_with(vec![configuration(
             "hooks",
             vec![
                 first.hook("first", json!({"reinvocationPolicy": "IfNeeded"})),
@@ -408,16 +412,7 @@ async fn a_condition_error_in_the_reinvocation_round_follows_failure_policy() {
                 ),
                 labeller.hook("labeller", json!({})),
             ],
-        )],
-        service_endpoints: HashMap::from([
-            (first.service().to_string(), first.addr()),
-            (strict.service().to_string(), strict.addr()),
-            (labeller.service().to_string(), labeller.addr()),
-        ]),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
+        )], &[&first, &strict, &labeller]).await;
     let api: Api<Node> = Api::all(emu.client(users::ADMIN).await.unwrap());
     let err = api
         .create(&PostParams::default(), &node("a"))

@@ -78,9 +78,11 @@ pub enum Read {
 fn from_statefulset(s: StatefulSet, ns: &str, name: &str, leftover: bool) -> WebhookWorkload {
     let spec = s.spec.unwrap_or_default();
     let status = s.status.unwrap_or_default();
+    // Ready, not available: the Services' endpoints (what the API server
+    // calls) follow readiness, while availability lags by minReadySeconds.
     let available = status
-        .available_replicas
-        .or(status.ready_replicas)
+        .ready_replicas
+        .or(status.available_replicas)
         .unwrap_or(0);
     let template = spec.template;
     WebhookWorkload {

@@ -56,7 +56,7 @@ impl Gate {
     async fn follow(&self, state: &mut State, shutdown: &mut watch::Receiver<bool>) {
         // Own node only: its bootID tells a reboot, its taints what is left to do.
         let name = &self.writer.name;
-        let cfg = watcher::Config::default().fields(&format!("metadata.name={name}"));
+        let cfg = crate::watch::config().fields(&format!("metadata.name={name}"));
         let own = watcher(Api::<NodeResource>::all(self.writer.client()), cfg)
             .default_backoff()
             .applied_objects();

@@ -36,6 +36,7 @@ pub mod readiness;
 /// The node record, shared with the roster publisher.
 pub use nodegate_roster::record;
 pub mod snapshot;
+pub mod watch;
 
 pub use agent::{run, run_with_client, run_with_handlers};
 pub use config::Args;

@@ -72,7 +72,7 @@ impl Source {
         match self {
             Source::Nodes(api) => {
                 let mut adapter = NodeEvents::default();
-                watcher(api, watcher::Config::default())
+                watcher(api, crate::watch::config())
                     .default_backoff()
                     .map(move |ev| ev.map(|ev| adapter.apply(ev).into_iter().collect()))
                     .boxed()
@@ -80,7 +80,7 @@ impl Source {
             Source::Roster { api, name } => {
                 let selector = shard::selector(&name);
                 let mut view = RosterView::new(name);
-                watcher(api, watcher::Config::default().labels(&selector))
+                watcher(api, crate::watch::config().labels(&selector))
                     .default_backoff()
                     .map(move |ev| {
                         ev.map(|ev| {

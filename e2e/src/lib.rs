@@ -10,6 +10,7 @@ pub mod cluster;
 pub mod manifests;
 pub mod process;
 pub mod readme;
+pub mod scale;
 pub mod standin;
 
 pub use process::{LoggedChild, WebhookOptions, WebhookProcess, bin_path};

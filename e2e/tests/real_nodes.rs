@@ -1301,7 +1301,7 @@ async fn connected_replica_host(h: &Harness, client: &kube::Client) -> String {
     connected.unwrap_or(&hosts[0]).0.clone()
 }
 
-/// 10. Nodes that host a webhook replica crash, one after the other, each
+/// Scenario 10: nodes that host a webhook replica crash, one after the other, each
 /// time while canaries register, each time the replica the API server is
 /// connected to: the backup lines catch every call the dead replica fails.
 async fn webhook_host_crash(c: &Ctx) {
@@ -1361,7 +1361,7 @@ async fn webhook_host_crash(c: &Ctx) {
     );
 }
 
-/// 11. A replica's node powered off and unreachable (no RST: calls time
+/// Scenario 11: a replica's node powered off and unreachable (no RST: calls time
 /// out) for 60 s, past the node lifecycle controller's grace period, then
 /// booted again: no Node left ungated, its own re-registration gated.
 async fn webhook_host_down(c: &Ctx) {

@@ -1,0 +1,638 @@
+//! The simulated nodes as one process: a kubelet task per node, one shared
+//! watch of Pods bound to them (a kubelet watches its own; one watch here
+//! costs the API server less and changes nothing nodegate does), the pod
+//! lifecycle a kubelet reports, and each node's nodegate-agent started for
+//! its DaemonSet Pod with the token the kubelet would request for that Pod.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context;
+use futures::StreamExt;
+use futures::future::BoxFuture;
+use k8s_openapi::api::authentication::v1::TokenRequest;
+use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, ResourceExt};
+use nodegate_agent::handler::{DeleteSource, HandlerError, NodeDeleteHandler};
+use nodegate_agent::record::NodeRecord;
+use serde_json::json;
+use tokio::sync::{Notify, oneshot};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use super::control_plane::{ControlPlane, Proc, write_kubeconfig};
+use super::kubelet::{self, NodeShared};
+use super::pki::Pki;
+
+/// Deletions each agent's handler ran: (agent's node, deleted node) → count.
+pub type PruneCounts = Arc<Mutex<BTreeMap<(String, String), u32>>>;
+
+/// Counts every deletion an in-process agent dispatches: the stand-in of
+/// `--on-node-delete` (a command per deletion would fork 50,000 times).
+struct Counter {
+    node: String,
+    counts: PruneCounts,
+}
+
+impl NodeDeleteHandler for Counter {
+    fn name(&self) -> &str {
+        "scale-counter"
+    }
+    fn handle<'a>(
+        &'a self,
+        node: &'a NodeRecord,
+        _source: DeleteSource,
+    ) -> BoxFuture<'a, Result<(), HandlerError>> {
+        Box::pin(async move {
+            if let Ok(mut c) = self.counts.lock() {
+                *c.entry((self.node.clone(), node.name.clone())).or_default() += 1;
+            }
+            Ok(())
+        })
+    }
+}
+
+enum AgentKind {
+    Task {
+        stop: Option<oneshot::Sender<()>>,
+        task: JoinHandle<()>,
+    },
+    Process(Proc),
+}
+
+struct AgentRun {
+    pod: String,
+    uid: String,
+    /// `None` while the container is stopped (or crashed).
+    kind: Option<AgentKind>,
+}
+
+struct NodeRun {
+    shared: Arc<NodeShared>,
+    boot_id: String,
+    kubelet: Option<JoinHandle<()>>,
+    agent: Option<AgentRun>,
+    /// Pods whose status this boot already reported (by uid).
+    reported: std::collections::HashSet<String>,
+    terminating: std::collections::HashSet<String>,
+}
+
+/// Times the harness reads back (since the fleet started).
+#[derive(Debug, Default, Clone)]
+pub struct Times {
+    pub registered: HashMap<String, Instant>,
+    pub network_ready: HashMap<String, Instant>,
+    pub agent_started: HashMap<String, Instant>,
+}
+
+pub struct Fleet {
+    cp_server: String,
+    ca_pem: String,
+    ca_der: Vec<u8>,
+    dir: PathBuf,
+    agent_argv: Vec<String>,
+    agent_bin: Option<PathBuf>,
+    nodes: Mutex<HashMap<String, NodeRun>>,
+    pub prunes: PruneCounts,
+    pub times: Mutex<Times>,
+    /// Readiness of the stand-in network agent, this long after each boot's
+    /// registration.
+    pub ready_after: Duration,
+    admin: Client,
+    pub agent_pid: Mutex<Option<u32>>,
+    pub changed: Notify,
+}
+
+impl std::fmt::Debug for Fleet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fleet").finish_non_exhaustive()
+    }
+}
+
+pub fn node_name(i: usize) -> String {
+    format!("sim-{i:05}")
+}
+
+/// The shipped DaemonSet's agent flags, for one simulated node: the same
+/// taint, release taint, periods, thresholds and deadlines; per node what a
+/// node has once: its state dir, its CNI config file, its admin port.
+/// The HTTP probe of 127.0.0.1:9879 is left out: every simulated node shares
+/// one network namespace, so it cannot be per node; the file probe (the
+/// shipped second probe) stands for both.
+pub fn agent_argv(shipped: &[String], node: &str, node_dir: &Path) -> Vec<String> {
+    let mut argv = vec!["nodegate-agent".to_string(), format!("--node-name={node}")];
+    for a in shipped {
+        if a.starts_with("--probe-http") {
+            continue;
+        } else if a.starts_with("--probe-file=") {
+            argv.push(format!(
+                "--probe-file={}",
+                node_dir.join("cni/05-cilium.conflist").display()
+            ));
+        } else if a.starts_with("--state-dir=") {
+            argv.push(format!(
+                "--state-dir={}",
+                node_dir.join("run/nodegate").display()
+            ));
+        } else if a.starts_with("--admin-listen=") {
+            argv.push("--admin-listen=127.0.0.1:0".into());
+        } else {
+            argv.push(a.clone());
+        }
+    }
+    argv
+}
+
+impl Fleet {
+    pub fn new(
+        cp: &ControlPlane,
+        pki: &Pki,
+        admin: Client,
+        shipped_agent_args: Vec<String>,
+        agent_bin: Option<PathBuf>,
+        ready_after: Duration,
+    ) -> Self {
+        Self {
+            cp_server: cp.server.clone(),
+            ca_pem: cp.ca_pem.clone(),
+            ca_der: pki.ca_der(),
+            dir: cp.dir.join("nodes"),
+            agent_argv: shipped_agent_args,
+            agent_bin,
+            nodes: Mutex::new(HashMap::new()),
+            prunes: Arc::default(),
+            times: Mutex::default(),
+            ready_after,
+            admin,
+            agent_pid: Mutex::new(None),
+            changed: Notify::new(),
+        }
+    }
+
+    fn client(&self, auth: serde_json::Value) -> anyhow::Result<Client> {
+        let mut cfg = kube::Config::new(self.cp_server.parse()?);
+        cfg.root_cert = Some(vec![self.ca_der.clone()]);
+        cfg.auth_info = serde_json::from_value(auth)?;
+        Ok(Client::try_from(cfg)?)
+    }
+
+    fn node_dir(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+
+    /// Adds node `i` (its credential, its directories) without booting it.
+    pub fn add(&self, pki: &Pki, i: usize) -> anyhow::Result<Arc<NodeShared>> {
+        let name = node_name(i);
+        let pair = pki.client(&format!("system:node:{name}"), &["system:nodes"])?;
+        use base64::Engine;
+        let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+        let client = self.client(json!({
+            "client-certificate-data": b64(&pair.cert_pem),
+            "client-key-data": b64(&pair.key_pem),
+        }))?;
+        let d = self.node_dir(&name);
+        std::fs::create_dir_all(d.join("cni"))?;
+        std::fs::create_dir_all(d.join("run/nodegate"))?;
+        let shared = Arc::new(NodeShared {
+            name: name.clone(),
+            index: i,
+            client,
+            network_ready: false.into(),
+            changed: Notify::new(),
+        });
+        self.lock().insert(
+            name,
+            NodeRun {
+                shared: shared.clone(),
+                boot_id: String::new(),
+                kubelet: None,
+                agent: None,
+                reported: Default::default(),
+                terminating: Default::default(),
+            },
+        );
+        Ok(shared)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, NodeRun>> {
+        self.nodes.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn times(&self) -> std::sync::MutexGuard<'_, Times> {
+        self.times.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Boots a node: a new boot ID, its kubelet, its stand-in network agent
+    /// ready `ready_after` after registration, and (after a reboot) the
+    /// agent container of its existing Pod started again.
+    pub fn boot(self: &Arc<Self>, name: &str) -> anyhow::Result<()> {
+        let boot_id = uuid::Uuid::new_v4().to_string();
+        let (shared, restart) = {
+            let mut nodes = self.lock();
+            let run = nodes.get_mut(name).context("unknown node")?;
+            run.boot_id = boot_id.clone();
+            run.reported.clear();
+            (run.shared.clone(), run.agent.is_some())
+        };
+        let me = self.clone();
+        let task = tokio::spawn(async move {
+            let registered = Instant::now();
+            if let Err(e) = kubelet::register(&shared, &boot_id).await {
+                tracing::warn!(error = %e, "registration failed");
+            }
+            me.times()
+                .registered
+                .insert(shared.name.clone(), registered);
+            if restart {
+                let me2 = me.clone();
+                let name = shared.name.clone();
+                tokio::spawn(async move { me2.restart_agent(&name).await });
+            }
+            let me3 = me.clone();
+            let s2 = shared.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(me3.ready_after).await;
+                if let Err(e) = me3.network_ready(&s2) {
+                    tracing::warn!(error = %e, "stand-in not ready");
+                }
+            });
+            kubelet::run_registered(shared, boot_id).await;
+        });
+        let mut nodes = self.lock();
+        if let Some(run) = nodes.get_mut(name) {
+            run.kubelet = Some(task);
+        }
+        Ok(())
+    }
+
+    /// The stand-in network agent turns ready: the CNI config the agent
+    /// probes appears, and the kubelet reports the network ready.
+    fn network_ready(&self, node: &NodeShared) -> anyhow::Result<()> {
+        let d = self.node_dir(&node.name).join("cni");
+        nodegate_certs::write_atomic(
+            &d.join("05-cilium.conflist"),
+            b"{\"cniVersion\":\"0.4.0\"}",
+            0o644,
+        )?;
+        self.times()
+            .network_ready
+            .insert(node.name.clone(), Instant::now());
+        node.network_ready.store(true, Ordering::SeqCst);
+        node.changed.notify_one();
+        Ok(())
+    }
+
+    /// A crash: every process of the node killed (the kubelet, the agent,
+    /// the stand-in) with nothing written on the way down, its /var/run
+    /// (state dir) emptied; the CNI config goes too, as the health endpoint
+    /// the shipped HTTP probe reads would. Then [`Self::boot`].
+    pub fn crash(&self, name: &str) -> anyhow::Result<()> {
+        let mut nodes = self.lock();
+        let run = nodes.get_mut(name).context("unknown node")?;
+        if let Some(k) = run.kubelet.take() {
+            k.abort();
+        }
+        if let Some(kind) = run.agent.as_mut().and_then(|a| a.kind.take()) {
+            match kind {
+                AgentKind::Task { task, .. } => task.abort(),
+                // Dropping the child kills it (kill_on_drop).
+                AgentKind::Process(p) => drop(p),
+            }
+        }
+        run.shared.network_ready.store(false, Ordering::SeqCst);
+        let d = self.node_dir(name);
+        let _ = std::fs::remove_file(d.join("cni/05-cilium.conflist"));
+        let _ = std::fs::remove_dir_all(d.join("run"));
+        std::fs::create_dir_all(d.join("run/nodegate"))?;
+        Ok(())
+    }
+
+    /// A node powered off for good (its Node is then deleted by the caller).
+    pub fn power_off(&self, name: &str) -> anyhow::Result<()> {
+        self.crash(name)?;
+        self.lock().remove(name);
+        Ok(())
+    }
+
+    /// Stops every agent as SIGTERM would (re-taint, last snapshot) and
+    /// keeps its Pod: the containers stopped, not the Pods deleted.
+    pub async fn stop_agents(&self) {
+        let kinds: Vec<AgentKind> = {
+            let mut nodes = self.lock();
+            nodes
+                .values_mut()
+                .filter_map(|r| r.agent.as_mut().and_then(|a| a.kind.take()))
+                .collect()
+        };
+        futures::future::join_all(kinds.into_iter().map(stop_kind)).await;
+    }
+
+    /// Starts every stopped agent container again (same Pod, new token).
+    pub async fn start_agents(self: &Arc<Self>) {
+        let names: Vec<String> = self
+            .lock()
+            .iter()
+            .filter(|(_, r)| r.agent.as_ref().is_some_and(|a| a.kind.is_none()))
+            .map(|(n, _)| n.clone())
+            .collect();
+        let starts = names.iter().map(|n| self.restart_agent(n));
+        futures::stream::iter(starts)
+            .buffer_unordered(64)
+            .collect::<Vec<()>>()
+            .await;
+    }
+
+    async fn restart_agent(self: &Arc<Self>, name: &str) {
+        let (shared, pod, uid) = {
+            let nodes = self.lock();
+            let Some(run) = nodes.get(name) else { return };
+            let Some(a) = run.agent.as_ref() else { return };
+            if a.kind.is_some() {
+                return;
+            }
+            (run.shared.clone(), a.pod.clone(), a.uid.clone())
+        };
+        // The kubelet retries a container that fails to start; here the
+        // TokenRequest can be refused for a moment right after the binding,
+        // until the Node authorizer's graph has the Pod on this node.
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            match self.start_agent(&shared, &pod, &uid).await {
+                Ok(kind) => {
+                    let unwanted = {
+                        let mut nodes = self.lock();
+                        match nodes.get_mut(name).and_then(|r| r.agent.as_mut()) {
+                            Some(a) if a.uid == uid && a.kind.is_none() => {
+                                a.kind = Some(kind);
+                                None
+                            }
+                            // The Pod went (or the node crashed) meanwhile.
+                            _ => Some(kind),
+                        }
+                    };
+                    if let Some(kind) = unwanted {
+                        stop_kind(kind).await;
+                    }
+                    return;
+                }
+                Err(e) if Instant::now() < deadline => {
+                    tracing::info!(node = %name, error = %e, "agent start failed; retrying");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(2));
+                }
+                Err(e) => {
+                    tracing::warn!(node = %name, error = %e, "agent start failed; giving up");
+                    return;
+                }
+            }
+        }
+    }
+
+    /// The agent container of Pod `pod`: the token the kubelet requests for
+    /// that Pod (bound to it, so it carries the node claim the confinement
+    /// policy checks), then the agent with the shipped flags. Node 0's agent
+    /// is the real binary in its own process (its RSS is measured); the
+    /// others are tasks here, each with its own client and token.
+    async fn start_agent(
+        self: &Arc<Self>,
+        node: &NodeShared,
+        pod: &str,
+        uid: &str,
+    ) -> anyhow::Result<AgentKind> {
+        let sa: Api<ServiceAccount> = Api::namespaced(node.client.clone(), "nodegate");
+        let req: TokenRequest = serde_json::from_value(json!({
+            "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+            "spec": {"audiences": [], "expirationSeconds": 3607,
+                     "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": pod, "uid": uid}},
+        }))?;
+        let tr: TokenRequest = sa
+            .create_subresource("token", "nodegate-agent", &PostParams::default(), &req)
+            .await
+            .context("TokenRequest as the node")?;
+        let token = tr.status.context("TokenRequest without status")?.token;
+        let argv = agent_argv(&self.agent_argv, &node.name, &self.node_dir(&node.name));
+        self.times()
+            .agent_started
+            .entry(node.name.clone())
+            .or_insert_with(Instant::now);
+        if node.index == 0
+            && let Some(bin) = &self.agent_bin
+        {
+            let kc = self.node_dir(&node.name).join("agent.kubeconfig");
+            write_kubeconfig(&kc, &self.cp_server, &self.ca_pem, None, Some(&token))?;
+            let log = self.node_dir(&node.name);
+            let mut args: Vec<String> = argv[1..].to_vec();
+            // The real binary's deletion handler: one line per deletion.
+            args.push(format!(
+                "--on-node-delete=echo \"$NODEGATE_NODE_NAME\" >> {}",
+                log.join("pruned.txt").display()
+            ));
+            let p = Proc::spawn(
+                "agent",
+                &log,
+                bin,
+                &args,
+                &[
+                    ("KUBECONFIG", kc.display().to_string()),
+                    ("RUST_LOG", "info".into()),
+                ],
+            )?;
+            *self.agent_pid.lock().unwrap_or_else(|e| e.into_inner()) = p.pid();
+            return Ok(AgentKind::Process(p));
+        }
+        let args = <nodegate_agent::Args as clap::Parser>::try_parse_from(&argv)?;
+        let client = self.client(json!({ "token": token }))?;
+        let handler: Arc<dyn NodeDeleteHandler> = Arc::new(Counter {
+            node: node.name.clone(),
+            counts: self.prunes.clone(),
+        });
+        let (tx, rx) = oneshot::channel::<()>();
+        let name = node.name.clone();
+        let task = tokio::spawn(async move {
+            let stop = async {
+                let _ = rx.await;
+            };
+            if let Err(e) =
+                nodegate_agent::run_with_handlers(args, client, vec![handler], stop).await
+            {
+                tracing::warn!(node = %name, error = %e, "agent stopped with an error");
+            }
+        });
+        Ok(AgentKind::Task {
+            stop: Some(tx),
+            task,
+        })
+    }
+
+    /// The kubelets' pod work, from one watch of every Pod bound to a node.
+    pub async fn follow_pods(self: Arc<Self>) {
+        let api: Api<Pod> = Api::all(self.admin.clone());
+        let cfg = watcher::Config::default().fields("spec.nodeName!=");
+        let stream = watcher(api, cfg).default_backoff().applied_objects();
+        let mut stream = std::pin::pin!(stream);
+        while let Some(ev) = stream.next().await {
+            match ev {
+                Ok(pod) => self.on_pod(pod),
+                Err(e) => tracing::warn!(error = %e, "pod watch"),
+            }
+        }
+    }
+
+    fn on_pod(self: &Arc<Self>, pod: Pod) {
+        let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else {
+            return;
+        };
+        let uid = pod.uid().unwrap_or_default();
+        let is_agent = pod.namespace().as_deref() == Some("nodegate")
+            && pod
+                .labels()
+                .get("app.kubernetes.io/name")
+                .map(String::as_str)
+                == Some("nodegate-agent");
+        let mut nodes = self.lock();
+        let Some(run) = nodes.get_mut(&node) else {
+            return;
+        };
+        if run.kubelet.is_none() {
+            return;
+        }
+        let shared = run.shared.clone();
+        if pod.metadata.deletion_timestamp.is_some() {
+            if !run.terminating.insert(uid.clone()) {
+                return;
+            }
+            // Graceful deletion: stop the container (SIGTERM: the agent's
+            // re-taint), then the kubelet's final delete with grace 0.
+            let kind = match run.agent.as_ref() {
+                Some(a) if a.uid == uid => run.agent.take().and_then(|a| a.kind),
+                _ => None,
+            };
+            drop(nodes);
+            tokio::spawn(async move {
+                if let Some(k) = kind {
+                    stop_kind(k).await;
+                }
+                let api: Api<Pod> =
+                    Api::namespaced(shared.client.clone(), &pod.namespace().unwrap_or_default());
+                let dp = DeleteParams {
+                    grace_period_seconds: Some(0),
+                    preconditions: Some(Preconditions {
+                        uid: Some(uid),
+                        resource_version: None,
+                    }),
+                    ..DeleteParams::default()
+                };
+                if let Err(e) = api.delete(&pod.name_any(), &dp).await {
+                    tracing::debug!(error = %e, "final pod delete");
+                }
+            });
+            return;
+        }
+        if !run.reported.insert(uid.clone()) {
+            return;
+        }
+        let start_agent = is_agent && run.agent.as_ref().is_none_or(|a| a.uid != uid);
+        if start_agent {
+            run.agent = Some(AgentRun {
+                pod: pod.name_any(),
+                uid: uid.clone(),
+                kind: None,
+            });
+        }
+        drop(nodes);
+        let me = self.clone();
+        tokio::spawn(async move {
+            if start_agent {
+                me.restart_agent(&shared.name).await;
+            }
+            if let Err(e) = report_running(&shared, &pod).await {
+                tracing::debug!(error = %e, "pod status");
+            }
+            me.changed.notify_waiters();
+        });
+    }
+
+    /// Every node's kubelet and agent stopped (the harness is done).
+    pub async fn shutdown(&self) {
+        let runs: Vec<NodeRun> = self.lock().drain().map(|(_, r)| r).collect();
+        for mut r in runs {
+            if let Some(k) = r.kubelet.take() {
+                k.abort();
+            }
+            if let Some(kind) = r.agent.take().and_then(|a| a.kind) {
+                match kind {
+                    AgentKind::Task { task, .. } => task.abort(),
+                    AgentKind::Process(p) => p.stop(Duration::from_secs(5)).await,
+                }
+            }
+        }
+    }
+
+    pub fn names(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.lock().keys().cloned().collect();
+        v.sort();
+        v
+    }
+
+    pub fn running_agents(&self) -> usize {
+        self.lock()
+            .values()
+            .filter(|r| r.agent.as_ref().is_some_and(|a| a.kind.is_some()))
+            .count()
+    }
+}
+
+/// The kubelet's status for a started Pod: Running, every container ready.
+async fn report_running(node: &NodeShared, pod: &Pod) -> Result<(), kube::Error> {
+    let now = k8s_openapi::jiff::Timestamp::now().to_string();
+    let containers: Vec<serde_json::Value> = pod
+        .spec
+        .as_ref()
+        .map(|s| {
+            s.containers
+                .iter()
+                .map(|c| {
+                    json!({"name": c.name, "ready": true, "started": true, "restartCount": 0,
+                       "image": c.image.clone().unwrap_or_default(), "imageID": "",
+                       "containerID": format!("containerd://{}", uuid::Uuid::new_v4().simple()),
+                       "state": {"running": {"startedAt": now}}})
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let cond = |t: &str| json!({"type": t, "status": "True", "lastTransitionTime": now});
+    let status = json!({"status": {
+        "phase": "Running", "startTime": now, "hostIP": kubelet::node_ip(node.index),
+        "podIP": kubelet::node_ip(node.index),
+        "conditions": [cond("PodReadyToStartContainers"), cond("Initialized"), cond("Ready"), cond("ContainersReady"), cond("PodScheduled")],
+        "containerStatuses": containers,
+    }});
+    let api: Api<Pod> = Api::namespaced(node.client.clone(), &pod.namespace().unwrap_or_default());
+    api.patch_status(
+        &pod.name_any(),
+        &PatchParams::default(),
+        &Patch::Strategic(status),
+    )
+    .await?;
+    Ok(())
+}
+
+/// SIGTERM to one agent: its re-taint and last snapshot, within the
+/// shipped 15 s deadline (and a margin).
+async fn stop_kind(kind: AgentKind) {
+    match kind {
+        AgentKind::Task { mut stop, task } => {
+            if let Some(s) = stop.take() {
+                let _ = s.send(());
+            }
+            let _ = tokio::time::timeout(Duration::from_secs(20), task).await;
+        }
+        AgentKind::Process(p) => p.stop(Duration::from_secs(20)).await,
+    }
+}

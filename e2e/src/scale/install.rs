@@ -1,0 +1,338 @@
+//! nodegate installed as it ships, minus what needs a container runtime:
+//! the shipped namespace, ServiceAccounts, RBAC, confinement policies,
+//! Services, MutatingWebhookConfiguration (caBundle patched in), the
+//! agent's DaemonSet and the pruning component's RBAC and policy, applied
+//! with kubectl; the webhook's two replicas and the roster's two replicas
+//! run as host processes with their ServiceAccounts' tokens and the shipped
+//! flags. The three webhook Services lose their selectors (no webhook Pods
+//! exist to select) and get their endpoints by hand: the first line both
+//! replicas, each backup line one.
+
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use k8s_openapi::api::authentication::v1::TokenRequest;
+use k8s_openapi::api::core::v1::ServiceAccount;
+use kube::api::PostParams;
+use kube::{Api, Client};
+use serde_json::json;
+
+use super::control_plane::{ControlPlane, Proc, free_port, write_kubeconfig};
+use super::pki::Pki;
+use crate::process::{bin_path, manifests_dir};
+
+/// Files of the shipped install applied here (not the webhook's
+/// StatefulSet and PDB, nor the roster's Deployment: those run as processes).
+const SHIPPED: [&str; 11] = [
+    "namespace.yaml",
+    "webhook/serviceaccount.yaml",
+    "webhook/rbac.yaml",
+    "webhook/service.yaml",
+    "agent/serviceaccount.yaml",
+    "agent/rbac.yaml",
+    "agent/daemonset.yaml",
+    "confinement.yaml",
+    "../components/pruning/serviceaccount.yaml",
+    "../components/pruning/rbac.yaml",
+    "../components/pruning/policy.yaml",
+];
+
+/// Counts nodegate's own requests apart: the API server's request counter
+/// has no user label, but API Priority and Fairness counts per FlowSchema.
+/// The same priority level nodegate's requests get without it
+/// (`service-accounts` → `workload-low`).
+const ACCOUNTING: &str = r#"
+apiVersion: flowcontrol.apiserver.k8s.io/v1
+kind: FlowSchema
+metadata:
+  name: nodegate-scale-accounting
+spec:
+  matchingPrecedence: 8000
+  priorityLevelConfiguration:
+    name: workload-low
+  distinguisherMethod:
+    type: ByUser
+  rules:
+    - subjects:
+        - kind: ServiceAccount
+          serviceAccount:
+            namespace: nodegate
+            name: "*"
+      resourceRules:
+        - verbs: ["*"]
+          apiGroups: ["*"]
+          resources: ["*"]
+          clusterScope: true
+          namespaces: ["*"]
+      nonResourceRules:
+        - verbs: ["*"]
+          nonResourceURLs: ["*"]
+"#;
+
+pub fn kubectl(kubeconfig: &Path, args: &[&str], stdin: Option<&str>) -> anyhow::Result<String> {
+    use std::io::Write;
+    let mut child = std::process::Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(args)
+        .env("KUBECACHEDIR", kubeconfig.with_extension("cache"))
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("running kubectl")?;
+    if let (Some(input), Some(mut si)) = (stdin, child.stdin.take()) {
+        si.write_all(input.as_bytes())?;
+    }
+    let out = child.wait_with_output()?;
+    if !out.status.success() {
+        bail!(
+            "kubectl {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The `args` of the first container of a shipped workload.
+pub fn shipped_args(file: &str) -> anyhow::Result<Vec<String>> {
+    let p = manifests_dir().join(file);
+    let doc: serde_json::Value = serde_yaml::from_str(&std::fs::read_to_string(&p)?)?;
+    let args = doc["spec"]["template"]["spec"]["containers"][0]["args"]
+        .as_array()
+        .with_context(|| format!("no container args in {}", p.display()))?;
+    Ok(args
+        .iter()
+        .filter_map(|a| a.as_str().map(String::from))
+        .collect())
+}
+
+/// A token of `sa` in `nodegate` (not bound to a Pod: the webhook's and the
+/// roster's policies need no node claim), valid for the run.
+pub async fn sa_token(admin: &Client, sa: &str) -> anyhow::Result<String> {
+    let api: Api<ServiceAccount> = Api::namespaced(admin.clone(), "nodegate");
+    let req: TokenRequest = serde_json::from_value(json!({
+        "spec": {"audiences": [], "expirationSeconds": 86400},
+    }))?;
+    let tr: TokenRequest = api
+        .create_subresource("token", sa, &PostParams::default(), &req)
+        .await?;
+    Ok(tr.status.context("no token")?.token)
+}
+
+#[derive(Debug)]
+pub struct Install {
+    pub webhooks: Vec<Proc>,
+    pub rosters: Vec<Proc>,
+    pub webhook_admin: Vec<String>,
+}
+
+pub async fn install(cp: &ControlPlane, pki: &Pki, admin: &Client) -> anyhow::Result<Install> {
+    let kc = &cp.admin_kubeconfig;
+    let base = manifests_dir();
+    for f in SHIPPED {
+        kubectl(
+            kc,
+            &[
+                "apply",
+                "--server-side",
+                "-f",
+                &base.join(f).display().to_string(),
+            ],
+            None,
+        )?;
+    }
+    kubectl(kc, &["apply", "--server-side", "-f", "-"], Some(ACCOUNTING))?;
+
+    // Both replicas' addresses on the dummy interface; the API server
+    // refuses loopback endpoints.
+    let ips: [IpAddr; 2] = [cp.net.ip(2), cp.net.ip(3)];
+    let port = free_port(ips[0])?.max(1024);
+    let services = [
+        ("nodegate-webhook", vec![ips[0], ips[1]]),
+        ("nodegate-webhook-0", vec![ips[0]]),
+        ("nodegate-webhook-1", vec![ips[1]]),
+    ];
+    for (svc, addrs) in &services {
+        kubectl(
+            kc,
+            &[
+                "-n",
+                "nodegate",
+                "patch",
+                "service",
+                svc,
+                "--type=json",
+                "-p",
+                r#"[{"op":"remove","path":"/spec/selector"}]"#,
+            ],
+            None,
+        )?;
+        let eps = json!({
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": format!("{svc}-scale"), "namespace": "nodegate",
+                         "labels": {"kubernetes.io/service-name": svc,
+                                    "endpointslice.kubernetes.io/managed-by": "nodegate-scale"}},
+            "addressType": "IPv4",
+            "ports": [{"name": "https", "port": port, "protocol": "TCP"}],
+            "endpoints": addrs.iter().map(|a| json!({"addresses": [a.to_string()], "conditions": {"ready": true}})).collect::<Vec<_>>(),
+        });
+        let ep = json!({
+            "apiVersion": "v1", "kind": "Endpoints",
+            "metadata": {"name": svc, "namespace": "nodegate"},
+            "subsets": [{"addresses": addrs.iter().map(|a| json!({"ip": a.to_string()})).collect::<Vec<_>>(),
+                         "ports": [{"name": "https", "port": port, "protocol": "TCP"}]}],
+        });
+        for obj in [eps, ep] {
+            kubectl(
+                kc,
+                &["apply", "--server-side", "-f", "-"],
+                Some(&obj.to_string()),
+            )?;
+        }
+    }
+
+    // The serving certificate for all three Services, from the cluster CA.
+    let mut dns = Vec::new();
+    for (svc, _) in &services {
+        for n in [
+            svc.to_string(),
+            format!("{svc}.nodegate"),
+            format!("{svc}.nodegate.svc"),
+        ] {
+            dns.push(n);
+        }
+    }
+    let serving = pki.serving(&dns, &ips)?;
+    let tls = cp.dir.join("webhook-tls");
+    nodegate_certs::write_files(
+        &tls,
+        &cp.ca_pem,
+        &nodegate_certs::ServingCert {
+            cert_pem: serving.cert_pem.clone(),
+            key_pem: serving.key_pem.clone(),
+        },
+    )?;
+    let cfg = crate::process::shipped_webhook_config()?;
+    let with_ca = nodegate_certs::inject_ca_bundle(&cfg, &cp.ca_pem)?;
+    kubectl(kc, &["apply", "--server-side", "-f", "-"], Some(&with_ca))?;
+
+    let log = cp.dir.join("log");
+    let token = sa_token(admin, "nodegate-webhook").await?;
+    let wkc = cp.dir.join("webhook.kubeconfig");
+    write_kubeconfig(&wkc, &cp.server, &cp.ca_pem, None, Some(&token))?;
+    let webhook_bin = existing("nodegate-webhook")?;
+    let mut webhooks = Vec::new();
+    let mut webhook_admin = Vec::new();
+    for (i, ip) in ips.iter().enumerate() {
+        let admin_port = free_port(*ip)?;
+        let mut args = Vec::new();
+        for a in shipped_args("webhook/statefulset.yaml")? {
+            if a.starts_with("--listen=") {
+                args.push(format!("--listen=0.0.0.0:{port}"));
+            } else if a.starts_with("--admin-listen=") {
+                args.push(format!("--admin-listen=0.0.0.0:{admin_port}"));
+            } else if a.starts_with("--tls-cert=") {
+                args.push(format!("--tls-cert={}", tls.join("tls.crt").display()));
+            } else if a.starts_with("--tls-key=") {
+                args.push(format!("--tls-key={}", tls.join("tls.key").display()));
+            } else {
+                args.push(a);
+            }
+        }
+        webhooks.push(Proc::spawn(
+            &format!("webhook-{i}"),
+            &log,
+            &webhook_bin,
+            &args,
+            &[
+                ("KUBECONFIG", wkc.display().to_string()),
+                ("POD_IP", ip.to_string()),
+                ("RUST_LOG", "info".into()),
+            ],
+        )?);
+        webhook_admin.push(format!("http://{ip}:{admin_port}"));
+    }
+
+    let token = sa_token(admin, "nodegate-roster").await?;
+    let rkc = cp.dir.join("roster.kubeconfig");
+    write_kubeconfig(&rkc, &cp.server, &cp.ca_pem, None, Some(&token))?;
+    let roster_bin = existing("nodegate-roster")?;
+    let mut rosters = Vec::new();
+    for i in 0..2 {
+        let args: Vec<String> = shipped_args("../components/pruning/deployment.yaml")?
+            .into_iter()
+            .map(|a| {
+                if a.starts_with("--admin-listen=") {
+                    "--admin-listen=127.0.0.1:0".into()
+                } else {
+                    a
+                }
+            })
+            .collect();
+        rosters.push(Proc::spawn(
+            &format!("roster-{i}"),
+            &log,
+            &roster_bin,
+            &args,
+            &[
+                ("KUBECONFIG", rkc.display().to_string()),
+                ("POD_NAME", format!("nodegate-roster-{i}")),
+                ("POD_NAMESPACE", "nodegate".into()),
+                ("RUST_LOG", "info".into()),
+            ],
+        )?);
+    }
+    // The API server answers admission only once both replicas serve.
+    for url in &webhook_admin {
+        super::control_plane::wait_ok(
+            "a webhook replica's /readyz",
+            Duration::from_secs(60),
+            || {
+                let url = format!("{url}/readyz");
+                async move { http_ok(&url).await.then_some(()) }
+            },
+        )
+        .await?;
+    }
+    Ok(Install {
+        webhooks,
+        rosters,
+        webhook_admin,
+    })
+}
+
+fn existing(name: &str) -> anyhow::Result<PathBuf> {
+    let p = bin_path(name);
+    if !p.exists() {
+        bail!(
+            "{} not found: build it first (`cargo build -p {name}` in the same profile)",
+            p.display()
+        );
+    }
+    Ok(p)
+}
+
+/// GET over plain HTTP (the admin ports): true on a 2xx.
+pub async fn http_ok(url: &str) -> bool {
+    http_get(url).await.is_some()
+}
+
+pub async fn http_get(url: &str) -> Option<String> {
+    let out = tokio::process::Command::new("curl")
+        .args(["-fsS", "--max-time", "5", url])
+        .output()
+        .await
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}

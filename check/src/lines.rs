@@ -39,7 +39,7 @@ use nodegate_shared::match_conditions::Verdict;
 use serde_json::{Value, json};
 
 use crate::container_flags::Flags;
-use crate::webhook_config::{Hook, covers, evaluate_as};
+use crate::webhook_config::{Hook, conditions, covers, evaluate_as};
 use crate::workloads::{Kind, WebhookWorkload};
 use crate::{Report, Status};
 
@@ -218,13 +218,7 @@ fn backup_conditions(
         ));
         return;
     }
-    let conditions: Vec<(&str, &str)> = entry
-        .match_conditions
-        .as_deref()
-        .unwrap_or_default()
-        .iter()
-        .map(|c| (c.name.as_str(), c.expression.as_str()))
-        .collect();
+    let conditions = conditions(entry);
     let node = "nodegate-check-node";
     let user = format!("{NODE_USER_PREFIX}{node}");
     let bare = registering_node(node);

@@ -72,14 +72,17 @@ fn evaluate(hook: &MutatingWebhook, op: &str, sub: &str, obj: &Value, old: &Valu
         .and_then(Value::as_str)
         .unwrap_or_default();
     let user = format!("{}{name}", nodegate_shared::keys::NODE_USER_PREFIX);
-    let conditions: Vec<(&str, &str)> = hook
-        .match_conditions
+    evaluate_as(&conditions(hook), op, sub, &user, obj, old)
+}
+
+/// A webhook entry's matchConditions as (name, expression) pairs.
+pub fn conditions(hook: &MutatingWebhook) -> Vec<(&str, &str)> {
+    hook.match_conditions
         .as_deref()
         .unwrap_or_default()
         .iter()
         .map(|c| (c.name.as_str(), c.expression.as_str()))
-        .collect();
-    evaluate_as(&conditions, op, sub, &user, obj, old)
+        .collect()
 }
 
 /// `matchConditions` (name, expression) for one request shape sent by `user`,

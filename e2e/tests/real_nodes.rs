@@ -415,6 +415,8 @@ struct Window {
 struct Admitted {
     /// Fail-open calls, every line.
     fail_open: u64,
+    /// Of which the first line's.
+    first_line_fail_open: u64,
     /// Node writes no line answered.
     failed_through: u64,
     sent: u64,
@@ -435,11 +437,12 @@ impl Window {
         let (sent, ungated) = prober.since(self.mark);
         let (slowest, median) = prober.latency_since(self.mark);
         let fail_open = d.fail_open.values().sum();
+        let first_line_fail_open = d.fail_open.get(WEBHOOK).copied().unwrap_or(0);
         let failed_through = d.failed_through_every_line();
         figure(&format!("{what}_fail_open"), fail_open);
         figure(
             &format!("{what}_fail_open_first_line"),
-            d.fail_open.get(WEBHOOK).copied().unwrap_or(0),
+            first_line_fail_open,
         );
         figure(
             &format!("{what}_calls"),
@@ -456,6 +459,7 @@ impl Window {
         figure(&format!("{what}_canary_median_ms"), median.as_millis());
         Admitted {
             fail_open,
+            first_line_fail_open,
             failed_through,
             sent,
             ungated,
@@ -472,7 +476,7 @@ impl Window {
 
     /// As `close`, and asserts that every Node write some line answered:
     /// calls may fail open as long as a later line caught them.
-    fn close_none_ungated(self, h: &Harness, prober: &Prober, what: &str, min: u64) {
+    fn close_none_ungated(self, h: &Harness, prober: &Prober, what: &str, min: u64) -> Admitted {
         let s = self.close(h, prober, what);
         assert!(
             s.sent >= min,
@@ -484,6 +488,7 @@ impl Window {
             s.failed_through, 0,
             "{what}: Node writes failed open through every line"
         );
+        s
     }
 }
 
@@ -1350,9 +1355,9 @@ async fn webhook_host_crash(c: &Ctx) {
         })
         .await;
         let what = format!("webhook_host_crash_{run}");
-        let d = h.lines().since(&window.lines);
-        first_line_failed += d.fail_open.get(WEBHOOK).copied().unwrap_or(0);
-        window.close_none_ungated(h, prober, &what, 20);
+        first_line_failed += window
+            .close_none_ungated(h, prober, &what, 20)
+            .first_line_fail_open;
     }
     figure("webhook_host_crash_runs", runs);
     figure(

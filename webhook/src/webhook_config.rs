@@ -22,6 +22,8 @@ pub const PRIMARY: &str = "nodes.nodegate.dev";
 pub const SERVICE: &str = "nodegate-webhook";
 /// Replicas shipped.
 pub const DEFAULT_REPLICAS: u32 = 2;
+/// Every line's `timeoutSeconds`.
+pub const TIMEOUT_SECONDS: u32 = 2;
 
 /// The name of the backup line of replica `i`.
 pub fn backup_name(i: u32) -> String {
@@ -80,7 +82,7 @@ webhooks:
     sideEffects: NoneOnDryRun
     # The webhook answers in milliseconds; a dead replica costs a whole
     # timeout per line that reaches it (at most two with two replicas).
-    timeoutSeconds: 2
+    timeoutSeconds: {TIMEOUT_SECONDS}
     matchPolicy: Equivalent
     reinvocationPolicy: Never
     objectSelector:
@@ -144,7 +146,7 @@ webhooks:
         scope: Cluster
     failurePolicy: Ignore
     sideEffects: NoneOnDryRun
-    timeoutSeconds: 2
+    timeoutSeconds: {TIMEOUT_SECONDS}
     matchPolicy: Equivalent
     reinvocationPolicy: Never
     objectSelector:
@@ -246,7 +248,7 @@ mod tests {
         for h in hooks {
             assert_eq!(h["failurePolicy"], "Ignore");
             assert_eq!(h["reinvocationPolicy"], "Never");
-            assert_eq!(h["timeoutSeconds"], 2);
+            assert_eq!(h["timeoutSeconds"], TIMEOUT_SECONDS);
         }
         for h in &hooks[1..] {
             // No status rule, and the still-ungated condition naming the taint.

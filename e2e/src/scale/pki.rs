@@ -69,37 +69,40 @@ impl Pki {
 
     /// A client certificate for `cn` in the groups `orgs`.
     pub fn client(&self, cn: &str, orgs: &[&str]) -> anyhow::Result<Pair> {
-        let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256)?;
-        let mut params = CertificateParams::default();
         let mut dn = DistinguishedName::new();
         for o in orgs {
             dn.push(DnType::OrganizationName, *o);
         }
         dn.push(DnType::CommonName, cn);
-        params.distinguished_name = dn;
-        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-        params.use_authority_key_identifier_extension = true;
-        validity(&mut params);
-        let cert = params.signed_by(&key, &self.issuer)?;
-        Ok(Pair {
-            cert_pem: cert.pem(),
-            key_pem: key.serialize_pem(),
-        })
+        self.sign(
+            CertificateParams::default(),
+            dn,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        )
     }
 
     /// A serving certificate for these names and addresses.
     pub fn serving(&self, dns: &[String], ips: &[IpAddr]) -> anyhow::Result<Pair> {
-        let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256)?;
         let mut params = CertificateParams::new(dns.to_vec())?;
         params
             .subject_alt_names
             .extend(ips.iter().copied().map(SanType::IpAddress));
         let mut dn = DistinguishedName::new();
         dn.push(DnType::CommonName, "nodegate-scale-server");
+        self.sign(params, dn, ExtendedKeyUsagePurpose::ServerAuth)
+    }
+
+    /// A fresh P-256 key and `params` as a leaf for `usage`, signed by this CA.
+    fn sign(
+        &self,
+        mut params: CertificateParams,
+        dn: DistinguishedName,
+        usage: ExtendedKeyUsagePurpose,
+    ) -> anyhow::Result<Pair> {
+        let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256)?;
         params.distinguished_name = dn;
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        params.extended_key_usages = vec![usage];
         params.use_authority_key_identifier_extension = true;
         validity(&mut params);
         let cert = params.signed_by(&key, &self.issuer)?;

@@ -10,3 +10,17 @@ use kube::runtime::watcher;
 pub fn config() -> watcher::Config {
     watcher::Config::default().timeout(rand::random_range(300..600))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Inside client-go's 5–10 min, and not all the same: agents started
+    /// together must not re-watch together.
+    #[test]
+    fn timeouts_are_five_to_ten_minutes_and_spread() {
+        let t: Vec<u32> = (0..64).map(|_| config().timeout.unwrap_or(0)).collect();
+        assert!(t.iter().all(|s| (300..600).contains(s)), "{t:?}");
+        assert!(t.iter().any(|s| *s != t[0]), "{t:?}");
+    }
+}

@@ -10,6 +10,7 @@
 
 use std::time::Duration;
 
+use nodegate_shared::node::older_version;
 use nodegate_shared::{NodeView, TaintSpec};
 use tokio::time::Instant;
 
@@ -126,7 +127,15 @@ pub struct State {
     announced_boot: Option<Option<String>>,
     /// Who put on the taint the next ready patch removes.
     origin: Origin,
+    /// The version the last ready patch answered with, and when.
+    patched: Option<(String, Instant)>,
 }
+
+/// How long after a ready patch the watch's older versions are skipped:
+/// past it (a watch that far behind, or versions that went back as after
+/// an etcd restore) every version counts again, and a stale one costs a
+/// failed `test` and a read, as before.
+const STALE_WINDOW: Duration = Duration::from_secs(30);
 
 impl State {
     pub fn new(
@@ -147,6 +156,7 @@ impl State {
             since: started,
             announced_boot: None,
             origin: Origin::Webhook,
+            patched: None,
         }
     }
 
@@ -184,6 +194,9 @@ impl State {
                 within: SAFETY_NET_WITHIN,
             }),
             Event::NodeChanged(view) => {
+                if self.stale(&view, now) {
+                    return out;
+                }
                 self.view = Some(view);
                 if self.rebooted(now, &mut out) || self.retainted(now, &mut out) {
                     out.push(Action::RunProbes);
@@ -218,6 +231,7 @@ impl State {
                         latest,
                     }) => {
                         // The watch event of this write will refresh it too.
+                        self.patched = latest.metadata.resource_version.clone().map(|rv| (rv, now));
                         self.view = Some(latest);
                         self.announce(out_, now, &mut out);
                     }
@@ -243,6 +257,22 @@ impl State {
             }
         }
         out
+    }
+
+    /// A watched version older than the one the ready patch answered with,
+    /// shortly after it: the watch catching up on the writes before ours.
+    /// Acting on it would patch a taint list that is gone, fail the `test`
+    /// and re-read: a wasted write and read per node at every ready.
+    fn stale(&mut self, view: &NodeView, now: Instant) -> bool {
+        let Some((rv, at)) = &self.patched else {
+            return false;
+        };
+        let old = older_version(view.metadata.resource_version.as_deref(), Some(rv));
+        if !old || now.duration_since(*at) > STALE_WINDOW {
+            self.patched = None;
+            return false;
+        }
+        true
     }
 
     /// After a round or a new view: patch when ready and the node still
@@ -547,6 +577,77 @@ mod tests {
             next_round(t0 + secs(2), t0 + secs(1), ms(20), false),
             t0 + secs(1) + ms(20)
         );
+    }
+
+    fn at(mut view: NodeView, rv: &str) -> NodeView {
+        view.metadata.resource_version = Some(rv.into());
+        view
+    }
+
+    /// The watch delivers the versions before the ready patch after its
+    /// answer: they show the taint the patch removed. Acting on them would
+    /// send a patch bound to fail its `test` and a read, per node, at every
+    /// ready; a newer version with the taint (an admin's) still counts, and
+    /// so does an old one once the window is over.
+    #[test]
+    fn versions_older_than_the_ready_patch_are_not_acted_on() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        let mut g = State::new("n1", vec![TAINT.parse().unwrap()], cfg(1, 1, false), 1, t0);
+        g.on(Event::NodeChanged(at(node("b1", true), "7")), t0);
+        let acts = |a: Vec<Action>| a.iter().map(brief).collect::<Vec<_>>();
+        assert_eq!(
+            acts(g.on(Event::Probed(true), t0)),
+            ["ready=1", "remove@b1/10s"]
+        );
+        let answer = Event::ReadyPatched(Ok(MarkReady {
+            outcome: Some(ReadyOutcome {
+                removed: vec![ours()],
+                boot_id: Some("b1".into()),
+                since_creation_ms: Some(5),
+                uid: Some("u1".into()),
+            }),
+            latest: at(node("b1", false), "10"),
+        }));
+        g.on(answer, t0 + s(1));
+        for rv in ["8", "9"] {
+            let got = acts(g.on(Event::NodeChanged(at(node("b1", true), rv)), t0 + s(2)));
+            assert!(
+                got.is_empty(),
+                "version {rv} is older than the patch: {got:?}"
+            );
+        }
+        assert!(
+            g.seen()
+                .is_some_and(|v| v.metadata.resource_version.as_deref() == Some("10"))
+        );
+        // The patch's own version, then someone else's newer write.
+        assert!(acts(g.on(Event::NodeChanged(at(node("b1", false), "10")), t0 + s(2))).is_empty());
+        let retaint = acts(g.on(Event::NodeChanged(at(node("b1", true), "12")), t0 + s(3)));
+        assert!(!retaint.is_empty(), "a newer taint is acted on");
+
+        // Past the window an older version counts again (after an etcd
+        // restore versions go back): at worst one failed `test` and a read.
+        let mut g = State::new("n1", vec![TAINT.parse().unwrap()], cfg(1, 1, false), 1, t0);
+        g.on(Event::NodeChanged(at(node("b1", true), "7")), t0);
+        g.on(Event::Probed(true), t0);
+        g.on(
+            Event::ReadyPatched(Ok(MarkReady {
+                outcome: Some(ReadyOutcome {
+                    removed: vec![ours()],
+                    boot_id: Some("b1".into()),
+                    since_creation_ms: Some(5),
+                    uid: Some("u1".into()),
+                }),
+                latest: at(node("b1", false), "10"),
+            })),
+            t0,
+        );
+        let late = acts(g.on(
+            Event::NodeChanged(at(node("b1", true), "9")),
+            t0 + STALE_WINDOW + s(1),
+        ));
+        assert!(!late.is_empty(), "past the window the version counts");
     }
 
     #[test]

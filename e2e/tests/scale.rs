@@ -38,7 +38,7 @@ async fn fifty_nodes_meet_every_goal() {
     let mut cli = Cli::parse_from(["scale"]);
     cli.cfg.nodes = 50;
     cli.cfg.storm = Duration::from_secs(10);
-    cli.cfg.ready_after = Duration::from_secs(5);
+    cli.cfg.network_start = Duration::from_secs(5);
     // Longer than one cycle of every watch (kube-runtime's 290 s).
     cli.cfg.steady = Duration::from_secs(300);
     cli.cfg.prune = 5;

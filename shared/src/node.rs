@@ -290,6 +290,22 @@ pub fn boot_id_changed(old: Option<&str>, new: Option<&str>) -> bool {
     matches!((old, new), (Some(o), Some(n)) if !o.is_empty() && !n.is_empty() && o != n)
 }
 
+/// `a` is an older version of the same object than `b`: both
+/// resourceVersions compared as the API server's comparable form (decimal
+/// digits without a leading zero, longer is newer, else lexically), as
+/// apimachinery's `resourceversion.CompareResourceVersion` does. False when
+/// either is absent or not in that form: an API server whose versions are
+/// opaque strings loses only the shortcut.
+pub fn older_version(a: Option<&str>, b: Option<&str>) -> bool {
+    fn comparable(v: &str) -> bool {
+        !v.is_empty() && v.bytes().all(|c| c.is_ascii_digit()) && (v == "0" || !v.starts_with('0'))
+    }
+    match (a, b) {
+        (Some(a), Some(b)) if comparable(a) && comparable(b) => (a.len(), a) < (b.len(), b),
+        _ => false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -403,5 +419,28 @@ mod tests {
         assert!(!boot_id_changed(Some(""), Some("b")));
         assert!(!boot_id_changed(Some("a"), Some("a")));
         assert!(!boot_id_changed(None, Some("b")));
+    }
+
+    #[test]
+    fn versions_compare_as_the_api_server_defines_them() {
+        let cases = [
+            (Some("9"), Some("10"), true),
+            (Some("10"), Some("9"), false),
+            (Some("41"), Some("41"), false),
+            (Some("123"), Some("124"), true),
+            (
+                Some("18446744073709551616"),
+                Some("18446744073709551617"),
+                true,
+            ),
+            (Some("09"), Some("10"), false),
+            (Some("a1"), Some("b2"), false),
+            (None, Some("3"), false),
+            (Some("3"), None, false),
+            (Some(""), Some("3"), false),
+        ];
+        for (a, b, want) in cases {
+            assert_eq!(older_version(a, b), want, "{a:?} < {b:?}");
+        }
     }
 }

@@ -42,6 +42,17 @@ pub fn on_path(name: &str) -> Option<PathBuf> {
 }
 
 /// `None` when everything is there, else the one-line reason to refuse.
+/// A controller's client limits; none (the component's defaults) for 0.
+fn client_limits(qps: u32) -> Vec<String> {
+    if qps == 0 {
+        return Vec::new();
+    }
+    vec![
+        format!("--kube-api-qps={qps}"),
+        format!("--kube-api-burst={qps}"),
+    ]
+}
+
 pub fn missing_binaries() -> Option<String> {
     let missing: Vec<&str> = KUBE_BINARIES
         .iter()
@@ -232,7 +243,7 @@ pub struct ControlPlane {
 }
 
 impl ControlPlane {
-    pub async fn start(dir: &Path, net: Net, pki: &Pki) -> anyhow::Result<Self> {
+    pub async fn start(dir: &Path, net: Net, pki: &Pki, qps: u32) -> anyhow::Result<Self> {
         let log = dir.join("log");
         std::fs::create_dir_all(&log)?;
         net.up()?;
@@ -378,7 +389,10 @@ impl ControlPlane {
                 "--bind-address=127.0.0.1".into(),
                 format!("--secure-port={}", free_port(lo)?),
                 "--service-cluster-ip-range=10.96.0.0/16".into(),
-            ],
+            ]
+            .into_iter()
+            .chain(client_limits(qps))
+            .collect::<Vec<_>>(),
             &[],
         )?);
         let sched_bin = kube_bin("kube-scheduler").context("kube-scheduler")?;
@@ -393,7 +407,10 @@ impl ControlPlane {
                 "--leader-elect=false".into(),
                 "--bind-address=127.0.0.1".into(),
                 format!("--secure-port={}", free_port(lo)?),
-            ],
+            ]
+            .into_iter()
+            .chain(client_limits(qps))
+            .collect::<Vec<_>>(),
             &[],
         )?);
         Ok(cp)

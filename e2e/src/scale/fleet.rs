@@ -77,6 +77,9 @@ struct NodeRun {
     boot_id: String,
     kubelet: Option<JoinHandle<()>>,
     agent: Option<AgentRun>,
+    /// The network agent's DaemonSet Pod is on this node: its container
+    /// starts again with every boot.
+    network_pod: bool,
     /// Pods whose status this boot already reported (by uid).
     reported: std::collections::HashSet<String>,
     terminating: std::collections::HashSet<String>,
@@ -87,7 +90,12 @@ struct NodeRun {
 pub struct Times {
     pub registered: HashMap<String, Instant>,
     pub network_ready: HashMap<String, Instant>,
+    /// The first start of each node's agent container.
     pub agent_started: HashMap<String, Instant>,
+    /// The latest start of each node's agent container (after a reboot).
+    pub agent_restarted: HashMap<String, Instant>,
+    /// The first start of each node's network agent container.
+    pub network_started: HashMap<String, Instant>,
 }
 
 pub struct Fleet {
@@ -100,9 +108,9 @@ pub struct Fleet {
     nodes: Mutex<HashMap<String, NodeRun>>,
     pub prunes: PruneCounts,
     pub times: Mutex<Times>,
-    /// Readiness of the stand-in network agent, this long after each boot's
-    /// registration.
-    pub ready_after: Duration,
+    /// The stand-in network agent turns ready this long after its container
+    /// starts.
+    pub network_start: Duration,
     admin: Client,
     pub agent_pid: Mutex<Option<u32>>,
     pub changed: Notify,
@@ -155,7 +163,7 @@ impl Fleet {
         admin: Client,
         shipped_agent_args: Vec<String>,
         agent_bin: Option<PathBuf>,
-        ready_after: Duration,
+        network_start: Duration,
     ) -> Self {
         Self {
             cp_server: cp.server.clone(),
@@ -167,7 +175,7 @@ impl Fleet {
             nodes: Mutex::new(HashMap::new()),
             prunes: Arc::default(),
             times: Mutex::default(),
-            ready_after,
+            network_start,
             admin,
             agent_pid: Mutex::new(None),
             changed: Notify::new(),
@@ -212,6 +220,7 @@ impl Fleet {
                 boot_id: String::new(),
                 kubelet: None,
                 agent: None,
+                network_pod: false,
                 reported: Default::default(),
                 terminating: Default::default(),
             },
@@ -227,17 +236,17 @@ impl Fleet {
         self.times.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Boots a node: a new boot ID, its kubelet, its stand-in network agent
-    /// ready `ready_after` after registration, and (after a reboot) the
-    /// agent container of its existing Pod started again.
+    /// Boots a node: a new boot ID, its kubelet, and (after a reboot) the
+    /// containers of its existing Pods started again: the agent's, and the
+    /// network agent's, which turns ready `network_start` later.
     pub fn boot(self: &Arc<Self>, name: &str) -> anyhow::Result<()> {
         let boot_id = uuid::Uuid::new_v4().to_string();
-        let (shared, restart) = {
+        let (shared, restart, network) = {
             let mut nodes = self.lock();
             let run = nodes.get_mut(name).context("unknown node")?;
             run.boot_id = boot_id.clone();
             run.reported.clear();
-            (run.shared.clone(), run.agent.is_some())
+            (run.shared.clone(), run.agent.is_some(), run.network_pod)
         };
         let me = self.clone();
         let task = tokio::spawn(async move {
@@ -253,14 +262,9 @@ impl Fleet {
                 let name = shared.name.clone();
                 tokio::spawn(async move { me2.restart_agent(&name).await });
             }
-            let me3 = me.clone();
-            let s2 = shared.clone();
-            tokio::spawn(async move {
-                tokio::time::sleep(me3.ready_after).await;
-                if let Err(e) = me3.network_ready(&s2) {
-                    tracing::warn!(error = %e, "stand-in not ready");
-                }
-            });
+            if network {
+                me.start_network(shared.clone(), boot_id.clone());
+            }
             kubelet::run_registered(shared, boot_id).await;
         });
         let mut nodes = self.lock();
@@ -270,9 +274,31 @@ impl Fleet {
         Ok(())
     }
 
+    /// The network agent's container started in boot `boot_id`: ready
+    /// `network_start` later, unless the node crashed meanwhile.
+    fn start_network(self: &Arc<Self>, node: Arc<NodeShared>, boot_id: String) {
+        let me = self.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(me.network_start).await;
+            if let Err(e) = me.network_ready(&node, &boot_id) {
+                tracing::warn!(error = %e, "stand-in not ready");
+            }
+        });
+    }
+
     /// The stand-in network agent turns ready: the CNI config the agent
-    /// probes appears, and the kubelet reports the network ready.
-    fn network_ready(&self, node: &NodeShared) -> anyhow::Result<()> {
+    /// probes appears, and the kubelet reports the network ready. Once per
+    /// boot, and only in the boot that started it.
+    fn network_ready(&self, node: &NodeShared, boot_id: &str) -> anyhow::Result<()> {
+        {
+            let nodes = self.lock();
+            let live = nodes
+                .get(&node.name)
+                .is_some_and(|r| r.boot_id == boot_id && r.kubelet.is_some());
+            if !live || node.network_ready.load(Ordering::SeqCst) {
+                return Ok(());
+            }
+        }
         let d = self.node_dir(&node.name).join("cni");
         nodegate_certs::write_atomic(
             &d.join("05-cilium.conflist"),
@@ -417,10 +443,12 @@ impl Fleet {
             .context("TokenRequest as the node")?;
         let token = tr.status.context("TokenRequest without status")?.token;
         let argv = agent_argv(&self.agent_argv, &node.name, &self.node_dir(&node.name));
-        self.times()
-            .agent_started
-            .entry(node.name.clone())
-            .or_insert_with(Instant::now);
+        {
+            let mut t = self.times();
+            let now = Instant::now();
+            t.agent_started.entry(node.name.clone()).or_insert(now);
+            t.agent_restarted.insert(node.name.clone(), now);
+        }
         if node.index == 0
             && let Some(bin) = &self.agent_bin
         {
@@ -495,6 +523,12 @@ impl Fleet {
                 .get("app.kubernetes.io/name")
                 .map(String::as_str)
                 == Some("nodegate-agent");
+        let is_network = pod.namespace().as_deref() == Some("kube-system")
+            && pod
+                .labels()
+                .get("app.kubernetes.io/name")
+                .map(String::as_str)
+                == Some(super::install::NETWORK_AGENT);
         let mut nodes = self.lock();
         let Some(run) = nodes.get_mut(&node) else {
             return;
@@ -538,6 +572,10 @@ impl Fleet {
             return;
         }
         let start_agent = is_agent && run.agent.as_ref().is_none_or(|a| a.uid != uid);
+        let network_boot = is_network.then(|| {
+            run.network_pod = true;
+            run.boot_id.clone()
+        });
         if start_agent {
             run.agent = Some(AgentRun {
                 pod: pod.name_any(),
@@ -546,6 +584,13 @@ impl Fleet {
             });
         }
         drop(nodes);
+        if let Some(boot_id) = network_boot {
+            self.times()
+                .network_started
+                .entry(node.clone())
+                .or_insert_with(Instant::now);
+            self.start_network(shared.clone(), boot_id);
+        }
         let me = self.clone();
         tokio::spawn(async move {
             if start_agent {

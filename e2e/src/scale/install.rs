@@ -72,6 +72,41 @@ spec:
           nonResourceURLs: ["*"]
 "#;
 
+/// The network agent nodegate waits for, as Cilium's chart installs it: a
+/// DaemonSet in kube-system that tolerates every taint, at the node-critical
+/// priority, on the host network. Its Pods are created by the same
+/// DaemonSet controller, under the same client limit, as the nodegate
+/// agent's; the simulated kubelets start them and turn the node's network
+/// ready `--network-start` later.
+pub const NETWORK_AGENT: &str = "network-agent";
+const NETWORK_AGENT_DS: &str = r#"
+apiVersion: apps/v1
+kind: DaemonSet
+metadata:
+  name: network-agent
+  namespace: kube-system
+spec:
+  selector:
+    matchLabels:
+      app.kubernetes.io/name: network-agent
+  updateStrategy:
+    type: RollingUpdate
+    rollingUpdate:
+      maxUnavailable: 2
+  template:
+    metadata:
+      labels:
+        app.kubernetes.io/name: network-agent
+    spec:
+      hostNetwork: true
+      priorityClassName: system-node-critical
+      tolerations:
+        - operator: Exists
+      containers:
+        - name: agent
+          image: quay.io/cilium/cilium:stand-in
+"#;
+
 pub fn kubectl(kubeconfig: &Path, args: &[&str], stdin: Option<&str>) -> anyhow::Result<String> {
     use std::io::Write;
     let mut child = std::process::Command::new("kubectl")
@@ -151,6 +186,11 @@ pub async fn install(cp: &ControlPlane, pki: &Pki, admin: &Client) -> anyhow::Re
         )?;
     }
     kubectl(kc, &["apply", "--server-side", "-f", "-"], Some(ACCOUNTING))?;
+    kubectl(
+        kc,
+        &["apply", "--server-side", "-f", "-"],
+        Some(NETWORK_AGENT_DS),
+    )?;
 
     // Both replicas' addresses on the dummy interface; the API server
     // refuses loopback endpoints.

@@ -39,9 +39,19 @@ pub struct Config {
     /// The registration storm's length: node i boots at i × this / nodes.
     #[arg(long, env = "NODEGATE_SCALE_STORM", default_value = "60s", value_parser = nodegate_shared::duration::parse)]
     pub storm: Duration,
-    /// The stand-in network agent is ready this long after each boot's registration.
-    #[arg(long, env = "NODEGATE_SCALE_READY_AFTER", default_value = "10s", value_parser = nodegate_shared::duration::parse)]
-    pub ready_after: Duration,
+    /// The stand-in network agent, a DaemonSet Pod as Cilium's is, turns
+    /// ready this long after its container starts (on the first boot once
+    /// the DaemonSet controller created its Pod; after a reboot once the node
+    /// registered again). Shorter than a real Cilium agent's start, so the
+    /// nodegate agent's own start has less time to hide in.
+    #[arg(long, env = "NODEGATE_SCALE_NETWORK_START", default_value = "5s", value_parser = nodegate_shared::duration::parse)]
+    pub network_start: Duration,
+    /// `--kube-api-qps` and `--kube-api-burst` of kube-controller-manager and
+    /// kube-scheduler: 100, as Kubernetes' own scalability jobs run them
+    /// (their defaults, 20/30 and 50/100, pace the DaemonSet controller's Pod
+    /// creation to 20 a second); 0 keeps the defaults.
+    #[arg(long, env = "NODEGATE_SCALE_CONTROLLER_QPS", default_value_t = 100)]
+    pub controller_qps: u32,
     /// The steady-state measuring window: longer than one cycle of every
     /// watch (kube-runtime re-watches every 290 s).
     #[arg(long, env = "NODEGATE_SCALE_STEADY", default_value = "300s", value_parser = nodegate_shared::duration::parse)]
@@ -94,7 +104,8 @@ pub async fn run(cfg: Config) -> anyhow::Result<Report> {
     std::fs::create_dir_all(&cfg.dir)?;
     let inotify = InotifyLimit::raise(cfg.nodes)?;
     let pki = pki::Pki::new()?;
-    let cp = control_plane::ControlPlane::start(&cfg.dir, net.clone(), &pki).await;
+    let cp =
+        control_plane::ControlPlane::start(&cfg.dir, net.clone(), &pki, cfg.controller_qps).await;
     let cp = match cp {
         Ok(cp) => cp,
         Err(e) => {
@@ -178,7 +189,7 @@ async fn with_cluster(
         admin.clone(),
         install::shipped_args("agent/daemonset.yaml")?,
         agent_bin.exists().then_some(agent_bin),
-        cfg.ready_after,
+        cfg.network_start,
     ));
     tokio::spawn(fleet.clone().follow_pods());
     let rec = observe::start(admin.clone());

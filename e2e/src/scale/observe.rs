@@ -29,7 +29,10 @@ pub struct Binding {
     pub rv: u64,
     pub seen: Instant,
     pub node: String,
-    pub namespace: String,
+    /// The pod tolerates the gate (the agent's and the network agent's
+    /// DaemonSet Pods tolerate every taint): its binding to a gated node is
+    /// what the gate allows.
+    pub tolerates_gate: bool,
 }
 
 #[derive(Debug, Default)]
@@ -108,7 +111,7 @@ pub fn start(admin: Client) -> Shared {
                     rv: rv(&pod.metadata),
                     seen: Instant::now(),
                     node,
-                    namespace: pod.namespace().unwrap_or_default(),
+                    tolerates_gate: tolerates_gate(&pod),
                 });
         }
     });
@@ -124,12 +127,31 @@ pub fn gated_at(versions: &[NodeVersion], at: u64) -> bool {
         .is_some_and(|v| v.gated)
 }
 
-/// Pods (outside `nodegate`: the agent's DaemonSet tolerates every taint)
-/// bound to a node while it was gated.
+/// Does `pod` tolerate the gate's NoSchedule taint (as the scheduler's
+/// `TaintToleration` plugin matches a toleration to a taint)?
+pub fn tolerates_gate(pod: &Pod) -> bool {
+    let tolerations = pod.spec.as_ref().and_then(|s| s.tolerations.as_ref());
+    tolerations.is_some_and(|ts| {
+        ts.iter().any(|t| {
+            let key = t.key.as_deref().unwrap_or("");
+            let exists = t.operator.as_deref() == Some("Exists");
+            let effect = t.effect.as_deref().unwrap_or("");
+            let key_ok = if key.is_empty() {
+                exists
+            } else {
+                key == GATE_KEY
+            };
+            let value_ok = exists || t.value.as_deref() == Some("true");
+            key_ok && value_ok && (effect.is_empty() || effect == "NoSchedule")
+        })
+    })
+}
+
+/// Pods that do not tolerate the gate bound to a node while it was gated.
 pub fn bound_while_gated(rec: &Record, since_rv: u64) -> Vec<String> {
     rec.bindings
         .iter()
-        .filter(|(_, b)| b.rv > since_rv && b.namespace != "nodegate")
+        .filter(|(_, b)| b.rv > since_rv && !b.tolerates_gate)
         .filter(|(_, b)| rec.nodes.get(&b.node).is_some_and(|vs| gated_at(vs, b.rv)))
         .map(|(uid, b)| format!("{uid} on {}", b.node))
         .collect()
@@ -143,4 +165,48 @@ pub fn percentile(v: &mut [f64], q: f64) -> f64 {
     v.sort_by(f64::total_cmp);
     let rank = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len());
     v[rank - 1]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(tolerations: serde_json::Value) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p"},
+            "spec": {"containers": [], "tolerations": tolerations},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn only_a_toleration_of_the_gate_lets_a_pod_onto_a_gated_node() {
+        let cases = [
+            (serde_json::json!([{"operator": "Exists"}]), true),
+            (
+                serde_json::json!([{"key": GATE_KEY, "operator": "Exists"}]),
+                true,
+            ),
+            (
+                serde_json::json!([{"key": GATE_KEY, "value": "true", "effect": "NoSchedule"}]),
+                true,
+            ),
+            (
+                serde_json::json!([{"key": GATE_KEY, "value": "false"}]),
+                false,
+            ),
+            (
+                serde_json::json!([{"key": GATE_KEY, "operator": "Exists", "effect": "NoExecute"}]),
+                false,
+            ),
+            (
+                serde_json::json!([{"key": "node.kubernetes.io/not-ready", "operator": "Exists"}]),
+                false,
+            ),
+            (serde_json::json!([]), false),
+        ];
+        for (t, want) in cases {
+            assert_eq!(tolerates_gate(&pod(t.clone())), want, "{t}");
+        }
+    }
 }

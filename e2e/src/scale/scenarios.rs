@@ -185,7 +185,7 @@ pub async fn storm(c: &Ctx<'_>, r: &mut Report, n: usize, within: Duration) -> a
         c.fleet.boot(name)?;
     }
     let registered_in = t0.elapsed();
-    let deadline = Duration::from_secs(120) + c.fleet.ready_after + within / 2;
+    let deadline = Duration::from_secs(120) + c.fleet.network_start + within / 2;
     let settled = wait_ok("every node registered and ungated", deadline, || async {
         all_ungated(&c.rec, &names).then_some(())
     })
@@ -202,12 +202,13 @@ pub async fn storm(c: &Ctx<'_>, r: &mut Report, n: usize, within: Duration) -> a
     r.figure("storm_settled_s", format!("{:.1}", settle.as_secs_f64()));
     cpu_figures(r, "storm", &cpu0, &cpu1, settle.as_secs_f64());
 
-    let (gated_first, ungated_before_ready, untaint, seen_nodes) = {
+    let (gated_first, ungated_before_ready, untaint, untaint_agent_up, seen_nodes) = {
         let rec = c.rec.lock().unwrap_or_else(|e| e.into_inner());
         let times = c.fleet.times.lock().unwrap_or_else(|e| e.into_inner());
         let mut gated_first = 0;
         let mut ungated_early = 0;
         let mut untaint = Vec::new();
+        let mut untaint_agent_up = Vec::new();
         let mut seen = 0;
         for name in &names {
             let Some(vs) = rec.nodes.get(name) else {
@@ -220,12 +221,17 @@ pub async fn storm(c: &Ctx<'_>, r: &mut Report, n: usize, within: Duration) -> a
             let ready = times.network_ready.get(name).copied();
             let first_ungated = vs.iter().find(|v| !v.gated);
             match (ready, first_ungated) {
-                (Some(rd), Some(u)) if u.seen >= rd => untaint.push(ms(u.seen - rd)),
+                (Some(rd), Some(u)) if u.seen >= rd => {
+                    untaint.push(ms(u.seen - rd));
+                    if times.agent_started.get(name).is_some_and(|a| *a <= rd) {
+                        untaint_agent_up.push(ms(u.seen - rd));
+                    }
+                }
                 (_, Some(_)) => ungated_early += 1,
                 _ => {}
             }
         }
-        (gated_first, ungated_early, untaint, seen)
+        (gated_first, ungated_early, untaint, untaint_agent_up, seen)
     };
     r.figure("storm_first_version_gated", format!("{gated_first}/{n}"));
     r.figure("storm_nodes_seen", seen_nodes);
@@ -238,25 +244,41 @@ pub async fn storm(c: &Ctx<'_>, r: &mut Report, n: usize, within: Duration) -> a
         "storm_ready_to_untaint_max_ms",
         format!("{:.0}", percentile(&mut u, 1.0)),
     );
+    // nodegate's own part: the nodes whose agent already ran at ready.
+    let mut up = untaint_agent_up;
+    r.figure("storm_agent_up_at_ready", up.len());
+    r.figure(
+        "storm_ready_to_untaint_agent_up_p50_ms",
+        format!("{:.0}", percentile(&mut up, 0.5)),
+    );
+    r.figure(
+        "storm_ready_to_untaint_agent_up_p99_ms",
+        format!("{:.0}", percentile(&mut up, 0.99)),
+    );
     {
         let times = c.fleet.times.lock().unwrap_or_else(|e| e.into_inner());
-        let mut start: Vec<f64> = names
-            .iter()
-            .filter_map(|n| {
-                Some(ms(times
-                    .agent_started
-                    .get(n)?
-                    .saturating_duration_since(*times.registered.get(n)?)))
-            })
-            .collect();
-        r.figure(
-            "storm_register_to_agent_p50_ms",
-            format!("{:.0}", percentile(&mut start, 0.5)),
-        );
-        r.figure(
-            "storm_register_to_agent_p99_ms",
-            format!("{:.0}", percentile(&mut start, 0.99)),
-        );
+        // Both DaemonSets' Pods: how soon the controller created them.
+        for (what, started) in [
+            ("agent", &times.agent_started),
+            ("network_agent", &times.network_started),
+        ] {
+            let mut after: Vec<f64> = names
+                .iter()
+                .filter_map(|n| {
+                    Some(ms(started
+                        .get(n)?
+                        .saturating_duration_since(*times.registered.get(n)?)))
+                })
+                .collect();
+            r.figure(
+                &format!("storm_register_to_{what}_p50_ms"),
+                format!("{:.0}", percentile(&mut after, 0.5)),
+            );
+            r.figure(
+                &format!("storm_register_to_{what}_p99_ms"),
+                format!("{:.0}", percentile(&mut after, 0.99)),
+            );
+        }
         let late = names
             .iter()
             .filter(
@@ -277,6 +299,7 @@ pub async fn storm(c: &Ctx<'_>, r: &mut Report, n: usize, within: Duration) -> a
         &wh_after,
         &["CREATE"],
     );
+    write_latency(r, "storm", &before, &after);
     let fail_open = after.sum("apiserver_admission_webhook_fail_open_count", &[])
         - before.sum("apiserver_admission_webhook_fail_open_count", &[]);
     r.figure("storm_fail_open", fail_open);
@@ -313,6 +336,32 @@ pub async fn storm(c: &Ctx<'_>, r: &mut Report, n: usize, within: Duration) -> a
         format!("storm: ready→untaint p99 {p99:.0} ms < 1000 ms"),
     );
     Ok(())
+}
+
+/// The API server's own latency for Node writes (every writer: the agents'
+/// patches beside the controllers'; the kubelets' status patches) and the
+/// kubelets' Lease renewals, which no webhook sees: what any write on this
+/// machine costs at that moment.
+fn write_latency(r: &mut Report, prefix: &str, before: &Scrape, after: &Scrape) {
+    for (what, verb, resource, sub) in [
+        ("patch_nodes", "PATCH", "nodes", ""),
+        ("patch_nodes_status", "PATCH", "nodes", "status"),
+        ("put_leases", "PUT", "leases", ""),
+    ] {
+        let want = [("verb", verb), ("resource", resource), ("subresource", sub)];
+        let d = bucket_delta(
+            &before.buckets("apiserver_request_duration_seconds", &want),
+            &after.buckets("apiserver_request_duration_seconds", &want),
+        );
+        r.figure(
+            &format!("{prefix}_apiserver_{what}_p50_ms"),
+            format!("{:.0}", quantile(&d, 0.5) * 1000.0),
+        );
+        r.figure(
+            &format!("{prefix}_apiserver_{what}_p99_ms"),
+            format!("{:.0}", quantile(&d, 0.99) * 1000.0),
+        );
+    }
 }
 
 fn webhook_latency(
@@ -511,6 +560,7 @@ pub async fn wave(c: &Ctx<'_>, r: &mut Report, n: usize, every: usize) -> anyhow
             .collect()
     };
     let rv0 = max_rv(&c.rec);
+    let before = metrics::apiserver(&c.admin).await?;
     let t0 = Instant::now();
     for w in &wave {
         c.fleet.crash(w)?;
@@ -555,12 +605,39 @@ pub async fn wave(c: &Ctx<'_>, r: &mut Report, n: usize, every: usize) -> anyhow
     )
     .await;
     let all_back = t0.elapsed();
+    let after = metrics::apiserver(&c.admin).await?;
+    write_latency(r, "wave", &before, &after);
     let bound_ok = wait_ok(
         "the wave's workload bound",
         Duration::from_secs(120),
         || async { (bound_pods(&c.admin, "wave-workload").await.ok()? == k).then_some(()) },
     )
     .await;
+    {
+        // The agents' containers after the reboot: how soon they ran again.
+        let times = c.fleet.times.lock().unwrap_or_else(|e| e.into_inner());
+        let mut after: Vec<f64> = wave
+            .iter()
+            .filter_map(|w| {
+                Some(ms(times
+                    .agent_restarted
+                    .get(w)?
+                    .saturating_duration_since(*times.registered.get(w)?)))
+            })
+            .collect();
+        r.figure(
+            "wave_register_to_agent_p99_ms",
+            format!("{:.0}", percentile(&mut after, 0.99)),
+        );
+        let late = wave
+            .iter()
+            .filter(|w| {
+                matches!((times.agent_restarted.get(*w), times.network_ready.get(*w)),
+                    (Some(a), Some(rd)) if a > rd)
+            })
+            .count();
+        r.figure("wave_agent_started_after_ready", late);
+    }
     let (regated, to_taint, untaint) = {
         let rec = c.rec.lock().unwrap_or_else(|e| e.into_inner());
         let times = c.fleet.times.lock().unwrap_or_else(|e| e.into_inner());

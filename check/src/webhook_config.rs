@@ -268,9 +268,17 @@ pub async fn check(
     };
     let mut create_condition_errors = Vec::new();
     let mut bad = Vec::new();
+    let mut costly = Vec::new();
     for (what, op, sub, obj, old, want_call) in [
         ("a Node CREATE", "CREATE", "", &fresh, &Value::Null, true),
-        ("a Node UPDATE", "UPDATE", "", &ready, &ready, true),
+        (
+            "a Node UPDATE after a reboot",
+            "UPDATE",
+            "",
+            &rebooted,
+            &rebooted,
+            true,
+        ),
         (
             "a reboot's status write",
             "UPDATE",
@@ -280,15 +288,44 @@ pub async fn check(
             true,
         ),
         ("a heartbeat", "UPDATE", "status", &ready, &ready, false),
+        (
+            "an update of a ready node",
+            "UPDATE",
+            "",
+            &ready,
+            &ready,
+            false,
+        ),
     ] {
         // Only the request shapes the rules send to this webhook.
         if !covers(rules, op, sub) {
             continue;
         }
-        match evaluate(hook, op, sub, obj, old) {
+        // The node itself writes its status; an update of the main resource
+        // that rule 2 acts on comes from anyone else (a controller here).
+        let verdict = if sub.is_empty() && op == "UPDATE" {
+            evaluate_as(
+                &conditions(hook),
+                op,
+                sub,
+                "system:serviceaccount:kube-system:node-controller",
+                obj,
+                old,
+            )
+        } else {
+            evaluate(hook, op, sub, obj, old)
+        };
+        match verdict {
             Verdict::Call if want_call => {}
-            Verdict::Call => bad.push(format!(
+            // Heartbeats are most Node writes: one call per node every
+            // status write.
+            Verdict::Call if sub == "status" => bad.push(format!(
                 "{what} reaches the webhook (heartbeats cost one call per node every status write)"
+            )),
+            // Correct but costly: the agent's ready patch and every
+            // controller's taint or annotation write wait on a call.
+            Verdict::Call => costly.push(format!(
+                "{what} reaches the webhook, where no rule acts on it (the agent's ready patch and every controller's Node write wait on a call): regenerate the configuration with `nodegate-webhook webhook-config`"
             )),
             Verdict::Excluded(c) if want_call => bad.push(format!(
                 "condition {c} is false on {what}: the webhook is never called for it"
@@ -306,21 +343,28 @@ pub async fn check(
         }
     }
     let n = hook.match_conditions.as_ref().map_or(0, Vec::len);
-    if bad.is_empty() {
+    if !bad.is_empty() {
+        report.add("match conditions", Status::Fail, bad.join("; "));
+    } else if !costly.is_empty() {
+        report.add("match conditions", Status::Warn, costly.join("; "));
+    } else {
         report.add(
             "match conditions",
             Status::Pass,
             format!(
-                "{n} condition(s): call on {}a reboot's status write; skip a heartbeat",
+                "{n} condition(s): call on {}a reboot's status write; skip a heartbeat{}",
                 if policy_mode {
                     "a Node CREATE and "
                 } else {
-                    "a Node CREATE, a Node UPDATE and "
+                    "a Node CREATE, a Node UPDATE after a reboot and "
+                },
+                if policy_mode {
+                    ""
+                } else {
+                    " and an update of a ready node"
                 }
             ),
         );
-    } else {
-        report.add("match conditions", Status::Fail, bad.join("; "));
     }
     Some(Hook {
         name: hook.name.clone(),

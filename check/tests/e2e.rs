@@ -192,6 +192,33 @@ fn passes_against_nodegate_sim_serve() {
     );
 }
 
+/// An earlier first line, called for every update of a Node: correct, but
+/// the agent's ready patch and every controller's Node write wait on a
+/// call. The check warns and names the fix; it does not fail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warns_on_a_first_line_every_node_update_reaches() {
+    let mut cfg = shipped_config();
+    let conditions = cfg["webhooks"][0]["matchConditions"]
+        .as_array_mut()
+        .unwrap();
+    let before = conditions.len();
+    conditions.retain(|c| c["name"] != "create-or-update-after-reboot");
+    assert_eq!(
+        conditions.len(),
+        before - 1,
+        "the shipped first line has it"
+    );
+    let (_emu, _webhook, home) = installed(Some(serde_yaml::to_string(&cfg).unwrap())).await;
+    let (code, out) = check(&home.path().join("kubeconfig"), &[]);
+    assert_eq!(code, 0, "{out}");
+    let mc = line(&out, "WARN", "match conditions");
+    assert!(
+        mc.contains("an update of a ready node reaches the webhook")
+            && mc.contains("nodegate-webhook webhook-config"),
+        "{mc}"
+    );
+}
+
 /// The first line's old mistake: it errors on every Node CREATE, so the API
 /// server skips it silently. The first backup line then taints the canary
 /// (what the backup lines are for), and the check still fails on the

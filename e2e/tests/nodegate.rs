@@ -609,6 +609,64 @@ async fn backup_lines_are_never_called_while_the_first_answers() {
     no_ignored_failures(&c);
 }
 
+/// The first line is called only for a write a rule can act on: a create,
+/// a status write that can mean a reboot, an update of a node that rebooted
+/// since its agent was ready. The agent's ready patch, heartbeats and an
+/// admin's label on a ready node cost the API server no call.
+#[tokio::test]
+async fn the_first_line_sees_only_writes_a_rule_can_act_on() {
+    let c = Cluster::start().await.unwrap();
+    let Some(emu) = c.emulator() else {
+        eprintln!("skipped on a real cluster: counts the API server's webhook calls");
+        return;
+    };
+    let first = || {
+        emu.webhook_calls(true)
+            .iter()
+            .filter(|c| c.webhook == "nodes.nodegate.dev")
+            .count()
+    };
+    let name = c.node_name("calls");
+    let mut kubelet = c.kubelet(&name).await.unwrap();
+    first();
+    kubelet.register().await.unwrap();
+    assert!(first() >= 1, "the registration's create");
+    let agent = c.agent_client(&name).await.unwrap();
+    StandInAgent::default()
+        .mark_ready(&agent, &name)
+        .await
+        .unwrap();
+    assert_eq!(first(), 0, "the agent's ready patch");
+    for _ in 0..3 {
+        kubelet.heartbeat().await.unwrap();
+    }
+    assert_eq!(first(), 0, "heartbeats");
+    let admin: Api<Node> = Api::all(c.client(users::ADMIN).await.unwrap());
+    let label = |v: &'static str| {
+        let admin = admin.clone();
+        let name = name.clone();
+        async move {
+            admin
+                .patch(
+                    &name,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"metadata": {"labels": {"team": v}}})),
+                )
+                .await
+                .unwrap()
+        }
+    };
+    label("a").await;
+    assert_eq!(first(), 0, "an admin's label on a ready node");
+    kubelet.reboot().await.unwrap();
+    assert!(first() >= 1, "the reboot's create");
+    // Rebooted, not ready again yet: rule 2 may have to put taints back.
+    let n = label("b").await;
+    assert!(has_taint(&n));
+    assert_eq!(first(), 1, "an admin's label on a rebooted node");
+    no_ignored_failures(&c);
+}
+
 /// Replica 0 dead (its node gone, its endpoint still listed): the first
 /// line's call to it fails open, replica 0's own line fails open too, and
 /// replica 1's line taints the Node. Not one write stored ungated.

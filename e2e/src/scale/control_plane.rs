@@ -417,9 +417,14 @@ impl ControlPlane {
     }
 
     pub async fn admin_client(&self) -> anyhow::Result<kube::Client> {
+        Ok(kube::Client::try_from(self.admin_config().await?)?)
+    }
+
+    /// The admin's client configuration (a client is bound to the runtime
+    /// it is made on).
+    pub async fn admin_config(&self) -> anyhow::Result<kube::Config> {
         let kc = kube::config::Kubeconfig::read_from(&self.admin_kubeconfig)?;
-        let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
-        Ok(kube::Client::try_from(cfg)?)
+        Ok(kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?)
     }
 
     /// A client for the API server with `auth` as its credentials.

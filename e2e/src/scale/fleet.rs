@@ -310,6 +310,7 @@ impl Fleet {
             .insert(node.name.clone(), Instant::now());
         node.network_ready.store(true, Ordering::SeqCst);
         node.changed.notify_one();
+        tracing::debug!(node = %node.name, "network agent ready");
         Ok(())
     }
 

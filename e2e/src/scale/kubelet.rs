@@ -100,7 +100,11 @@ pub fn node_ip(index: usize) -> String {
 fn initial(node: &NodeShared, boot_id: &str, ready: bool) -> anyhow::Result<Node> {
     Ok(serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Node",
-        "metadata": {"name": node.name, "labels": {
+        // The kubelet's `initialNode` annotates the attach/detach mode
+        // (`--enable-controller-attach-detach`, on by default).
+        "metadata": {"name": node.name,
+            "annotations": {"volumes.kubernetes.io/controller-managed-attach-detach": "true"},
+            "labels": {
             "kubernetes.io/hostname": node.name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
             "beta.kubernetes.io/os": "linux", "beta.kubernetes.io/arch": "amd64"}},
         "spec": {},

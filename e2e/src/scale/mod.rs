@@ -192,7 +192,7 @@ async fn with_cluster(
         cfg.network_start,
     ));
     tokio::spawn(fleet.clone().follow_pods());
-    let rec = observe::start(admin.clone());
+    let rec = observe::start(cp.admin_config().await?)?;
     let ctx = scenarios::Ctx {
         admin: admin.clone(),
         fleet: fleet.clone(),

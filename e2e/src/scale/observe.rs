@@ -61,12 +61,34 @@ pub fn is_gated(node: &Node) -> bool {
         })
 }
 
-/// Starts both watches; they run until the process ends.
-pub fn start(admin: Client) -> Shared {
+/// Starts both watches on a thread and runtime of their own, with a client
+/// of their own: in the simulator's runtime they would queue behind 1,000
+/// kubelets' and agents' tasks, and a figure read from them would measure
+/// the simulator's backlog rather than the API server. They run until the
+/// process ends.
+pub fn start(admin: kube::Config) -> anyhow::Result<Shared> {
     let rec: Shared = Arc::default();
     let r = rec.clone();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    std::thread::Builder::new()
+        .name("observe".into())
+        .spawn(move || {
+            rt.block_on(async move {
+                match Client::try_from(admin) {
+                    Ok(client) => watch(client, r).await,
+                    Err(e) => tracing::error!(error = %e, "observer client"),
+                }
+            })
+        })?;
+    Ok(rec)
+}
+
+async fn watch(admin: Client, rec: Shared) {
+    let r = rec.clone();
     let nodes: Api<Node> = Api::all(admin.clone());
-    tokio::spawn(async move {
+    let nodes = async move {
         let s = watcher(nodes, watcher::Config::default())
             .default_backoff()
             .applied_objects();
@@ -84,6 +106,7 @@ pub fn start(admin: Client) -> Shared {
                     .map(|i| i.boot_id.clone())
                     .unwrap_or_default(),
             };
+            tracing::debug!(node = %node.name_any(), rv = v.rv, gated = v.gated, "node version seen");
             let mut rec = r.lock().unwrap_or_else(|e| e.into_inner());
             let vs = rec.nodes.entry(node.name_any()).or_default();
             // A relist delivers versions already seen.
@@ -91,10 +114,9 @@ pub fn start(admin: Client) -> Shared {
                 vs.push(v);
             }
         }
-    });
-    let r = rec.clone();
+    };
     let pods: Api<Pod> = Api::all(admin);
-    tokio::spawn(async move {
+    let pods = async move {
         let s = watcher(pods, watcher::Config::default().fields("spec.nodeName!="))
             .default_backoff()
             .applied_objects();
@@ -104,7 +126,7 @@ pub fn start(admin: Client) -> Shared {
             let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else {
                 continue;
             };
-            let mut rec = r.lock().unwrap_or_else(|e| e.into_inner());
+            let mut rec = rec.lock().unwrap_or_else(|e| e.into_inner());
             rec.bindings
                 .entry(pod.uid().unwrap_or_default())
                 .or_insert(Binding {
@@ -114,8 +136,8 @@ pub fn start(admin: Client) -> Shared {
                     tolerates_gate: tolerates_gate(&pod),
                 });
         }
-    });
-    rec
+    };
+    futures::join!(nodes, pods);
 }
 
 /// Was `node` gated at revision `at` (its latest version at or before it)?

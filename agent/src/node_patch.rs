@@ -217,6 +217,51 @@ mod tests {
         serde_json::from_str(OURS).unwrap()
     }
 
+    /// The API server's TaintNodesByCondition puts `not-ready` on every Node
+    /// at create, before any webhook, and the node lifecycle controller
+    /// takes it off the moment the node turns ready: just when the agent's
+    /// ready patch goes out, built from the version it watched. The gate is
+    /// added in front, so that removal does not move it and the patch's
+    /// `test` holds; behind `not-ready` it would fail and cost a read and a
+    /// second patch.
+    #[test]
+    fn a_ready_patch_survives_the_removal_of_a_taint_added_at_create() {
+        let not_ready = json!({"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"});
+        let created = json!({
+            "metadata": {"name": "n", "annotations": {"a": "b"}},
+            "spec": {"taints": [not_ready]},
+            "status": {"nodeInfo": {"bootID": "boot-1"}}
+        });
+        let spec = specs();
+        let missing: Vec<&TaintSpec> = spec.iter().collect();
+        let gate = nodegate_shared::patch::add_taints(
+            &view(created.clone()),
+            &missing,
+            nodegate_shared::patch::Guard::None,
+        );
+        let mut watched = created;
+        json_patch::patch(&mut watched, &gate).unwrap();
+        let patch = ready_patch(&view(watched.clone()), &spec, &[]).unwrap();
+        // The controller's write lands first.
+        let mut stored = watched.clone();
+        stored["spec"]["taints"]
+            .as_array_mut()
+            .unwrap()
+            .retain(|t| t["key"] != "node.kubernetes.io/not-ready");
+        json_patch::patch(&mut stored, &patch).expect("the ready patch still applies");
+        assert_eq!(stored["spec"]["taints"], json!([]));
+        assert_eq!(
+            stored["metadata"]["annotations"][READY_BOOT_ID_ANNOTATION],
+            "boot-1"
+        );
+        // Behind it, the same race fails the `test`.
+        let mut behind = watched;
+        behind["spec"]["taints"] = json!([not_ready, ours()]);
+        let late = ready_patch(&view(behind.clone()), &spec, &[]).unwrap();
+        behind["spec"]["taints"] = json!([ours()]);
+        assert!(json_patch::patch(&mut behind, &late).is_err());
+    }
+
     #[test]
     fn ready_patch_tests_removes_and_records_boot_id() {
         let other = json!({"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"});

@@ -279,7 +279,7 @@ async fn nothing_to_do_means_no_patch() {
 }
 
 #[tokio::test]
-async fn shutdown_retaint_appends_with_guard_and_retries() {
+async fn shutdown_retaint_goes_first_with_guard_and_retries() {
     let (t, mut h, metrics) = setup();
     let other = json!({"key": "example.com/other", "effect": "NoExecute"});
     let server = tokio::spawn(async move {
@@ -306,7 +306,7 @@ async fn shutdown_retaint_appends_with_guard_and_retries() {
         json!([
             {"op": "test", "path": "/metadata/resourceVersion", "value": "1"},
             {"op": "test", "path": "/spec/taints", "value": [other]},
-            {"op": "add", "path": "/spec/taints/-", "value": ours()}
+            {"op": "add", "path": "/spec/taints/0", "value": ours()}
         ])
     );
     assert_eq!(
@@ -314,7 +314,7 @@ async fn shutdown_retaint_appends_with_guard_and_retries() {
         json!([
             {"op": "test", "path": "/metadata/resourceVersion", "value": "2"},
             {"op": "test", "path": "/spec/taints", "value": []},
-            {"op": "add", "path": "/spec/taints/-", "value": ours()}
+            {"op": "add", "path": "/spec/taints/0", "value": ours()}
         ])
     );
     let text = {

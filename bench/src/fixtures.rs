@@ -552,7 +552,7 @@ mod tests {
     /// The CREATE comes from the node itself, carries not-ready (added by
     /// TaintNodesByCondition) and lacks nodegate's taint: the create is patched.
     #[test]
-    fn create_needs_the_default_taint_appended() {
+    fn create_needs_the_default_taint_first() {
         let v = parsed(&kubelet_create(), &uid(0, 0));
         let req = &v["request"];
         let user = req["userInfo"]["username"].as_str().unwrap();
@@ -567,8 +567,8 @@ mod tests {
         json_patch::patch(&mut obj, &patch).unwrap();
         let taints = obj["spec"]["taints"].as_array().unwrap();
         assert_eq!(taints.len(), 2);
-        assert_eq!(taints[0]["key"], "node.kubernetes.io/not-ready");
-        assert_eq!(taints[1]["key"], "nodegate.dev/agent-not-ready");
+        assert_eq!(taints[0]["key"], "nodegate.dev/agent-not-ready");
+        assert_eq!(taints[1]["key"], "node.kubernetes.io/not-ready");
     }
 
     /// The UPDATE is a main-resource write by the node controller on a node
@@ -617,13 +617,13 @@ mod tests {
                 "{}",
                 f.name
             );
-            // The patch applies to the object and appends nodegate's taint after the others.
+            // The patch applies to the object and puts nodegate's taint before the others.
             let patch = &d.added.as_ref().unwrap().patch;
             let mut obj = parsed(&f, &id)["request"]["object"].clone();
             json_patch::patch(&mut obj, patch).unwrap();
             let taints = obj["spec"]["taints"].as_array().unwrap();
             assert_eq!(taints.len(), 2, "{}", f.name);
-            assert_eq!(taints[1]["key"], "nodegate.dev/agent-not-ready");
+            assert_eq!(taints[0]["key"], "nodegate.dev/agent-not-ready");
             // A second call on the mutated object adds nothing (reinvocation).
             let mut again = parsed(&f, &id);
             again["request"]["object"] = obj;

@@ -121,7 +121,7 @@ fn with_several_taints_both_add_only_the_missing_ones_in_place() {
         "example.com/gate:NoExecute".parse().unwrap(),
     ];
     let mut cases = fixtures::rule_table();
-    // Two of three present, around another taint: only the third is appended.
+    // Two of three present, around another taint: only the third is added, in front.
     let mut some_present = fixtures::rule_table()[0].clone();
     some_present.name = "one of two present";
     some_present.object = fixtures::with_taints(
@@ -139,7 +139,7 @@ fn with_several_taints_both_add_only_the_missing_ones_in_place() {
     let last = through_policy(&taints, cases.last().unwrap());
     assert_eq!(
         taint_keys(&last),
-        ["a", fixtures::CILIUM, "b", "example.com/gate"]
+        ["example.com/gate", "a", fixtures::CILIUM, "b"]
     );
 }
 
@@ -304,7 +304,7 @@ async fn dry_run_create_gets_nodegates_taint_from_the_policy_and_stores_nothing(
         .into_iter()
         .map(|t| t.key)
         .collect();
-    assert_eq!(keys, ["node.kubernetes.io/not-ready", fixtures::CILIUM]);
+    assert_eq!(keys, [fixtures::CILIUM, "node.kubernetes.io/not-ready"]);
     assert!(
         api.get_opt("dry").await.unwrap().is_none(),
         "nothing stored"

@@ -47,9 +47,16 @@ pub fn add_taints(node: &NodeView, missing: &[&TaintSpec], guard: Guard) -> Patc
     }
     let values: Vec<Value> = missing.iter().map(|t| t.to_json()).collect();
     if taints_present {
+        // At the front: the taints others add at create (the API server's
+        // `node.kubernetes.io/not-ready`, a kubelet's
+        // `--register-with-taints`) come after ours, so their removal when
+        // the node turns ready never moves ours, and the agent's ready
+        // patch, which `test`s ours at its index, does not fail on it. Each
+        // one at 0, as the admission policy's CEL can (it has no index):
+        // several of ours land in reverse order, the same either way.
         for value in values {
             ops.push(PatchOperation::Add(AddOperation {
-                path: PointerBuf::from_tokens(["spec", "taints", "-"]),
+                path: PointerBuf::from_tokens(["spec", "taints", "0"]),
                 value,
             }));
         }
@@ -112,13 +119,20 @@ mod tests {
         assert_eq!(out["spec"]["taints"].as_array().unwrap().len(), 2);
     }
 
+    /// Ours go first (last configured first), and the others keep their
+    /// order: removing an earlier writer's taint then never moves ours.
     #[test]
-    fn appends_keeping_others_in_order() {
+    fn goes_first_keeping_others_in_order() {
         let other = json!({"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"});
-        let out = check(json!({"spec": {"taints": [other.clone()]}}), Guard::None);
+        let later = json!({"key": "example.com/registered", "effect": "NoSchedule"});
+        let out = check(
+            json!({"spec": {"taints": [other.clone(), later.clone()]}}),
+            Guard::None,
+        );
         let taints = out["spec"]["taints"].as_array().unwrap();
-        assert_eq!(taints.len(), 3);
-        assert_eq!(taints[0], other);
+        let ours: Vec<Value> = specs().iter().rev().map(|t| t.to_json()).collect();
+        assert_eq!(taints[..2], ours[..]);
+        assert_eq!(taints[2..], [other, later]);
     }
 
     #[test]

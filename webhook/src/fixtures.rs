@@ -264,7 +264,7 @@ pub fn create_cases() -> Vec<RuleCase> {
             "kubelet create with not-ready",
             node_with_not_ready(),
             false,
-            Some(vec![NOT_READY, CILIUM]),
+            Some(vec![CILIUM, NOT_READY]),
         ),
         case("no spec", no_spec, false, Some(vec![CILIUM])),
         case(
@@ -278,14 +278,14 @@ pub fn create_cases() -> Vec<RuleCase> {
             "dry-run create is patched too",
             node_with_not_ready(),
             true,
-            Some(vec![NOT_READY, CILIUM]),
+            Some(vec![CILIUM, NOT_READY]),
         ),
         case("excluded node", excluded, false, None),
         case(
             "large node with 50 images",
             large,
             false,
-            Some(vec![NOT_READY, CILIUM]),
+            Some(vec![CILIUM, NOT_READY]),
         ),
     ]
 }
@@ -319,7 +319,7 @@ pub fn update_cases() -> Vec<RuleCase> {
             CONTROLLER,
             controller_write.clone(),
             &stored,
-            Some(vec!["node.kubernetes.io/unreachable", CILIUM]),
+            Some(vec![CILIUM, "node.kubernetes.io/unreachable"]),
         ),
         case(
             "kubelet's own update",
@@ -333,7 +333,7 @@ pub fn update_cases() -> Vec<RuleCase> {
             "system:node:n2",
             controller_write.clone(),
             &stored,
-            Some(vec!["node.kubernetes.io/unreachable", CILIUM]),
+            Some(vec![CILIUM, "node.kubernetes.io/unreachable"]),
         ),
         case(
             "agent records the current boot",

@@ -395,7 +395,7 @@ mod tests {
                     {"op": "test", "path": "/metadata/resourceVersion", "value": "5"},
                     {"op": "test", "path": "/spec/taints",
                      "value": [{"key": "node.kubernetes.io/unreachable", "effect": "NoSchedule"}]},
-                    {"op": "add", "path": "/spec/taints/-",
+                    {"op": "add", "path": "/spec/taints/0",
                      "value": {"key": "nodegate.dev/agent-not-ready", "value": "true", "effect": "NoSchedule"}}
                 ])
             );
@@ -415,7 +415,7 @@ mod tests {
                 json!([
                     {"op": "test", "path": "/metadata/resourceVersion", "value": "6"},
                     {"op": "test", "path": "/spec/taints", "value": []},
-                    {"op": "add", "path": "/spec/taints/-",
+                    {"op": "add", "path": "/spec/taints/0",
                      "value": {"key": "nodegate.dev/agent-not-ready", "value": "true", "effect": "NoSchedule"}}
                 ])
             );

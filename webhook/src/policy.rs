@@ -52,9 +52,10 @@ pub fn render(ordinary: &[TaintSpec], boot: &[TaintSpec], version: ApiVersion) -
 # The webhook's rules 1, 2, 4 and 5 inside the API server: on a Node CREATE,
 # and on an UPDATE of the main resource after the node rebooted since its
 # agent was last ready, add every configured taint that is missing (by key and
-# effect, appended, never reordering or duplicating). Every optional field is
-# read behind has(): the API server leaves empty fields absent, and an
-# evaluation error under failurePolicy Ignore skips the policy silently.
+# effect, in front of the others, never reordering or duplicating them).
+# Every optional field is read behind has(): the API server leaves empty
+# fields absent, and an evaluation error under failurePolicy Ignore skips the
+# policy silently.
 apiVersion: {api}
 kind: MutatingAdmissionPolicy
 metadata:
@@ -101,13 +102,17 @@ spec:
           {lacks})
   mutations:
     # Idempotent: once added, nothing is missing and the patch is empty.
+    # In front of the taints others add at create (the API server's
+    # not-ready, a kubelet's --register-with-taints): their removal at ready
+    # never moves ours, so the agent's ready patch, which tests ours at its
+    # index, does not fail on it.
     - patchType: JSONPatch
       jsonPatch:
         expression: >-
           size(variables.missing) == 0 ? []
           : !has(object.spec) ? [JSONPatch{{op: 'add', path: '/spec', value: Object.spec{{taints: variables.missing}}}}]
           : !has(object.spec.taints) ? [JSONPatch{{op: 'add', path: '/spec/taints', value: variables.missing}}]
-          : variables.missing.map(t, JSONPatch{{op: 'add', path: '/spec/taints/-', value: t}})
+          : variables.missing.map(t, JSONPatch{{op: 'add', path: '/spec/taints/0', value: t}})
 ---
 apiVersion: {api}
 kind: MutatingAdmissionPolicyBinding

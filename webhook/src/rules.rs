@@ -439,7 +439,7 @@ mod tests {
         let rv = review("u", "CREATE", None, KUBELET, obj, None, false);
         let a = answer(&r, &rv);
         let out = a.patched.unwrap();
-        assert_eq!(taint_keys(&out), ["a", CILIUM, "b", "example.com/gate"]);
+        assert_eq!(taint_keys(&out), ["example.com/gate", "a", CILIUM, "b"]);
         assert_eq!(a.warnings.len(), 1);
         assert!(a.warnings[0].contains("example.com/gate:NoExecute"));
         assert_idempotent(&r, &rv, &out);
@@ -469,7 +469,7 @@ mod tests {
                     assert_eq!(&taint_keys(out), keys, "{name}");
                     // The controller's own taint entry is kept byte for byte.
                     assert_eq!(
-                        out["spec"]["taints"][0]["timeAdded"],
+                        out["spec"]["taints"][1]["timeAdded"],
                         "2025-01-01T00:01:00Z"
                     );
                     let w = &a.warnings[0];

@@ -72,7 +72,7 @@ fn check_create_answer(body: &[u8], uid: &str) -> Result<(), String> {
         .as_str()
         .and_then(|p| base64::engine::general_purpose::STANDARD.decode(p).ok())
         .and_then(|b| serde_json::from_slice::<Value>(&b).ok());
-    if ok && patch.is_some_and(|p| p[0]["path"] == "/spec/taints/-") {
+    if ok && patch.is_some_and(|p| p[0]["path"] == "/spec/taints/0") {
         Ok(())
     } else {
         Err(format!("unexpected answer {v}"))

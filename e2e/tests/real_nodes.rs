@@ -95,6 +95,23 @@ impl Harness {
         }
     }
 
+    /// Node patches the API server refused with 422 (a JSON patch whose
+    /// `test` failed, or a validation), any writer: the API server's own
+    /// request counter has no user.
+    fn node_patches_refused(&self) -> u64 {
+        let text = self.kubectl("get --raw /metrics");
+        text.lines()
+            .filter(|l| l.starts_with("apiserver_request_total{"))
+            .filter(|l| {
+                l.contains("resource=\"nodes\"")
+                    && l.contains("verb=\"PATCH\"")
+                    && l.contains("code=\"422\"")
+                    && l.contains("subresource=\"\"")
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>() as u64
+    }
+
     /// Fail-open calls, every line.
     fn fail_open(&self) -> u64 {
         self.lines().fail_open.values().sum()
@@ -878,7 +895,27 @@ async fn join(c: &Ctx) {
     step("the agent's kubelet-issued token: its own gate only");
     token_confinement(h, &agent3, "node3", &nodes0[0]).await;
 
+    // From ready to ungated: the agent's ready patch goes out as the node
+    // lifecycle controller lifts `not-ready` and the operator its taint. The
+    // gate sits in front of both, so the ready patch's `test` holds; and no
+    // update there reaches the webhook's first line.
+    let (refused, lines) = (h.node_patches_refused(), h.lines());
     let untaint_rv = ready_and_ungated(c, "node3", "join_ready_to_untaint_ms").await;
+    figure(
+        "join_ready_node_patches_refused",
+        h.node_patches_refused() - refused,
+    );
+    figure(
+        "join_ready_first_line_calls",
+        h.lines()
+            .since(&lines)
+            .calls
+            .get(WEBHOOK)
+            .copied()
+            .unwrap_or(0),
+    );
+    let stored = live_node(client, "node3").await.unwrap();
+    println!("node3's taints once ready: {:?}", taints(&stored));
     wait("the pinned workload Running on node3", 120, async || {
         let pods = live_pods(client).await;
         (pods

@@ -273,19 +273,22 @@ async fn agent_ready_version(rec: &Recorder, node: &str, since: u64, boot: &str)
     v
 }
 
-/// Health up → each path's untaint; then settle and count.
+/// Health up → each path's untaint; then settle and count. Writes are
+/// counted from `start_rv`; the agent's ready patch is the first ungated
+/// version after `gated_rv` (a node's last versions of the old boot, before
+/// a reboot re-gates it, are ungated too).
 async fn measure(
     c: &Ctx,
     node: &str,
     what: &str,
     start: Timestamp,
-    start_rv: u64,
+    (start_rv, gated_rv): (u64, u64),
     boot: &str,
 ) -> (Gating, u64) {
     let Ctx { h, rec, .. } = c;
     let t_health = healthy(h, node);
     let health_rv = last_rv(rec);
-    let ready = agent_ready_version(rec, node, start_rv, boot).await;
+    let ready = agent_ready_version(rec, node, gated_rv, boot).await;
     let nodegate_ms = ready.at.saturating_duration_since(t_health).as_millis();
     settle(c, node, what).await;
     let op_free = versions_after(rec, node, health_rv)
@@ -421,7 +424,7 @@ async fn join(c: &Ctx, node: &str) -> Gating {
         boot_id(&live_node(client, node).await?)
     })
     .await;
-    let (g, ready_rv) = measure(c, node, "cilium_join", start, before, &boot).await;
+    let (g, ready_rv) = measure(c, node, "cilium_join", start, (before, before), &boot).await;
     assert_gated_until_ready(rec, node, first.rv, ready_rv, &BTreeSet::new(), "join");
     g
 }
@@ -498,7 +501,7 @@ async fn reboot(c: &Ctx, node: &str, what: &str, kind: Reboot) -> Gating {
             "{what}: the first version of the new boot lacks the boot gate"
         );
     }
-    let (g, ready_rv) = measure(c, node, what, start, before, &boot).await;
+    let (g, ready_rv) = measure(c, node, what, start, (before, first_gated.rv), &boot).await;
     assert_gated_until_ready(rec, node, first_gated.rv, ready_rv, &bound_before, what);
     if kind == Reboot::Strict {
         let lost: Vec<u64> = versions_after(rec, node, new_boot.rv - 1)

@@ -584,6 +584,17 @@ mod tests {
         view
     }
 
+    /// The ready patch on boot b1 answered with version `rv`.
+    fn patched_at(rv: &str) -> Event {
+        match patched("b1", true) {
+            Event::ReadyPatched(Ok(mut m)) => {
+                m.latest = at(m.latest, rv);
+                Event::ReadyPatched(Ok(m))
+            }
+            other => other,
+        }
+    }
+
     /// The watch delivers the versions before the ready patch after its
     /// answer: they show the taint the patch removed. Acting on them would
     /// send a patch bound to fail its `test` and a read, per node, at every
@@ -600,16 +611,7 @@ mod tests {
             acts(g.on(Event::Probed(true), t0)),
             ["ready=1", "remove@b1/10s"]
         );
-        let answer = Event::ReadyPatched(Ok(MarkReady {
-            outcome: Some(ReadyOutcome {
-                removed: vec![ours()],
-                boot_id: Some("b1".into()),
-                since_creation_ms: Some(5),
-                uid: Some("u1".into()),
-            }),
-            latest: at(node("b1", false), "10"),
-        }));
-        g.on(answer, t0 + s(1));
+        g.on(patched_at("10"), t0 + s(1));
         for rv in ["8", "9"] {
             let got = acts(g.on(Event::NodeChanged(at(node("b1", true), rv)), t0 + s(2)));
             assert!(
@@ -631,18 +633,7 @@ mod tests {
         let mut g = State::new("n1", vec![TAINT.parse().unwrap()], cfg(1, 1, false), 1, t0);
         g.on(Event::NodeChanged(at(node("b1", true), "7")), t0);
         g.on(Event::Probed(true), t0);
-        g.on(
-            Event::ReadyPatched(Ok(MarkReady {
-                outcome: Some(ReadyOutcome {
-                    removed: vec![ours()],
-                    boot_id: Some("b1".into()),
-                    since_creation_ms: Some(5),
-                    uid: Some("u1".into()),
-                }),
-                latest: at(node("b1", false), "10"),
-            })),
-            t0,
-        );
+        g.on(patched_at("10"), t0);
         let late = acts(g.on(
             Event::NodeChanged(at(node("b1", true), "9")),
             t0 + STALE_WINDOW + s(1),

@@ -2,7 +2,7 @@
 //! returns the goals it missed as failures rather than panicking, so one
 //! run reports every figure.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,7 +15,7 @@ use serde_json::json;
 use tokio::time::Instant;
 
 use super::control_plane::wait_ok;
-use super::fleet::{Fleet, node_name};
+use super::fleet::{Fleet, Times, node_name};
 use super::metrics::{self, Scrape, bucket_delta, quantile};
 use super::observe::{self, Shared, percentile};
 use super::pki::Pki;
@@ -45,6 +45,48 @@ impl Report {
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
+}
+
+const P50_P99: &[(&str, f64)] = &[("p50", 0.5), ("p99", 0.99)];
+const P50_P99_MAX: &[(&str, f64)] = &[("p50", 0.5), ("p99", 0.99), ("max", 1.0)];
+
+/// `<name>_<label>_ms` for each quantile of `v` (milliseconds).
+fn ms_quantiles(r: &mut Report, name: &str, v: &mut [f64], qs: &[(&str, f64)]) {
+    for (label, q) in qs {
+        r.figure(
+            &format!("{name}_{label}_ms"),
+            format!("{:.0}", percentile(v, *q)),
+        );
+    }
+}
+
+/// Registration → `started` (a container's start) for each of `nodes`.
+fn after_registration(
+    times: &Times,
+    started: &HashMap<String, Instant>,
+    nodes: &[String],
+) -> Vec<f64> {
+    nodes
+        .iter()
+        .filter_map(|n| {
+            Some(ms(started
+                .get(n)?
+                .saturating_duration_since(*times.registered.get(n)?)))
+        })
+        .collect()
+}
+
+/// Nodes of `nodes` whose agent container (`started`) ran only after their
+/// network agent was ready.
+fn started_after_ready(
+    times: &Times,
+    started: &HashMap<String, Instant>,
+    nodes: &[String],
+) -> usize {
+    nodes
+        .iter()
+        .filter(|n| matches!((started.get(*n), times.network_ready.get(*n)), (Some(a), Some(rd)) if a > rd))
+        .count()
 }
 
 fn max_rv(rec: &Shared) -> u64 {
@@ -237,24 +279,12 @@ pub async fn storm(c: &Ctx<'_>, r: &mut Report, n: usize, within: Duration) -> a
     r.figure("storm_nodes_seen", seen_nodes);
     r.figure("storm_ungated_before_ready", ungated_before_ready);
     let mut u = untaint.clone();
-    let (p50, p99) = (percentile(&mut u, 0.5), percentile(&mut u, 0.99));
-    r.figure("storm_ready_to_untaint_p50_ms", format!("{p50:.0}"));
-    r.figure("storm_ready_to_untaint_p99_ms", format!("{p99:.0}"));
-    r.figure(
-        "storm_ready_to_untaint_max_ms",
-        format!("{:.0}", percentile(&mut u, 1.0)),
-    );
+    let p99 = percentile(&mut u, 0.99);
+    ms_quantiles(r, "storm_ready_to_untaint", &mut u, P50_P99_MAX);
     // nodegate's own part: the nodes whose agent already ran at ready.
     let mut up = untaint_agent_up;
     r.figure("storm_agent_up_at_ready", up.len());
-    r.figure(
-        "storm_ready_to_untaint_agent_up_p50_ms",
-        format!("{:.0}", percentile(&mut up, 0.5)),
-    );
-    r.figure(
-        "storm_ready_to_untaint_agent_up_p99_ms",
-        format!("{:.0}", percentile(&mut up, 0.99)),
-    );
+    ms_quantiles(r, "storm_ready_to_untaint_agent_up", &mut up, P50_P99);
     {
         let times = c.fleet.times.lock().unwrap_or_else(|e| e.into_inner());
         // Both DaemonSets' Pods: how soon the controller created them.
@@ -262,32 +292,10 @@ pub async fn storm(c: &Ctx<'_>, r: &mut Report, n: usize, within: Duration) -> a
             ("agent", &times.agent_started),
             ("network_agent", &times.network_started),
         ] {
-            let mut after: Vec<f64> = names
-                .iter()
-                .filter_map(|n| {
-                    Some(ms(started
-                        .get(n)?
-                        .saturating_duration_since(*times.registered.get(n)?)))
-                })
-                .collect();
-            r.figure(
-                &format!("storm_register_to_{what}_p50_ms"),
-                format!("{:.0}", percentile(&mut after, 0.5)),
-            );
-            r.figure(
-                &format!("storm_register_to_{what}_p99_ms"),
-                format!("{:.0}", percentile(&mut after, 0.99)),
-            );
+            let mut after = after_registration(&times, started, &names);
+            ms_quantiles(r, &format!("storm_register_to_{what}"), &mut after, P50_P99);
         }
-        let late = names
-            .iter()
-            .filter(
-                |n| match (times.agent_started.get(*n), times.network_ready.get(*n)) {
-                    (Some(a), Some(rd)) => a > rd,
-                    _ => false,
-                },
-            )
-            .count();
+        let late = started_after_ready(&times, &times.agent_started, &names);
         r.figure("storm_agent_started_after_ready", late);
     }
     webhook_latency(
@@ -616,26 +624,9 @@ pub async fn wave(c: &Ctx<'_>, r: &mut Report, n: usize, every: usize) -> anyhow
     {
         // The agents' containers after the reboot: how soon they ran again.
         let times = c.fleet.times.lock().unwrap_or_else(|e| e.into_inner());
-        let mut after: Vec<f64> = wave
-            .iter()
-            .filter_map(|w| {
-                Some(ms(times
-                    .agent_restarted
-                    .get(w)?
-                    .saturating_duration_since(*times.registered.get(w)?)))
-            })
-            .collect();
-        r.figure(
-            "wave_register_to_agent_p99_ms",
-            format!("{:.0}", percentile(&mut after, 0.99)),
-        );
-        let late = wave
-            .iter()
-            .filter(|w| {
-                matches!((times.agent_restarted.get(*w), times.network_ready.get(*w)),
-                    (Some(a), Some(rd)) if a > rd)
-            })
-            .count();
+        let mut after = after_registration(&times, &times.agent_restarted, &wave);
+        ms_quantiles(r, "wave_register_to_agent", &mut after, &[("p99", 0.99)]);
+        let late = started_after_ready(&times, &times.agent_restarted, &wave);
         r.figure("wave_agent_started_after_ready", late);
     }
     let (regated, to_taint, untaint) = {
@@ -669,18 +660,8 @@ pub async fn wave(c: &Ctx<'_>, r: &mut Report, n: usize, every: usize) -> anyhow
         "wave_first_new_boot_version_gated",
         format!("{regated}/{k}"),
     );
-    r.figure(
-        "wave_crash_to_regated_p99_ms",
-        format!("{:.0}", percentile(&mut tt, 0.99)),
-    );
-    r.figure(
-        "wave_ready_to_untaint_p50_ms",
-        format!("{:.0}", percentile(&mut u, 0.5)),
-    );
-    r.figure(
-        "wave_ready_to_untaint_p99_ms",
-        format!("{:.0}", percentile(&mut u, 0.99)),
-    );
+    ms_quantiles(r, "wave_crash_to_regated", &mut tt, &[("p99", 0.99)]);
+    ms_quantiles(r, "wave_ready_to_untaint", &mut u, P50_P99);
     r.figure("wave_all_back_s", format!("{:.1}", all_back.as_secs_f64()));
     r.figure("wave_pods_bound_while_gated", bound.len());
     r.figure(
@@ -776,18 +757,7 @@ pub async fn rollout(
     let mut w = windows;
     r.figure("rollout_s", format!("{:.1}", took.as_secs_f64()));
     r.figure("rollout_nodes_retainted", nodes_retainted);
-    r.figure(
-        "rollout_retaint_window_p50_ms",
-        format!("{:.0}", percentile(&mut w, 0.5)),
-    );
-    r.figure(
-        "rollout_retaint_window_p99_ms",
-        format!("{:.0}", percentile(&mut w, 0.99)),
-    );
-    r.figure(
-        "rollout_retaint_window_max_ms",
-        format!("{:.0}", percentile(&mut w, 1.0)),
-    );
+    ms_quantiles(r, "rollout_retaint_window", &mut w, P50_P99_MAX);
     r.figure("rollout_nodes_left_gated", left);
     r.goal(
         done.is_ok() && ungated.is_ok() && left == 0,

@@ -1,9 +1,12 @@
 //! The webhook StatefulSet's (or an older install's Deployment's) and the
 //! agent DaemonSet's first container, read once for the checks that compare
-//! their flags (strict mode, Cilium).
+//! their flags (strict mode, Cilium), and where the agent's Pods may run
+//! (the autoscaler checks).
+
+use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Container, PodSpec};
+use k8s_openapi::api::core::v1::{Container, NodeSelectorTerm, PodSpec, Toleration};
 use kube::Client;
 use kube::api::Api;
 
@@ -29,11 +32,41 @@ impl Workload {
     }
 }
 
+/// Where the agent DaemonSet's Pods may run: its Pod template's node
+/// selector, required node affinity and tolerations.
+#[derive(Debug, Clone, Default)]
+pub struct AgentPlacement {
+    pub node_selector: BTreeMap<String, String>,
+    /// `requiredDuringSchedulingIgnoredDuringExecution` terms (any one).
+    pub required_terms: Option<Vec<NodeSelectorTerm>>,
+    pub tolerations: Vec<Toleration>,
+}
+
+impl AgentPlacement {
+    fn of(spec: &PodSpec) -> AgentPlacement {
+        AgentPlacement {
+            node_selector: spec.node_selector.clone().unwrap_or_default(),
+            required_terms: spec
+                .affinity
+                .as_ref()
+                .and_then(|a| a.node_affinity.as_ref())
+                .and_then(|n| {
+                    n.required_during_scheduling_ignored_during_execution
+                        .as_ref()
+                })
+                .map(|r| r.node_selector_terms.clone()),
+            tolerations: spec.tolerations.clone().unwrap_or_default(),
+        }
+    }
+}
+
 /// Both workloads nodegate runs.
 #[derive(Debug, Clone)]
 pub struct Installed {
     pub webhook: Workload,
     pub agent: Workload,
+    /// `None` when the DaemonSet is missing or unreadable.
+    pub agent_placement: Option<AgentPlacement>,
 }
 
 fn first_container(spec: Option<PodSpec>) -> Workload {
@@ -55,12 +88,23 @@ pub async fn read(client: &Client, args: &Args) -> Installed {
         Read::Unreadable(e) => Workload::Unreadable(e),
     };
     let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), ns);
-    let agent = match daemonsets.get_opt(&args.daemonset).await {
-        Ok(d) => first_container(d.and_then(|d| d.spec?.template.spec)),
-        Err(e) => Workload::Unreadable(format!(
-            "cannot read DaemonSet {ns}/{}: {e}",
-            args.daemonset
-        )),
+    let (agent, agent_placement) = match daemonsets.get_opt(&args.daemonset).await {
+        Ok(d) => {
+            let spec = d.and_then(|d| d.spec?.template.spec);
+            let placement = spec.as_ref().map(AgentPlacement::of);
+            (first_container(spec), placement)
+        }
+        Err(e) => (
+            Workload::Unreadable(format!(
+                "cannot read DaemonSet {ns}/{}: {e}",
+                args.daemonset
+            )),
+            None,
+        ),
     };
-    Installed { webhook, agent }
+    Installed {
+        webhook,
+        agent,
+        agent_placement,
+    }
 }

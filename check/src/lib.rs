@@ -25,14 +25,19 @@
 //! - [`strict_mode`]: strict mode's boot gate is off, or on and the same in
 //!   the webhook, the agent and the policies generated for them;
 //! - [`cilium`]: Cilium's operator and nodegate own different taint keys (or
-//!   the operator leaves taints alone).
+//!   the operator leaves taints alone);
+//! - [`karpenter`], [`cluster_autoscaler`]: the autoscalers wait for
+//!   nodegate's gates ([`gates`]) instead of launching duplicate nodes.
 
 pub mod admission_policy;
 pub mod canary;
 pub mod cilium;
+pub mod cluster_autoscaler;
 pub mod confinement;
 pub mod container_flags;
+pub mod gates;
 pub mod installed;
+pub mod karpenter;
 pub mod lines;
 pub mod report;
 pub mod serving;
@@ -132,6 +137,19 @@ pub struct Args {
         default_value = "cilium-config"
     )]
     pub cilium_config: String,
+    /// Karpenter's release (e.g. 1.13.0), when its controller's image tag
+    /// does not tell it: from 1.13.0 it knows keys under `readiness.k8s.io/`.
+    #[arg(long, env = "NODEGATE_CHECK_KARPENTER_VERSION")]
+    pub karpenter_version: Option<String>,
+    /// Cluster Autoscaler's status ConfigMap (`namespace/name`): present
+    /// without a CA Deployment, it means a managed CA, whose flags cannot
+    /// be set.
+    #[arg(
+        long,
+        env = "NODEGATE_CHECK_CLUSTER_AUTOSCALER_STATUS",
+        default_value = "kube-system/cluster-autoscaler-status"
+    )]
+    pub cluster_autoscaler_status: String,
 }
 
 impl Args {
@@ -316,4 +334,6 @@ pub async fn run_with_client(
     let installed = installed::read(&client, args).await;
     strict_mode::check(&client, args, &installed, report).await;
     cilium::check(&client, args, &installed, report).await;
+    karpenter::check(&client, args, &installed, report).await;
+    cluster_autoscaler::check(&client, args, &installed, report).await;
 }

@@ -120,6 +120,16 @@ async fn every_shipped_manifest_is_created_through_the_emulators_validation() {
             "manifests",
             &["cert-manager", "monitoring", "pruning", "strict-mode"],
         ),
+        (
+            "cluster-autoscaler key profile",
+            "manifests",
+            &["key-profiles/cluster-autoscaler"],
+        ),
+        (
+            "karpenter key profile under the admission-policy overlay",
+            "manifests/overlays/admission-policy",
+            &["key-profiles/karpenter"],
+        ),
     ];
     let mut skipped_all = BTreeSet::new();
     for (label, base, components) in cases {
@@ -221,6 +231,105 @@ fn strict_mode_is_one_component_and_matches_the_generators() {
                 squeezed(&want["spec"]),
                 "{base}: {key:?} differs from the generator's output"
             );
+        }
+    }
+}
+
+/// Each key profile is one component: the webhook and the agent gate with
+/// the profile's key, the agent releases the default taint (so nodes gated
+/// before the switch lose it at their ready patch), the webhook tolerates its
+/// own gate, and the policies are the generators' output for those flags,
+/// under the plain install and under the admission-policy overlay.
+#[test]
+fn key_profiles_are_one_component_each_and_match_the_generators() {
+    use nodegate_shared::TaintSpec;
+    use nodegate_shared::keys::{DEFAULT_TAINT, LEGACY_TAINT};
+    use nodegate_webhook::{confinement, policy, webhook_config};
+    let profiles = [
+        (
+            "key-profiles/cluster-autoscaler",
+            "startup-taint.cluster-autoscaler.kubernetes.io/nodegate-agent-not-ready=true:NoSchedule",
+        ),
+        (
+            "key-profiles/karpenter",
+            "readiness.k8s.io/nodegate-agent-not-ready=true:NoSchedule",
+        ),
+    ];
+    for (component, taint) in profiles {
+        let ordinary: Vec<TaintSpec> = vec![taint.parse().unwrap()];
+        let release: Vec<TaintSpec> = vec![
+            LEGACY_TAINT.parse().unwrap(),
+            DEFAULT_TAINT.parse().unwrap(),
+        ];
+        for base in ["manifests", "manifests/overlays/admission-policy"] {
+            let text = render(base, &[component]);
+            assert!(
+                !text.contains(&format!("--taint={DEFAULT_TAINT}")),
+                "{component} on {base} still gates with the default taint"
+            );
+            let built = by_kind_and_name(&text).unwrap();
+            let webhook = container_args(&built, "StatefulSet", "nodegate-webhook");
+            assert!(
+                webhook.contains(&format!("--taint={taint}")),
+                "{component}: {webhook:?}"
+            );
+            let agent = container_args(&built, "DaemonSet", "nodegate-agent");
+            assert!(
+                agent.contains(&format!("--taint={taint}")),
+                "{component}: {agent:?}"
+            );
+            for r in &release {
+                assert!(
+                    agent.contains(&format!("--release-taint={r}")),
+                    "{component}: the agent must release {r}: {agent:?}"
+                );
+            }
+            let key = ordinary[0].key();
+            let tolerations = &built[&("StatefulSet".into(), "nodegate-webhook".into())]["spec"]["template"]
+                ["spec"]["tolerations"];
+            assert!(
+                tolerations
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|t| t["key"] == key && t["operator"] == "Exists"),
+                "{component}: the webhook must tolerate {key}"
+            );
+            let hooks = by_kind_and_name(&webhook_config::render(
+                &ordinary,
+                &[],
+                webhook_config::DEFAULT_REPLICAS,
+            ))
+            .unwrap();
+            let want = &hooks[&("MutatingWebhookConfiguration".into(), "nodegate".into())];
+            let got = &built[&("MutatingWebhookConfiguration".into(), "nodegate".into())];
+            if base == "manifests" {
+                assert_eq!(
+                    got["webhooks"], want["webhooks"],
+                    "{component}: webhook lines"
+                );
+            } else {
+                let lines = |v: &Value| v["webhooks"].as_array().unwrap()[1..].to_vec();
+                assert_eq!(lines(got), lines(want), "{component}: backup lines");
+            }
+            let mut generated =
+                by_kind_and_name(&confinement::render(&ordinary, &[], &release)).unwrap();
+            if base.ends_with("admission-policy") {
+                generated.extend(
+                    by_kind_and_name(&policy::render(&ordinary, &[], policy::ApiVersion::V1))
+                        .unwrap(),
+                );
+            }
+            for (k, want) in generated {
+                let got = built
+                    .get(&k)
+                    .unwrap_or_else(|| panic!("{component} on {base}: {k:?} missing"));
+                assert_eq!(
+                    squeezed(&got["spec"]),
+                    squeezed(&want["spec"]),
+                    "{component} on {base}: {k:?} differs from the generator's output"
+                );
+            }
         }
     }
 }

@@ -1069,3 +1069,95 @@ async fn warns_when_the_service_proxy_is_forbidden() {
     line(&out, "PASS", "canary dry-run create");
     line(&out, "PASS", "webhook lines");
 }
+
+/// A Cluster Autoscaler Deployment as its chart installs it, with `args`.
+fn cluster_autoscaler(args: &[&str]) -> String {
+    let args: Vec<String> = args.iter().map(|a| format!("\"{a}\"")).collect();
+    format!(
+        r#"{{"apiVersion":"apps/v1","kind":"Deployment","metadata":{{"name":"aws-cluster-autoscaler","namespace":"kube-system"}},
+  "spec":{{"selector":{{"matchLabels":{{"app":"ca"}}}},"template":{{"metadata":{{"labels":{{"app":"ca"}}}},"spec":{{"containers":[
+    {{"name":"aws-cluster-autoscaler","image":"registry.k8s.io/autoscaling/cluster-autoscaler:v1.31.5",
+      "command":["./cluster-autoscaler","--cloud-provider=aws",{}]}}]}}}}}}}}"#,
+        args.join(",")
+    )
+}
+
+/// The autoscaler lines on a cluster with neither, a CA at its defaults
+/// (fails, names the flag), a CA told the gate (passes), a CA with only
+/// Cilium's key or a status taint (fails), and a managed CA (fails unless
+/// the key is under CA's startup prefix).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reports_the_autoscalers() {
+    const CA: &str = "cluster autoscaler";
+    let key = DEFAULT_TAINT
+        .parse::<TaintSpec>()
+        .unwrap()
+        .key()
+        .to_string();
+    let (emu, _webhook, home) = installed(None).await;
+    let kubeconfig = home.path().join("kubeconfig");
+    let (code, out) = check(&kubeconfig, &[]);
+    assert_eq!(code, 0, "{out}");
+    assert!(line(&out, "PASS", "karpenter").contains("Karpenter is not installed"));
+    assert!(line(&out, "PASS", CA).contains("no Cluster Autoscaler"));
+
+    emu.apply(&cluster_autoscaler(&["--scan-interval=10s"]))
+        .unwrap();
+    let (code, out) = check(&kubeconfig, &[]);
+    assert_eq!(code, 1, "{out}");
+    let l = line(&out, "FAIL", CA);
+    assert!(
+        l.contains("kube-system/aws-cluster-autoscaler: it does not treat nodegate's gate")
+            && l.contains(&format!("add --startup-taint={key} to its args")),
+        "{l}"
+    );
+    assert_eq!(
+        out.lines().filter(|l| l.starts_with("FAIL")).count(),
+        1,
+        "only the autoscaler line fails: {out}"
+    );
+
+    for (args, want) in [
+        (
+            vec!["--startup-taint=node.cilium.io/agent-not-ready"],
+            "names Cilium's key",
+        ),
+        (
+            vec![&*format!("--status-taint={key}")],
+            "only a status taint",
+        ),
+    ] {
+        emu.apply(&cluster_autoscaler(&args)).unwrap();
+        let (code, out) = check(&kubeconfig, &[]);
+        assert_eq!(code, 1, "{out}");
+        assert!(line(&out, "FAIL", CA).contains(want), "{out}");
+    }
+
+    emu.apply(&cluster_autoscaler(&[&format!("--startup-taint={key}")]))
+        .unwrap();
+    let (code, out) = check(&kubeconfig, &[]);
+    assert_eq!(code, 0, "{out}");
+    assert!(line(&out, "PASS", CA).contains(&format!("--startup-taint={key}")));
+
+    // A managed CA: its status ConfigMap, no Deployment.
+    emu.store()
+        .delete(
+            &nodegate_emulator::resources::DEPLOYMENTS,
+            "kube-system",
+            "aws-cluster-autoscaler",
+            None,
+            false,
+        )
+        .unwrap();
+    emu.apply(
+        r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"cluster-autoscaler-status","namespace":"kube-system"},"data":{"status":"..."}}"#,
+    )
+    .unwrap();
+    let (code, out) = check(&kubeconfig, &[]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        line(&out, "FAIL", CA).contains("a managed Cluster Autoscaler runs here")
+            && out.contains("key-profiles/cluster-autoscaler"),
+        "{out}"
+    );
+}

@@ -3,10 +3,12 @@
 //! the real binaries next to the emulator (`process`), picks a fresh emulator
 //! or a real cluster (`cluster`), and plays the agent's write at an exact
 //! moment (`standin`); `readme` reads the README's install commands, `manifests` builds the
-//! shipped kustomizations. Test code: nothing shipped depends on it.
+//! shipped kustomizations; `karpenter` stands in for Karpenter's provisioner and NodeClaim
+//! lifecycle. Test code: nothing shipped depends on it.
 
 pub mod cilium_operator;
 pub mod cluster;
+pub mod karpenter;
 pub mod manifests;
 pub mod process;
 pub mod readme;

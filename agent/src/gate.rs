@@ -14,6 +14,7 @@ use nodegate_shared::node::older_version;
 use nodegate_shared::{NodeView, TaintSpec};
 use tokio::time::Instant;
 
+use crate::autoscaler::{Autoscaler, findings};
 use crate::node_patch::{
     AddReason, Added, EventType, MarkReady, Origin, ReadyOutcome, needs_ready_patch,
 };
@@ -104,6 +105,8 @@ pub enum Action {
     SetReady(bool),
     /// One observation of the time to ready, by who put the taint on.
     ObserveTimeToReady { origin: Origin, seconds: f64 },
+    /// An autoscaler did not wait for the gate (`gate_undeclared_total`).
+    CountGateUndeclared(Autoscaler),
 }
 
 /// The gate's memory between events.
@@ -125,6 +128,8 @@ pub struct State {
     /// The boot the last ready Event was sent for, so a repeated patch
     /// that removed nothing stays quiet.
     announced_boot: Option<Option<String>>,
+    /// The boot an autoscaler's mark was reported for: once per boot.
+    flagged_boot: Option<Option<String>>,
     /// Who put on the taint the next ready patch removes.
     origin: Origin,
     /// The version the last ready patch answered with, and when.
@@ -155,6 +160,7 @@ impl State {
             boot: None,
             since: started,
             announced_boot: None,
+            flagged_boot: None,
             origin: Origin::Webhook,
             patched: None,
         }
@@ -232,8 +238,10 @@ impl State {
                     }) => {
                         // The watch event of this write will refresh it too.
                         self.patched = latest.metadata.resource_version.clone().map(|rv| (rv, now));
+                        let undeclared = self.undeclared(&out_, &latest);
                         self.view = Some(latest);
                         self.announce(out_, now, &mut out);
+                        out.extend(undeclared);
                     }
                     Ok(MarkReady {
                         outcome: None,
@@ -386,6 +394,47 @@ impl State {
         });
     }
 
+    /// An autoscaler's mark on the version the ready patch removed the gate
+    /// from: it did not wait for the gate (see [`crate::autoscaler`]). Only
+    /// on the node's first ready with a gate the webhook put on at
+    /// registration: after a reboot Karpenter's label is left from the first
+    /// boot (and Karpenter counts every taint on an initialized node, declared
+    /// or not), and a taint the safety net added to a node nodegate found
+    /// running (an install) may postdate the mark. A mark added after the
+    /// untaint is the normal path and is not on that version.
+    fn undeclared(&mut self, out_: &ReadyOutcome, latest: &NodeView) -> Vec<Action> {
+        let gates: Vec<&TaintSpec> = self
+            .specs
+            .iter()
+            .filter(|s| s.is_in(&out_.removed))
+            .collect();
+        let first = out_.ready_boot_before.is_none() && self.origin == Origin::Webhook;
+        if gates.is_empty() || !first || self.flagged_boot.as_ref() == Some(&out_.boot_id) {
+            return Vec::new();
+        }
+        let age = out_
+            .since_creation_ms
+            .and_then(|ms| u64::try_from(ms).ok())
+            .map(Duration::from_millis);
+        let found = findings(latest, age);
+        if found.is_empty() {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        for f in found {
+            tracing::warn!(node = %self.name, autoscaler = f.autoscaler.as_str(), mark = f.mark, "an autoscaler did not wait for the gate");
+            out.push(Action::Emit {
+                uid: out_.uid.clone(),
+                kind: EventType::Warning,
+                reason: f.autoscaler.reason(),
+                message: f.message(&gates),
+            });
+            out.push(Action::CountGateUndeclared(f.autoscaler));
+        }
+        self.flagged_boot = Some(out_.boot_id.clone());
+        out
+    }
+
     fn added(
         &mut self,
         reason: AddReason,
@@ -472,6 +521,7 @@ mod tests {
             outcome: Some(ReadyOutcome {
                 removed: if removed { vec![ours()] } else { vec![] },
                 boot_id: Some(boot.into()),
+                ready_boot_before: None,
                 since_creation_ms: Some(5),
                 uid: Some("u1".into()),
             }),
@@ -527,6 +577,7 @@ mod tests {
             Action::ObserveTimeToReady { origin, seconds } => {
                 format!("ttr:{}:{seconds}", origin.as_str())
             }
+            Action::CountGateUndeclared(a) => format!("undeclared:{}", a.as_str()),
         }
     }
 
@@ -888,6 +939,235 @@ mod tests {
                 ),
                 (Event::Probed(true), &["ready=1", "remove@?/10s"]),
             ],
+        );
+    }
+
+    /// The ready patch's answer on `boot`: the node carries `labels` and
+    /// the `taints` other writers left; `before` is the boot it had recorded
+    /// as ready, `age` its age at the patch.
+    fn answered(
+        boot: &str,
+        removed: bool,
+        before: Option<&str>,
+        labels: Value,
+        taints: Value,
+        age: Duration,
+    ) -> Event {
+        let mut latest = node(boot, false);
+        latest.metadata.labels = serde_json::from_value(labels).unwrap();
+        if let Some(spec) = latest.spec.as_mut() {
+            spec.taints = Some(serde_json::from_value(taints).unwrap());
+        }
+        Event::ReadyPatched(Ok(MarkReady {
+            outcome: Some(ReadyOutcome {
+                removed: if removed { vec![ours()] } else { vec![] },
+                boot_id: Some(boot.into()),
+                ready_boot_before: before.map(Into::into),
+                since_creation_ms: Some(i64::try_from(age.as_millis()).unwrap()),
+                uid: Some("u1".into()),
+            }),
+            latest,
+        }))
+    }
+
+    fn karpenter() -> Value {
+        json!({"karpenter.sh/initialized": "true"})
+    }
+
+    /// Karpenter's label on a gated node, answered on boot `boot`.
+    fn initialized(boot: &str, removed: bool, before: Option<&str>) -> Event {
+        answered(
+            boot,
+            removed,
+            before,
+            karpenter(),
+            json!([]),
+            Duration::from_secs(60),
+        )
+    }
+
+    fn with_labels(mut v: NodeView, labels: Value) -> NodeView {
+        v.metadata.labels = serde_json::from_value(labels).unwrap();
+        v
+    }
+
+    const READY: [&str; 2] = ["ready=1", "remove@b1/10s"];
+    const WARNED: [&str; 4] = [
+        "ttr:webhook:3",
+        "event:Normal:NodegateReady",
+        "event:Warning:NodegateGateNotDeclared",
+        "undeclared:karpenter",
+    ];
+
+    #[test]
+    fn karpenters_label_before_the_untaint_is_reported_once() {
+        run(
+            "label on the version the gate came off",
+            cfg(1, 1, false),
+            vec![
+                (
+                    Event::NodeChanged(with_labels(node("b1", true), karpenter())),
+                    &[],
+                ),
+                (Event::Probed(true), &READY),
+                (initialized("b1", true, None), &WARNED),
+                // The same boot again, its bootID not recorded (the taint
+                // back, the annotation not yet seen): the ready Event
+                // repeats, the warning does not.
+                (Event::NodeChanged(node("b1", true)), &["remove@b1/10s"]),
+                (
+                    initialized("b1", true, None),
+                    &["ttr:webhook:5", "event:Normal:NodegateReady"],
+                ),
+            ],
+        );
+        run(
+            "no label: nothing",
+            cfg(1, 1, false),
+            vec![
+                (Event::NodeChanged(node("b1", true)), &[]),
+                (Event::Probed(true), &READY),
+                (
+                    answered(
+                        "b1",
+                        true,
+                        None,
+                        json!({"karpenter.sh/nodepool": "default"}),
+                        json!([]),
+                        Duration::from_secs(60),
+                    ),
+                    &["ttr:webhook:3", "event:Normal:NodegateReady"],
+                ),
+                // Karpenter labels the node after the untaint: the normal path.
+                (
+                    Event::NodeChanged(with_labels(node("b1", false), karpenter())),
+                    &[],
+                ),
+            ],
+        );
+        run(
+            "the patch removed no gate",
+            cfg(1, 1, false),
+            vec![
+                (Event::Probed(true), &["ready=1", "remove@?/10s"]),
+                (
+                    initialized("b1", false, None),
+                    &["ttr:none:2", "event:Normal:NodegateReady"],
+                ),
+            ],
+        );
+        run(
+            "the safety net's gate, on a node nodegate found running",
+            cfg(1, 1, false),
+            vec![
+                (Event::Started, &["add:safety_net/30s"]),
+                (
+                    added(AddReason::SafetyNet, 1),
+                    &["event:Warning:NodegateWebhookMissed"],
+                ),
+                (Event::Probed(true), &["ready=1", "remove@?/10s"]),
+                (
+                    initialized("b1", true, None),
+                    &["ttr:safety_net:4", "event:Normal:NodegateReady"],
+                ),
+            ],
+        );
+    }
+
+    /// Karpenter's label stays from the first boot: after a reboot it is no
+    /// news, whether the agent kept running or started with the new boot.
+    #[test]
+    fn after_a_reboot_the_label_left_from_the_first_boot_is_quiet() {
+        run(
+            "agent kept running",
+            cfg(1, 1, false),
+            vec![
+                (Event::NodeChanged(node("b1", true)), &[]),
+                (Event::Probed(true), &READY),
+                (initialized("b1", true, None), &WARNED),
+                (
+                    Event::NodeChanged(with_labels(node("b2", true), karpenter())),
+                    &["ready=0", "probe"],
+                ),
+                (Event::Probed(true), &["ready=1", "remove@b2/10s"]),
+                (
+                    initialized("b2", true, Some("b1")),
+                    &["ttr:webhook:2", "event:Normal:NodegateReady"],
+                ),
+            ],
+        );
+        run(
+            "agent started on the new boot",
+            cfg(1, 1, false),
+            vec![
+                (Event::Probed(true), &["ready=1", "remove@?/10s"]),
+                (
+                    initialized("b2", true, Some("b1")),
+                    &["ttr:webhook:2", "event:Normal:NodegateReady"],
+                ),
+            ],
+        );
+    }
+
+    #[test]
+    fn cluster_autoscalers_deletion_taints_on_a_young_gated_node_are_reported() {
+        let candidate = json!([{"key": "DeletionCandidateOfClusterAutoscaler", "value": "1700000000", "effect": "PreferNoSchedule"}]);
+        let at = |age: Duration| answered("b1", true, None, json!({}), candidate.clone(), age);
+        run(
+            "judged unneeded while gated",
+            cfg(1, 1, false),
+            vec![
+                (Event::Probed(true), &["ready=1", "remove@?/10s"]),
+                (
+                    at(Duration::from_secs(90)),
+                    &[
+                        "ttr:webhook:2",
+                        "event:Normal:NodegateReady",
+                        "event:Warning:NodegateGateNotStartupTaint",
+                        "undeclared:cluster-autoscaler",
+                    ],
+                ),
+            ],
+        );
+        run(
+            "past MaxNodeStartupTime a declared startup taint allows it too",
+            cfg(1, 1, false),
+            vec![
+                (Event::Probed(true), &["ready=1", "remove@?/10s"]),
+                (
+                    at(Duration::from_secs(16 * 60)),
+                    &["ttr:webhook:2", "event:Normal:NodegateReady"],
+                ),
+            ],
+        );
+    }
+
+    /// The Warning names the gate removed and the fix, on the Node's uid.
+    #[test]
+    fn the_warning_names_the_gate_and_the_fix() {
+        let t0 = Instant::now();
+        let mut g = State::new("n1", vec![TAINT.parse().unwrap()], cfg(1, 1, false), 1, t0);
+        g.on(Event::Probed(true), t0);
+        let acts = g.on(initialized("b1", true, None), t0);
+        let warning = acts.iter().find_map(|a| match a {
+            Action::Emit {
+                uid,
+                kind: EventType::Warning,
+                reason,
+                message,
+            } => Some((uid.clone(), *reason, message.clone())),
+            _ => None,
+        });
+        let (uid, reason, message) = warning.expect("a Warning Event");
+        assert_eq!(uid.as_deref(), Some("u1"));
+        assert_eq!(reason, crate::autoscaler::KARPENTER_REASON);
+        assert!(
+            message.starts_with(
+                "Karpenter marked this node initialized while nodegate's gate \
+                 nodegate.dev/agent-not-ready:NoSchedule was on it: declare the taint in the \
+                 NodePool's spec.template.spec.startupTaints"
+            ),
+            "{message}"
         );
     }
 

@@ -15,7 +15,7 @@ use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
 use crate::gate::{Action, Event, GateConfig, State, next_round};
-use crate::metrics::{Metrics, OriginLabel, ProbeLabels, ProbeName};
+use crate::metrics::{AutoscalerLabel, Metrics, OriginLabel, ProbeLabels, ProbeName};
 use crate::node_writer::NodeWriter;
 use crate::probe::Probe;
 
@@ -120,6 +120,15 @@ impl Gate {
                             origin: origin.as_str().into(),
                         })
                         .observe(seconds);
+                    None
+                }
+                Action::CountGateUndeclared(a) => {
+                    self.metrics
+                        .gate_undeclared
+                        .get_or_create(&AutoscalerLabel {
+                            autoscaler: a.as_str(),
+                        })
+                        .inc();
                     None
                 }
             };

@@ -4,7 +4,8 @@
 //! loop doing its I/O:
 //!
 //! - the readiness gate: [`gate`] decides from [`readiness`] (the probe
-//!   thresholds) and [`node_patch`] (what to write on the own Node);
+//!   thresholds), [`node_patch`] (what to write on the own Node) and
+//!   [`autoscaler`] (an autoscaler's mark on a node it did not wait for);
 //!   [`gate_loop`] runs the [`probe`]s and sends the writes through
 //!   [`node_writer`].
 //! - pruning (only with a deletion handler): [`prune`] keeps the live set of
@@ -16,9 +17,11 @@
 //!   wires it up.
 //!
 //! Modules import one way: the pure ones (`deletion`, `readiness`,
-//! `node_patch`, `confirm`, `gate`, `prune`) never use the loops.
+//! `node_patch`, `autoscaler`, `confirm`, `gate`, `prune`) never use the
+//! loops.
 
 pub mod agent;
+pub mod autoscaler;
 pub mod config;
 pub mod confirm;
 pub mod deletion;

@@ -35,6 +35,12 @@ pub struct OriginLabel {
     pub origin: String,
 }
 
+/// The autoscaler that did not wait for the gate (`gate_undeclared`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AutoscalerLabel {
+    pub autoscaler: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct Source {
     pub source: String,
@@ -59,6 +65,7 @@ pub struct Metrics {
     pub time_to_ready: Family<OriginLabel, Histogram, fn() -> Histogram>,
     pub taint_adds: Family<Reason, Counter>,
     pub taint_removals: Counter,
+    pub gate_undeclared: Family<AutoscalerLabel, Counter>,
     pub pruned_nodes: Family<Source, Counter>,
     pub nodes_known: Gauge,
     pub snapshot_nodes: Gauge,
@@ -86,6 +93,7 @@ impl Default for Metrics {
             time_to_ready: Family::new_with_constructor(time_to_ready_histogram),
             taint_adds: Family::default(),
             taint_removals: Counter::default(),
+            gate_undeclared: Family::default(),
             pruned_nodes: Family::default(),
             nodes_known: Gauge::default(),
             snapshot_nodes: Gauge::default(),
@@ -153,6 +161,17 @@ impl Metrics {
             "Successful ready patches that removed the taint",
             self.taint_removals.clone(),
         );
+        r.register(
+            "gate_undeclared",
+            "Ready patches that found an autoscaler's mark on the node it removed the gate from, on the node's first ready: the autoscaler (karpenter|cluster-autoscaler) did not wait for the gate",
+            self.gate_undeclared.clone(),
+        );
+        // Born at 0, so a first increase is one `increase()` sees.
+        for a in crate::autoscaler::Autoscaler::ALL {
+            let _ = self.gate_undeclared.get_or_create(&AutoscalerLabel {
+                autoscaler: a.as_str(),
+            });
+        }
         r.register(
             "pruned_nodes",
             "Node deletions dispatched to handlers, by source (watch|snapshot)",

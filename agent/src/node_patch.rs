@@ -181,6 +181,9 @@ pub struct ReadyOutcome {
     /// Taint entries removed (empty if someone else had removed them).
     pub removed: Vec<Value>,
     pub boot_id: Option<String>,
+    /// The bootID the node had recorded as ready before this patch (`None`:
+    /// its first ready, as far as the annotation tells).
+    pub ready_boot_before: Option<String>,
     /// Milliseconds from the Node's creation to the patch, when known.
     pub since_creation_ms: Option<i64>,
     pub uid: Option<String>,
@@ -191,6 +194,8 @@ pub struct ReadyOutcome {
 #[derive(Debug, Clone)]
 pub struct MarkReady {
     pub outcome: Option<ReadyOutcome>,
+    /// With an outcome, the patch's answer: the version right after the
+    /// untaint, whose labels and other taints were there before it.
     pub latest: NodeView,
 }
 

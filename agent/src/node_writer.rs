@@ -174,6 +174,9 @@ impl NodeWriter {
                     ReadyOutcome {
                         removed,
                         boot_id: view.boot_id().map(str::to_owned),
+                        // Only this agent writes the annotation, so even a
+                        // watched view that is a little stale has it right.
+                        ready_boot_before: view.ready_boot_id().map(str::to_owned),
                         since_creation_ms: None,
                         uid: view.metadata.uid.clone(),
                     },

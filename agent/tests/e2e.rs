@@ -508,6 +508,75 @@ async fn safety_net_and_sigterm_retaint() {
     assert!(missed(&node(&nodes, &node_b).await));
 }
 
+/// Karpenter labels a gated node initialized when the gate is not among its
+/// NodePool's startupTaints (it ignores undeclared taints): the agent's
+/// ready patch finds the label on the node it ungates and says so with a
+/// Warning Event and a count. A node without the label gets neither.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_karpenter_initialized_while_gated_gets_a_warning() {
+    let (c, nodes) = cluster().await;
+    let dir = tempfile::tempdir().unwrap();
+    let probe = dir.path().join("ready");
+    std::fs::write(&probe, b"ok").unwrap();
+    let probe_arg = probe.to_str().unwrap().to_string();
+    let warned = |evs: &[Event]| {
+        evs.iter()
+            .filter(|e| e.reason.as_deref() == Some("NodegateGateNotDeclared"))
+            .count()
+    };
+    for (base, labelled) in [("karpenter-a", true), ("karpenter-b", false)] {
+        let name = c.node_name(base);
+        let kubelet = c.kubelet(&name).await.unwrap();
+        assert!(our_taint(&kubelet.register().await.unwrap()));
+        if labelled {
+            // What Karpenter's Initialization.Reconcile writes.
+            let label = json!({"metadata": {"labels": {"karpenter.sh/initialized": "true"}}});
+            nodes
+                .patch(&name, &PatchParams::default(), &Patch::Merge(label))
+                .await
+                .unwrap();
+        }
+        let state = dir.path().join(base);
+        let mut agent = Agent::start(&c, &name, &state, &["--probe-file", &probe_arg]).await;
+        eventually("untainted", || async {
+            let n = node(&nodes, &name).await;
+            !our_taint(&n) && ready_boot_id(&n).as_deref() == Some(kubelet.boot_id())
+        })
+        .await;
+        let uid = node(&nodes, &name).await.metadata.uid;
+        let series = r#"nodegate_agent_gate_undeclared_total{autoscaler="karpenter"}"#;
+        if labelled {
+            eventually("the warning and its count", || async {
+                let evs = node_events(&c, &name).await;
+                let named = evs.iter().any(|e| {
+                    e.reason.as_deref() == Some("NodegateGateNotDeclared")
+                        && e.type_.as_deref() == Some("Warning")
+                        && e.involved_object.uid == uid
+                        && e.message.as_deref().is_some_and(|m| {
+                            m.contains("nodegate.dev/agent-not-ready:NoSchedule")
+                                && m.contains("startupTaints")
+                        })
+                });
+                named && agent.metric(series).await == Some(1.0)
+            })
+            .await;
+        } else {
+            eventually("the ready Event", || async {
+                node_events(&c, &name)
+                    .await
+                    .iter()
+                    .any(|e| e.reason.as_deref() == Some("NodegateReady"))
+            })
+            .await;
+            assert_eq!(agent.metric(series).await, Some(0.0));
+        }
+        // The agent runs every action a ready patch led to before it exits.
+        assert!(agent.term().await.success());
+        let evs = node_events(&c, &name).await;
+        assert_eq!(warned(&evs), usize::from(labelled), "{name}: {evs:?}");
+    }
+}
+
 /// A Node's InternalIP: RFC 2544's benchmarking range (198.18.0.0/15), so a
 /// CNI on a real cluster never routes real traffic to a fake node.
 fn ip(i: usize) -> String {

@@ -2091,3 +2091,106 @@ async fn an_upgrade_from_ciliums_key_leaves_no_stale_taint() {
     .await;
     assert!(agent.term().await.success());
 }
+
+/// Moving to another key profile (here `key-profiles/karpenter`) leaves no
+/// node ungated and no stale taint: a node gated under the default key before
+/// the switch keeps a gate until its agent, now managing the profile's key and
+/// releasing the default one, is ready, and then carries neither; a node
+/// created after the switch gets only the profile's key. Every version of the
+/// old node before its ready patch carries a gate. Emulator only: it rewrites
+/// the install.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn switching_key_profiles_leaves_no_node_ungated_and_no_stale_taint() {
+    use futures::StreamExt;
+    use kube::runtime::watcher;
+    const NEW: &str = "readiness.k8s.io/nodegate-agent-not-ready=true:NoSchedule";
+    const NEW_KEY: &str = "readiness.k8s.io/nodegate-agent-not-ready";
+    const PROFILE: &str = "manifests/components/key-profiles/karpenter";
+    let (c, nodes) = cluster().await;
+    let Some(emu) = c.emulator() else {
+        eprintln!("skipped on a real cluster: the test rewrites the install");
+        return;
+    };
+    let old = c.node_name("gated-before");
+    let kubelet_old = c.kubelet(&old).await.unwrap();
+    assert!(our_taint(&kubelet_old.register().await.unwrap()));
+
+    // Every version of the old node, from here on.
+    let seen = Arc::new(Mutex::new(Vec::<Node>::new()));
+    let versions = seen.clone();
+    let watch = tokio::spawn(
+        watcher::watch_object(nodes.clone(), &old).for_each(move |e| {
+            if let Ok(Some(n)) = e {
+                versions.lock().unwrap().push(n);
+            }
+            async {}
+        }),
+    );
+
+    // The profile's webhook, lines and confinement replace the default ones.
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let read = |f: &str| std::fs::read_to_string(repo.join(PROFILE).join(f)).unwrap();
+    let webhook = nodegate_e2e::WebhookProcess::start(nodegate_e2e::WebhookOptions {
+        taints: vec![NEW.into()],
+        kubeconfig: Some(emu.kubeconfig(users::WEBHOOK).unwrap()),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    webhook
+        .attach(emu, Some(&read("webhook-config.yaml")))
+        .unwrap();
+    emu.apply(&read("confinement.yaml")).unwrap();
+
+    let new = c.node_name("created-after");
+    let kubelet_new = c.kubelet(&new).await.unwrap();
+    let created = kubelet_new.register().await.unwrap();
+    assert!(has_taint(&created, NEW_KEY), "the profile's gate at create");
+    assert!(!our_taint(&created), "no default gate after the switch");
+
+    let dir = tempfile::tempdir().unwrap();
+    let probe = dir.path().join("ready");
+    std::fs::write(&probe, b"ok").unwrap();
+    let probe = probe.to_str().unwrap().to_string();
+    let flags = [
+        "--taint",
+        NEW,
+        "--release-taint",
+        DEFAULT_TAINT,
+        "--release-taint",
+        "node.cilium.io/agent-not-ready=true:NoSchedule",
+        "--probe-file",
+        &probe,
+    ];
+    let mut agents = Vec::new();
+    for (name, kubelet) in [(&old, &kubelet_old), (&new, &kubelet_new)] {
+        agents.push(Agent::start(&c, name, &dir.path().join(name), &flags).await);
+        eventually(&format!("{name} ready, with neither key"), || async {
+            let n = node(&nodes, name).await;
+            !our_taint(&n)
+                && !has_taint(&n, NEW_KEY)
+                && ready_boot_id(&n).as_deref() == Some(kubelet.boot_id())
+        })
+        .await;
+    }
+    watch.abort();
+    let versions = seen.lock().unwrap().clone();
+    assert!(!versions.is_empty());
+    for n in versions.iter().filter(|n| ready_boot_id(n).is_none()) {
+        assert!(
+            our_taint(n) || has_taint(n, NEW_KEY),
+            "a version of {old} before its ready patch without a gate: {:?}",
+            n.spec.as_ref().and_then(|s| s.taints.clone())
+        );
+    }
+    for mut a in agents {
+        a.term().await;
+    }
+    for name in [&old, &new] {
+        let n = node(&nodes, name).await;
+        assert!(
+            !our_taint(&n),
+            "{name}: the released default taint came back"
+        );
+    }
+}

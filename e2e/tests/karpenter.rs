@@ -6,6 +6,9 @@
 //! Node appears 18 s after its NodeClaim and is Ready 12 s later; the gate
 //! opens 25 s after Ready unless a scenario says otherwise.
 //!
+//! Scenarios (f)–(h) start from that fleet at rest and reboot part of it:
+//! see [`reboot_wave`].
+//!
 //! Time is virtual (the loop jumps to the next due moment), so Karpenter's
 //! 10 s requeue costs nothing; only the Node writes go through the
 //! emulator and the webhook. Each scenario prints
@@ -14,10 +17,13 @@
 //! Needs `target/debug/nodegate-webhook` (`cargo build -p nodegate-webhook`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use nodegate_e2e::karpenter::{self, GateOpens, NodePool, Options, Outcome, Timings, Version};
+use nodegate_e2e::karpenter::{
+    self, Arrival, GateOpens, NodePool, Options, Outcome, RebootWave, Timings, Version,
+};
 use nodegate_e2e::process::shipped_rbac;
 use nodegate_e2e::{WebhookOptions, WebhookProcess};
 use nodegate_emulator::{Emulator, EmulatorOptions, users};
@@ -33,6 +39,7 @@ const CILIUM_KEY: &str = "node.cilium.io/agent-not-ready";
 const READINESS: &str = "readiness.k8s.io/network-agent-not-ready=true:NoSchedule";
 const READINESS_KEY: &str = "readiness.k8s.io/network-agent-not-ready";
 const NEEDED: usize = 4;
+const NOT_READY_KEY: &str = "node.kubernetes.io/not-ready";
 
 fn secs(s: u64) -> Duration {
     Duration::from_secs(s)
@@ -161,6 +168,18 @@ async fn scenario(
         "{answered} webhook answers for {created} Nodes"
     );
     assert!(emu.ignored_webhook_failures().is_empty());
+    // After a reboot the gate came back from the webhook, while it answered
+    // the kubelet's create of its existing Node.
+    if let Some(wave) = &out.wave {
+        let metrics = webhook.metrics().await.unwrap();
+        let n = wave.reboots.len();
+        for line in [
+            format!(r#"nodegate_webhook_taints_added_total{{reason="reboot"}} {n}"#),
+            format!(r#"nodegate_webhook_reregistration_patches_total{{result="ok"}} {n}"#),
+        ] {
+            assert!(metrics.contains(&line), "{line} not in {metrics}");
+        }
+    }
     // Every pod found a node, every node opened and was initialized.
     assert!(out.pods_bound_at.is_some(), "pods left pending");
     assert!(
@@ -281,4 +300,213 @@ async fn e_gate_opening_before_ready_still_launches_duplicates() {
         .min()
         .unwrap();
     assert!(out.pods_bound_at.unwrap() >= first_ready);
+}
+
+/// Pods on the fleet before the wave: 8 on each of the 4 nodes (the
+/// scheduler spreads them as the gates open together), 2 slots free on each.
+const RESTING_PODS: usize = 32;
+const ROOM_PER_NODE: usize = 2;
+/// Nodes rebooting in the wave, of the 4.
+const REBOOTING: usize = 2;
+
+fn wave() -> RebootWave {
+    RebootWave {
+        at: secs(120),
+        nodes: REBOOTING,
+        ready: secs(12),
+        gate: secs(25),
+    }
+}
+
+/// When the pods arrive.
+#[derive(Debug, Clone, Copy)]
+enum Arrive {
+    /// 5 s after the reboot: the nodes are NotReady (and gated).
+    WhileNotReady,
+    /// 5 s after Ready: only the gate keeps them out.
+    AfterReady,
+}
+
+/// A reboot wave on a fleet at rest: 32 pods on 4 initialized nodes of 10,
+/// then 2 of them reboot at 120 s — the kubelet starts on a new bootID,
+/// NotReady, and nodegate's webhook re-adds the gate while answering its
+/// create; Ready 12 s later; the gate open `window` after Ready. 8 pods
+/// arrive during the wave, as many as the fleet has free slots: 4 fit the
+/// nodes that did not reboot, 4 only the rebooting ones.
+async fn reboot_wave(
+    name: &str,
+    gate: &str,
+    startup: &str,
+    version: Version,
+    window: Duration,
+    arrive: Arrive,
+) -> Outcome {
+    let w = RebootWave {
+        gate: window,
+        ..wave()
+    };
+    let at = match arrive {
+        Arrive::WhileNotReady => w.at + secs(5),
+        Arrive::AfterReady => w.at + w.ready + secs(5),
+    };
+    let out = scenario(name, gate, startup, |o| {
+        o.version = version;
+        o.pods = RESTING_PODS;
+        o.reboot = Some(w);
+        o.arrivals = vec![Arrival {
+            at,
+            pods: NEEDED * ROOM_PER_NODE,
+        }];
+    })
+    .await;
+    let wave = out.wave.as_ref().unwrap();
+    println!("karpenter.{name}: wave {wave:#?}");
+    // The fleet was at rest: 4 NodeClaims, every node initialized and open
+    // long before the wave (and 8 pods on each, below).
+    let resting: Vec<_> = out.claims.iter().filter(|c| c.launched_at < w.at).collect();
+    assert_eq!(resting.len(), NEEDED);
+    assert!(
+        resting
+            .iter()
+            .all(|c| c.initialized_at < Some(w.at) && c.gate_opened_at < Some(w.at)),
+        "{resting:#?}"
+    );
+    // The gate came back from the webhook alone, on Nodes that stay
+    // initialized: the label is never taken off, and initialization does not
+    // run again once its condition is set.
+    assert_eq!(wave.reboots.len(), REBOOTING);
+    for r in &wave.reboots {
+        assert_eq!(r.rebooted_at, w.at, "{r:#?}");
+        assert_eq!(r.pods, RESTING_PODS / NEEDED, "{r:#?}");
+        assert!(r.gated_after_reboot && r.initialized_after_reboot, "{r:#?}");
+        assert_eq!(r.gate_opened_at, Some(w.gates_open_at()), "{r:#?}");
+    }
+    assert_eq!(wave.pods_arrived, NEEDED * ROOM_PER_NODE);
+    // Every NodeClaim of the wave was launched while the rebooting nodes had
+    // room for the pods, and it ends empty: the pods bind to the rebooted
+    // nodes when their gate opens, before the new node's does.
+    let launched = out.wave_launched();
+    assert_eq!(out.wave_duplicates(), launched.len());
+    assert!(
+        launched
+            .iter()
+            .all(|c| c.pods == 0 && c.rebooting_room_at_launch == REBOOTING * ROOM_PER_NODE),
+        "{launched:#?}"
+    );
+    let rebooted: usize = wave
+        .reboots
+        .iter()
+        .map(|r| wave.bound_to.get(&r.node).copied().unwrap_or(0))
+        .sum();
+    assert_eq!(rebooted, REBOOTING * ROOM_PER_NODE, "{:#?}", wave.bound_to);
+    out
+}
+
+/// The taint keys that turned pods away from nodes with room in the passes
+/// of the wave that launched NodeClaims.
+fn wave_refusals(out: &Outcome) -> BTreeSet<String> {
+    let at = out.wave.as_ref().unwrap().at;
+    out.passes
+        .iter()
+        .filter(|p| p.at >= at && p.launched > 0)
+        .flat_map(|p| p.refused_by_taint.keys().cloned())
+        .collect()
+}
+
+/// (f) Declared in startupTaints, the gate counts again after a reboot:
+/// `StateNode.Taints()` drops startup taints only while the Node is not
+/// initialized, and it still is (karpenter#896). A pass in the gate window
+/// launches a NodeClaim for pods that fit the rebooted nodes; it ends empty.
+#[tokio::test]
+async fn f_declared_gate_counts_again_after_a_reboot() {
+    let startup = format!("[{{key: {NODEGATE_KEY}, value: 'true', effect: NoSchedule}}]");
+    let out = reboot_wave(
+        "f",
+        NODEGATE,
+        &startup,
+        Version::READ,
+        wave().gate,
+        Arrive::AfterReady,
+    )
+    .await;
+    assert_eq!(out.wave_launched().len(), 1);
+    // After Ready the not-ready taint is gone: the gate alone refused them.
+    assert_eq!(
+        wave_refusals(&out),
+        BTreeSet::from([NODEGATE_KEY.to_string()])
+    );
+    assert_eq!(out.wave_gated(), Some(wave().ready + wave().gate));
+
+    // Arriving while NotReady: the not-ready taint counts as well.
+    let out = reboot_wave(
+        "f_not_ready",
+        NODEGATE,
+        &startup,
+        Version::READ,
+        wave().gate,
+        Arrive::WhileNotReady,
+    )
+    .await;
+    assert_eq!(out.wave_launched().len(), 1);
+    assert_eq!(
+        wave_refusals(&out),
+        BTreeSet::from([NODEGATE_KEY.to_string(), NOT_READY_KEY.to_string()])
+    );
+}
+
+/// (g) Under `readiness.k8s.io/` on v1.13.0: a known ephemeral taint, so the
+/// first boot launches only what is needed — but ephemeral taints too are
+/// dropped only until the Node is initialized, so after a reboot it counts
+/// as the declared one does.
+#[tokio::test]
+async fn g_readiness_prefix_counts_again_after_a_reboot() {
+    let out = reboot_wave(
+        "g",
+        READINESS,
+        "[]",
+        Version::READINESS_PREFIX,
+        wave().gate,
+        Arrive::AfterReady,
+    )
+    .await;
+    assert_eq!(out.wave_launched().len(), 1);
+    assert_eq!(
+        wave_refusals(&out),
+        BTreeSet::from([READINESS_KEY.to_string()])
+    );
+}
+
+/// (h) The same waves with no gate window (the agent ready at Ready): pods
+/// arriving after Ready bind at once and nothing is launched; pods arriving
+/// while NotReady still launch one, the not-ready taint counting on an
+/// initialized Node. nodegate's gate stretches that window from 12 s to 37 s.
+#[tokio::test]
+async fn h_reboot_wave_without_a_gate_window() {
+    let startup = format!("[{{key: {NODEGATE_KEY}, value: 'true', effect: NoSchedule}}]");
+    let out = reboot_wave(
+        "h",
+        NODEGATE,
+        &startup,
+        Version::READ,
+        Duration::ZERO,
+        Arrive::AfterReady,
+    )
+    .await;
+    assert_eq!(out.wave_launched().len(), 0);
+    let wave = out.wave.as_ref().unwrap();
+    assert_eq!(wave.pods_bound_at, Some(wave.at + secs(12 + 5)));
+
+    let out = reboot_wave(
+        "h_not_ready",
+        NODEGATE,
+        &startup,
+        Version::READ,
+        Duration::ZERO,
+        Arrive::WhileNotReady,
+    )
+    .await;
+    assert_eq!(out.wave_launched().len(), 1);
+    // The gate is still on until Ready too, but the not-ready taint alone
+    // would have refused them.
+    assert!(wave_refusals(&out).contains(NOT_READY_KEY));
 }

@@ -11,7 +11,7 @@
 //!   `Taints.Tolerates`, `Taints.Merge`; `k8s.io/api` `Taint.MatchTaint` →
 //!   [`taints`], with the release as a parameter ([`version`]);
 //! - `pkg/controllers/provisioning/scheduling/scheduler.go` `Scheduler.add`
-//!   and `calculateExistingNodeClaims`, `existingnode.go`
+//!   `calculateExistingNodeClaims` and `sortExistingNodes`, `existingnode.go`
 //!   `ExistingNode.CanAdd`, `nodeclaim.go` `NodeClaim.CanAdd` →
 //!   [`scheduler`];
 //! - `pkg/controllers/provisioning/controller.go` `PodController.Reconcile`,
@@ -25,7 +25,9 @@
 //!   YAML); `nodeclaim.go` and `nodeclaimtemplate.go` → [`nodeclaim`].
 //!
 //! Around it: [`fleet`] (when the cloud creates the Node, the kubelet
-//! reports Ready and the gate opens — after Ready or before it),
+//! reports Ready and the gate opens — after Ready or before it; and a
+//! reboot wave, the kubelet starting again on a new bootID, when nodegate's
+//! webhook puts the gate back on a Node Karpenter long since initialized),
 //! [`node_lifecycle`] (kube-controller-manager's not-ready taint),
 //! [`kube_scheduler`] (binding), [`report`] (figures) and [`run`], the
 //! loop in virtual time. Node writes go through the emulator, so nodegate's
@@ -44,7 +46,9 @@
 //!   registered in 15 min is deleted), registration hooks, owner references;
 //! - disruption: the duplicates are never consolidated (they stay empty and
 //!   are counted), no drift (adding a startup taint to a NodePool drifts
-//!   every node of it), expiry or termination;
+//!   every node of it), expiry or termination; a rebooted, gated Node stays
+//!   a disruption candidate (`StateNode.ValidateNodeDisruptable` looks at
+//!   `Initialized()`, not at taints — e2e/README.md has the reading);
 //! - initialization's extended-resource and DRA checks;
 //! - Nodes Karpenter does not manage (every Node here has a NodeClaim);
 //! - pod events other than creation: in a cluster kube-scheduler's
@@ -52,7 +56,10 @@
 //!   clusters run more passes, not fewer; Karpenter's in-memory pod
 //!   nominations; the cluster-state sync wait and the one-minute solve
 //!   timeout;
-//! - the order of existing nodes: upstream iterates a map, here by name.
+//! - reboots: the machine's downtime before its kubelet starts again (no
+//!   heartbeats are modelled, so no `Unknown` condition or unreachable
+//!   taint), containers restarting, the kubelet re-admitting its pods, and
+//!   strict mode's `NoExecute` gate evicting them.
 
 pub mod fleet;
 pub mod kube_scheduler;
@@ -68,8 +75,8 @@ pub mod state;
 pub mod taints;
 pub mod version;
 
-pub use fleet::{GateOpens, Timings};
+pub use fleet::{GateOpens, RebootWave, Timings};
 pub use nodepool::NodePool;
 pub use report::Outcome;
-pub use run::{Options, run};
+pub use run::{Arrival, Options, run};
 pub use version::Version;

@@ -11,10 +11,19 @@
 //! controller, the agent's pod-bound token, Cilium operator's
 //! ServiceAccount).
 //!
+//! A reboot wave ([`RebootWave`]) restarts the kubelets of the first
+//! NodeClaims on a new bootID: the kubelet's create of its existing Node,
+//! which nodegate's webhook answers only after re-adding the gate, then its
+//! NotReady status. Nothing in the stand-in writes the gate back; the run
+//! fails if the Node stored after the kubelet's start lacks it. Pods bound
+//! to a rebooting node stay bound (its gate is `NoSchedule`). More pods can
+//! arrive later ([`Arrival`]).
+//!
 //! At each moment: instance steps due (cloud, kubelet, agent), then the
 //! Node-driven controllers until nothing changes (node lifecycle,
 //! registration, initialization — they react to Node events at once), then
-//! kube-scheduler, then the pod controller's requeues, then the batch.
+//! pods arriving, then kube-scheduler, then the pod controller's requeues,
+//! then the batch.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -27,16 +36,16 @@ use nodegate_emulator::{Emulator, users};
 use nodegate_shared::TaintSpec;
 use serde_json::{Value, json};
 
-use super::fleet::{Instance, Step, Timings};
+use super::fleet::{Instance, RebootWave, Step, Timings};
 use super::kube_scheduler::{self, Candidate};
 use super::lifecycle;
 use super::node_lifecycle;
 use super::nodeclaim::NodeClaim;
 use super::nodepool::NodePool;
 use super::provisioner::{Batcher, PodController, Timers};
-use super::report::{ClaimRecord, Outcome, PassRecord};
+use super::report::{ClaimRecord, Outcome, PassRecord, RebootRecord, WaveRecord};
 use super::scheduler::{self, PendingPod};
-use super::state::{StateNode, node_taints};
+use super::state::{INITIALIZED_LABEL, StateNode, label, node_taints};
 use super::taints;
 use super::version::Version;
 use crate::cilium_operator::decide::remove_node_taint;
@@ -69,6 +78,16 @@ pub struct Options {
     pub cilium_taint_key: Option<String>,
     /// Virtual time after which the run fails.
     pub horizon: Duration,
+    /// Pending pods created later.
+    pub arrivals: Vec<Arrival>,
+    pub reboot: Option<RebootWave>,
+}
+
+/// `pods` more pending pods, created at `at`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Arrival {
+    pub at: Duration,
+    pub pods: usize,
 }
 
 impl Options {
@@ -84,10 +103,12 @@ impl Options {
             gate: StandInAgent::default().taints,
             cilium_taint_key: None,
             horizon: Duration::from_secs(600),
+            arrivals: Vec::new(),
+            reboot: None,
         }
     }
 
-    /// Nodes the pods need.
+    /// Nodes the pods created at time 0 need.
     pub fn needed(&self) -> usize {
         self.pods.div_ceil(self.pod_slots.max(1))
     }
@@ -97,6 +118,21 @@ struct Pod {
     name: String,
     tolerations: Vec<Toleration>,
     node: Option<String>,
+    bound_at: Option<Duration>,
+    /// Created by an [`Arrival`].
+    arrived: bool,
+}
+
+impl Pod {
+    fn new(i: usize, arrived: bool) -> Self {
+        Self {
+            name: format!("web-{i:03}"),
+            tolerations: kube_scheduler::default_tolerations(),
+            node: None,
+            bound_at: None,
+            arrived,
+        }
+    }
 }
 
 struct World<'a> {
@@ -114,10 +150,12 @@ struct World<'a> {
     kubelets: BTreeMap<String, SimKubelet>,
     nodes: BTreeMap<String, Node>,
     pods: Vec<Pod>,
+    /// Arrivals still to come.
+    arrivals: Vec<Arrival>,
+    reboots: Vec<RebootRecord>,
     pod_controller: PodController,
     batcher: Batcher,
     passes: Vec<PassRecord>,
-    pods_bound_at: Option<Duration>,
 }
 
 /// Runs the scenario against `emu` until nothing is left to happen.
@@ -134,6 +172,7 @@ pub async fn run(emu: &Emulator, opts: &Options) -> anyhow::Result<Outcome> {
         w.now = now;
         w.instance_steps().await?;
         w.node_controllers().await?;
+        w.arrive();
         w.schedule_pods();
         w.reconcile_pods();
         if w.batcher.close_if_due(now) {
@@ -162,13 +201,7 @@ impl<'a> World<'a> {
             None => None,
         };
         let mut pod_controller = PodController::new(opts.timers.requeue);
-        let pods: Vec<Pod> = (0..opts.pods)
-            .map(|i| Pod {
-                name: format!("web-{i:03}"),
-                tolerations: kube_scheduler::default_tolerations(),
-                node: None,
-            })
-            .collect();
+        let pods: Vec<Pod> = (0..opts.pods).map(|i| Pod::new(i, false)).collect();
         for p in &pods {
             pod_controller.watch(&p.name, Duration::ZERO);
         }
@@ -188,10 +221,16 @@ impl<'a> World<'a> {
             kubelets: BTreeMap::new(),
             nodes: BTreeMap::new(),
             pods,
+            arrivals: {
+                // Latest first: the next one is popped off the end.
+                let mut a = opts.arrivals.clone();
+                a.sort_by_key(|x| std::cmp::Reverse(x.at));
+                a
+            },
+            reboots: Vec::new(),
             pod_controller,
             batcher: Batcher::new(&opts.timers),
             passes: Vec::new(),
-            pods_bound_at: None,
         })
     }
 
@@ -201,6 +240,7 @@ impl<'a> World<'a> {
             .filter_map(|i| i.next(&self.opts.timings).map(|(at, _)| at))
             .chain(self.pod_controller.next_at())
             .chain(self.batcher.closes_at())
+            .chain(self.arrivals.last().map(|a| a.at))
             .min()
     }
 
@@ -232,6 +272,11 @@ impl<'a> World<'a> {
                 .filter(|(at, _)| *at <= self.now)
             {
                 let name = self.instances[i].name.clone();
+                // After a reboot, Ready and the gate are the new boot's.
+                let reboot = self.instances[i]
+                    .rebooted()
+                    .then(|| self.reboots.iter().position(|r| r.node == name))
+                    .flatten();
                 match step {
                     Step::CreateNode => {
                         let pid = self.claims[i].provider_id.clone();
@@ -245,12 +290,19 @@ impl<'a> World<'a> {
                         k.heartbeat()
                             .await
                             .with_context(|| format!("kubelet of {name}: Ready"))?;
-                        self.records[i].ready_at = Some(self.now);
+                        match reboot {
+                            Some(r) => self.reboots[r].ready_at = Some(self.now),
+                            None => self.records[i].ready_at = Some(self.now),
+                        }
                     }
                     Step::OpenGate => {
                         self.open_gate(&name).await?;
-                        self.records[i].gate_opened_at = Some(self.now);
+                        match reboot {
+                            Some(r) => self.reboots[r].gate_opened_at = Some(self.now),
+                            None => self.records[i].gate_opened_at = Some(self.now),
+                        }
                     }
+                    Step::Reboot => self.reboot(&name).await?,
                 }
                 self.instances[i].record(step, self.now);
             }
@@ -275,6 +327,35 @@ impl<'a> World<'a> {
             .with_context(|| format!("kubelet of {name}: create"))?;
         self.kubelets.insert(name.to_string(), kubelet);
         Ok(created)
+    }
+
+    /// The machine reboots: the kubelet starts on a new bootID, not Ready —
+    /// its create of the existing Node (409; nodegate's webhook re-adds the
+    /// gate before it answers), then its status write.
+    async fn reboot(&mut self, name: &str) -> anyhow::Result<()> {
+        let pods = self.bound_counts().get(name).copied().unwrap_or(0);
+        let k = self.kubelets.get_mut(name).context("no kubelet")?;
+        k.set_ready(false);
+        let node = k
+            .reboot()
+            .await
+            .with_context(|| format!("kubelet of {name}: start after reboot"))?;
+        let gated = node_taints(&node).iter().any(|t| self.is_gate(t));
+        anyhow::ensure!(
+            gated,
+            "{name} rebooted but its Node has no gate: {:?}",
+            node_taints(&node)
+        );
+        self.reboots.push(RebootRecord {
+            node: name.to_string(),
+            rebooted_at: self.now,
+            pods,
+            gated_after_reboot: gated,
+            initialized_after_reboot: label(&node, INITIALIZED_LABEL) == Some("true"),
+            ready_at: None,
+            gate_opened_at: None,
+        });
+        Ok(())
     }
 
     /// The network agent is ready: nodegate's agent removes the gate with
@@ -434,6 +515,18 @@ impl<'a> World<'a> {
 
     // Pods.
 
+    /// Pods created now, each reconciled at once.
+    fn arrive(&mut self) {
+        while let Some(a) = self.arrivals.last().filter(|a| a.at <= self.now).copied() {
+            self.arrivals.pop();
+            for _ in 0..a.pods {
+                let pod = Pod::new(self.pods.len(), true);
+                self.pod_controller.watch(&pod.name, self.now);
+                self.pods.push(pod);
+            }
+        }
+    }
+
     fn bound_counts(&self) -> BTreeMap<&str, usize> {
         let mut out = BTreeMap::new();
         for n in self.pods.iter().filter_map(|p| p.node.as_deref()) {
@@ -470,11 +563,28 @@ impl<'a> World<'a> {
         for p in &mut self.pods {
             if let Some(n) = binds.get(&p.name) {
                 p.node = Some(n.clone());
+                p.bound_at = Some(self.now);
             }
         }
-        if self.pods_bound_at.is_none() && self.pods.iter().all(|p| p.node.is_some()) {
-            self.pods_bound_at = Some(self.now);
-        }
+    }
+
+    /// Free pod slots on the nodes rebooting behind their gate.
+    fn rebooting_room(&self) -> usize {
+        let bound = self.bound_counts();
+        self.instances
+            .iter()
+            .zip(&self.claims)
+            .filter(|(i, _)| i.reboot.is_some_and(|r| r.in_progress()))
+            .map(|(_, c)| {
+                let used = c
+                    .node_name
+                    .as_deref()
+                    .and_then(|n| bound.get(n))
+                    .copied()
+                    .unwrap_or(0);
+                c.pod_slots.saturating_sub(used)
+            })
+            .sum()
     }
 
     /// The pod controller: each due pod triggers the batcher while pending.
@@ -525,9 +635,10 @@ impl<'a> World<'a> {
             );
             (r, pending.len())
         };
+        let rebooting_room = self.rebooting_room();
         let mut launched = 0;
         for nc in &results.new_node_claims {
-            if self.launch(&nc.nodepool) {
+            if self.launch(&nc.nodepool, rebooting_room) {
                 launched += 1;
             }
         }
@@ -536,10 +647,11 @@ impl<'a> World<'a> {
             pending,
             launched,
             refused_by_taint: results.refused_by_taint,
+            rebooting_room,
         });
     }
 
-    fn launch(&mut self, nodepool: &str) -> bool {
+    fn launch(&mut self, nodepool: &str, rebooting_room: usize) -> bool {
         let Some(np) = self.opts.nodepools.iter().find(|np| np.name() == nodepool) else {
             return false;
         };
@@ -551,10 +663,17 @@ impl<'a> World<'a> {
             &pid,
             self.opts.pod_slots,
         ));
-        self.instances.push(Instance::new(&name, self.now));
+        let mut instance = Instance::new(&name, self.now);
+        instance.reboot = self
+            .opts
+            .reboot
+            .filter(|w| self.instances.len() < w.nodes)
+            .map(|w| w.reboot());
+        self.instances.push(instance);
         self.records.push(ClaimRecord {
             name,
             launched_at: self.now,
+            rebooting_room_at_launch: rebooting_room,
             ..Default::default()
         });
         true
@@ -576,12 +695,38 @@ impl<'a> World<'a> {
                 ..r.clone()
             })
             .collect();
+        let last_bound = |pods: &mut dyn Iterator<Item = &Pod>| {
+            pods.map(|p| p.bound_at)
+                .try_fold(Duration::ZERO, |last, at| Some(last.max(at?)))
+        };
+        let wave = self.opts.reboot.map(|w| {
+            let arrived: Vec<&Pod> = self.pods.iter().filter(|p| p.arrived).collect();
+            let mut bound_to = BTreeMap::new();
+            for n in arrived.iter().filter_map(|p| p.node.as_deref()) {
+                *bound_to.entry(n.to_string()).or_default() += 1;
+            }
+            WaveRecord {
+                at: self
+                    .reboots
+                    .iter()
+                    .map(|r| r.rebooted_at)
+                    .min()
+                    .unwrap_or(w.at),
+                reboots: self.reboots.clone(),
+                pods_arrived: arrived.len(),
+                pods_bound_at: (!arrived.is_empty())
+                    .then(|| last_bound(&mut arrived.iter().copied()))
+                    .flatten(),
+                bound_to,
+            }
+        });
         Outcome {
             needed: self.opts.needed(),
-            pods: self.opts.pods,
+            pods: self.pods.len(),
             claims,
             passes: self.passes.clone(),
-            pods_bound_at: self.pods_bound_at,
+            pods_bound_at: last_bound(&mut self.pods.iter()),
+            wave,
         }
     }
 }

@@ -9,7 +9,8 @@
 //! `addToInflightNode` over the pass's NodeClaims sorted by pod count, then
 //! `addToNewNodeClaim` over the NodePools in the order `provisioner.go`
 //! `NewScheduler` gives them, `OrderByWeight`), `calculateExistingNodeClaims`
-//! (each StateNode's `Taints()` cached in an `ExistingNode`);
+//! (each StateNode's `Taints()` cached in an `ExistingNode`) and
+//! `sortExistingNodes` (initialized nodes first, then by name);
 //! `existingnode.go` `ExistingNode.CanAdd` (taints first, then resources)
 //! and `Add`; `nodeclaim.go` `NodeClaim.CanAdd` (the template's
 //! `spec.taints` only: a new node's startup taints are expected to go).
@@ -20,7 +21,7 @@ use k8s_openapi::api::core::v1::{Taint, Toleration};
 
 use super::nodepool::NodePool;
 use super::state::StateNode;
-use super::taints::first_untolerated;
+use super::taints::{first_untolerated, untolerated};
 use super::version::Version;
 
 /// A pending pod as the scheduler sees it.
@@ -33,8 +34,8 @@ pub struct PendingPod<'a> {
 /// Why a node refused a pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Refusal {
-    /// `did not tolerate taint`: the first such taint's key.
-    Untolerated(String),
+    /// `did not tolerate taint`: the keys of every such taint.
+    Untolerated(Vec<String>),
     /// `exceeds node resources`.
     Full,
 }
@@ -44,6 +45,7 @@ pub enum Refusal {
 #[derive(Debug, Clone)]
 pub struct ExistingNode {
     pub name: String,
+    pub initialized: bool,
     pub taints: Vec<Taint>,
     pub remaining: usize,
     pub pods: Vec<String>,
@@ -53,6 +55,7 @@ impl ExistingNode {
     pub fn new(s: &StateNode<'_>, v: Version) -> Self {
         Self {
             name: s.name().to_string(),
+            initialized: s.initialized(),
             taints: s.taints(v),
             remaining: s.available(),
             pods: Vec::new(),
@@ -61,8 +64,11 @@ impl ExistingNode {
 
     /// `CanAdd`: taints, then room.
     pub fn can_add(&self, tolerations: &[Toleration]) -> Result<(), Refusal> {
-        if let Some(t) = first_untolerated(&self.taints, tolerations) {
-            return Err(Refusal::Untolerated(t.key.clone()));
+        let refused = untolerated(&self.taints, tolerations);
+        if !refused.is_empty() {
+            return Err(Refusal::Untolerated(
+                refused.into_iter().map(|t| t.key.clone()).collect(),
+            ));
         }
         if self.remaining == 0 {
             return Err(Refusal::Full);
@@ -92,13 +98,13 @@ pub struct Results {
     /// Pods nothing could take, with the reason.
     pub errors: BTreeMap<String, String>,
     /// For pods sent to a NodeClaim (in flight or new) although an existing
-    /// node had room: the taint keys that turned them away, each counted
-    /// once per pod.
+    /// node had room: the taint keys that turned them away (every untolerated
+    /// taint of each such node), each counted once per pod.
     pub refused_by_taint: BTreeMap<String, usize>,
 }
 
-/// `Solve` for `pods` against `nodes` (in the order given) and the
-/// NodePools (highest weight first, then by name), each new node holding
+/// `Solve` for `pods` against `nodes` (initialized first, then by name) and
+/// the NodePools (highest weight first, then by name), each new node holding
 /// `pod_slots` pods.
 pub fn solve(
     pods: &[PendingPod<'_>],
@@ -108,6 +114,12 @@ pub fn solve(
     v: Version,
 ) -> Results {
     let mut existing: Vec<ExistingNode> = nodes.iter().map(|s| ExistingNode::new(s, v)).collect();
+    // sortExistingNodes
+    existing.sort_by(|a, b| {
+        b.initialized
+            .cmp(&a.initialized)
+            .then_with(|| a.name.cmp(&b.name))
+    });
     let mut templates: Vec<&NodePool> = nodepools.iter().collect();
     templates.sort_by(|a, b| b.weight().cmp(&a.weight()).then(a.name().cmp(b.name())));
     let mut opened: Vec<Opened> = Vec::new();
@@ -125,8 +137,8 @@ pub fn solve(
                     placed = true;
                     break;
                 }
-                Err(Refusal::Untolerated(key)) if n.remaining > 0 => {
-                    refused_by.insert(key);
+                Err(Refusal::Untolerated(keys)) if n.remaining > 0 => {
+                    refused_by.extend(keys);
                 }
                 Err(_) => {}
             }
@@ -264,6 +276,35 @@ mod tests {
         // of a node with room.
         assert_eq!(r.refused_by_taint[GATE], 3);
         assert!(r.errors.is_empty());
+    }
+
+    #[test]
+    fn initialized_nodes_first_then_by_name() {
+        let pools = [pool("default", 0, "[]")];
+        let (c1, c2) = (claim("default-001"), claim("default-002"));
+        let labelled = |name: &str, initialized: bool| -> Node {
+            let mut labels = json!({REGISTERED_LABEL: "true"});
+            if initialized {
+                labels[crate::karpenter::state::INITIALIZED_LABEL] = json!("true");
+            }
+            serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}})).unwrap()
+        };
+        let (a, b) = (labelled("a", false), labelled("b", true));
+        let nodes = [
+            StateNode {
+                claim: &c1,
+                node: Some(&a),
+                bound_pods: 0,
+            },
+            StateNode {
+                claim: &c2,
+                node: Some(&b),
+                bound_pods: 0,
+            },
+        ];
+        let r = solve(&pods(&["p"]), &nodes, &pools, 2, Version::READ);
+        // "b" is initialized: it comes before "a".
+        assert_eq!(r.existing.keys().collect::<Vec<_>>(), ["b"]);
     }
 
     #[test]

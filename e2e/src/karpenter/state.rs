@@ -162,6 +162,23 @@ mod tests {
             };
             assert_eq!(keys(&s.taints(v)), want, "{labels} {:?}", c.startup_taints);
         }
+        // A reboot puts a readiness.k8s.io/ taint back on an initialized
+        // Node: known ephemeral since v1.13.0, and it counts all the same.
+        let readiness = json!([{"key": "readiness.k8s.io/net", "effect": NO_SCHEDULE}]);
+        let rebooted = node(
+            json!({REGISTERED_LABEL: "true", INITIALIZED_LABEL: "true"}),
+            readiness.clone(),
+        );
+        let registered = node(json!({REGISTERED_LABEL: "true"}), readiness);
+        let on = |n| StateNode {
+            claim: &undeclared,
+            node: Some(n),
+            bound_pods: 0,
+        };
+        let v13 = Version::READINESS_PREFIX;
+        assert_eq!(keys(&on(&rebooted).taints(v13)), ["readiness.k8s.io/net"]);
+        assert!(on(&registered).taints(v13).is_empty());
+
         let s = StateNode {
             claim: &undeclared,
             node: None,

@@ -76,9 +76,17 @@ pub fn is_known_ephemeral_taint(t: &Taint, v: Version) -> bool {
             .any(|p| t.key.starts_with(p))
 }
 
-/// `Taints.Tolerates`: the first taint that no toleration tolerates, of any
-/// effect (PreferNoSchedule too); upstream collects them all. Karpenter
-/// calls `ToleratesTaint` with comparison operators enabled.
+/// `Taints.Tolerates`: every taint that no toleration tolerates, of any
+/// effect (PreferNoSchedule too), as upstream collects them into one error.
+/// Karpenter calls `ToleratesTaint` with comparison operators enabled.
+pub fn untolerated<'a>(taints: &'a [Taint], tolerations: &[Toleration]) -> Vec<&'a Taint> {
+    taints
+        .iter()
+        .filter(|t| !tolerations::any_tolerates(tolerations, t, true))
+        .collect()
+}
+
+/// The first of [`untolerated`].
 pub fn first_untolerated<'a>(taints: &'a [Taint], tolerations: &[Toleration]) -> Option<&'a Taint> {
     taints
         .iter()
@@ -148,6 +156,13 @@ mod tests {
             operator: Some("Exists".into()),
             ..Default::default()
         };
+        let other = taint("q", "", NO_SCHEDULE);
+        let both = [pref.clone(), other.clone()];
+        assert_eq!(untolerated(&both, &[]), vec![&pref, &other]);
+        assert_eq!(
+            untolerated(&both, std::slice::from_ref(&exists)),
+            vec![&other]
+        );
         assert_eq!(first_untolerated(&[pref], &[exists]), None);
     }
 }

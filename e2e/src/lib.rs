@@ -8,6 +8,7 @@
 
 pub mod cilium_operator;
 pub mod cluster;
+pub mod cluster_autoscaler;
 pub mod karpenter;
 pub mod manifests;
 pub mod process;

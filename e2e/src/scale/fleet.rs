@@ -98,6 +98,23 @@ pub struct Times {
     pub network_started: HashMap<String, Instant>,
 }
 
+/// The order in which a node's two signals of a ready network agent come:
+/// its CNI config file (the agent's file probe) and the kubelet's Ready.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ReadyOrder {
+    /// Both at once.
+    #[default]
+    Together,
+    /// The probe passes first and the kubelet reports Ready this much later:
+    /// Cilium writes its CNI config only once it is ready, and the kubelet's
+    /// runtime-status loop notices it within 5 s.
+    ProbeFirst(Duration),
+    /// The kubelet reports Ready first and the probe passes this much later:
+    /// a CNI that writes its config early, an agent that is not the CNI, a
+    /// reboot that finds the old CNI config on disk.
+    ReadyFirst(Duration),
+}
+
 pub struct Fleet {
     cp_server: String,
     ca_pem: String,
@@ -114,6 +131,9 @@ pub struct Fleet {
     admin: Client,
     pub agent_pid: Mutex<Option<u32>>,
     pub changed: Notify,
+    ready_order: Mutex<ReadyOrder>,
+    /// Nodes with an order of their own.
+    node_ready_order: Mutex<HashMap<String, ReadyOrder>>,
 }
 
 impl std::fmt::Debug for Fleet {
@@ -179,7 +199,27 @@ impl Fleet {
             admin,
             agent_pid: Mutex::new(None),
             changed: Notify::new(),
+            ready_order: Mutex::default(),
+            node_ready_order: Mutex::default(),
         }
+    }
+
+    /// The order of the probe and Ready for network agents that turn ready
+    /// from now on.
+    pub fn set_ready_order(&self, order: ReadyOrder) {
+        *self.ready_order.lock().unwrap_or_else(|e| e.into_inner()) = order;
+    }
+
+    /// Node `name`'s own order from now on (`None`: the fleet's again).
+    pub fn set_node_ready_order(&self, name: &str, order: Option<ReadyOrder>) {
+        let mut m = self
+            .node_ready_order
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        match order {
+            Some(o) => m.insert(name.to_string(), o),
+            None => m.remove(name),
+        };
     }
 
     fn client(&self, auth: serde_json::Value) -> anyhow::Result<Client> {
@@ -195,7 +235,13 @@ impl Fleet {
 
     /// Adds node `i` (its credential, its directories) without booting it.
     pub fn add(&self, pki: &Pki, i: usize) -> anyhow::Result<Arc<NodeShared>> {
-        let name = node_name(i);
+        self.add_named(pki, &node_name(i), i)
+    }
+
+    /// Adds a node called `name` (one whose Node something else, an
+    /// autoscaler, may have created), `i` numbering its address.
+    pub fn add_named(&self, pki: &Pki, name: &str, i: usize) -> anyhow::Result<Arc<NodeShared>> {
+        let name = name.to_string();
         let pair = pki.client(&format!("system:node:{name}"), &["system:nodes"])?;
         use base64::Engine;
         let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
@@ -212,6 +258,7 @@ impl Fleet {
             client,
             network_ready: false.into(),
             changed: Notify::new(),
+            transitions: Default::default(),
         });
         self.lock().insert(
             name,
@@ -287,31 +334,101 @@ impl Fleet {
     }
 
     /// The stand-in network agent turns ready: the CNI config the agent
-    /// probes appears, and the kubelet reports the network ready. Once per
-    /// boot, and only in the boot that started it.
-    fn network_ready(&self, node: &NodeShared, boot_id: &str) -> anyhow::Result<()> {
-        {
-            let nodes = self.lock();
-            let live = nodes
-                .get(&node.name)
-                .is_some_and(|r| r.boot_id == boot_id && r.kubelet.is_some());
-            if !live || node.network_ready.load(Ordering::SeqCst) {
-                return Ok(());
+    /// probes appears, and the kubelet reports the network ready, in the
+    /// fleet's [`ReadyOrder`]. Once per boot, and only in the boot that
+    /// started it.
+    fn network_ready(
+        self: &Arc<Self>,
+        node: &Arc<NodeShared>,
+        boot_id: &str,
+    ) -> anyhow::Result<()> {
+        if !self.live(node, boot_id) {
+            return Ok(());
+        }
+        let own = self
+            .node_ready_order
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&node.name)
+            .copied();
+        let order =
+            own.unwrap_or_else(|| *self.ready_order.lock().unwrap_or_else(|e| e.into_inner()));
+        match order {
+            ReadyOrder::Together => {
+                if node.network_ready.load(Ordering::SeqCst) && self.probe_file(&node.name).exists()
+                {
+                    return Ok(());
+                }
+                self.probe_passes(node)?;
+                self.kubelet_ready(node);
+            }
+            ReadyOrder::ProbeFirst(after) => {
+                self.probe_passes(node)?;
+                self.later(node, boot_id, after, false);
+            }
+            ReadyOrder::ReadyFirst(after) => {
+                self.kubelet_ready(node);
+                self.later(node, boot_id, after, true);
             }
         }
-        let d = self.node_dir(&node.name).join("cni");
+        Ok(())
+    }
+
+    /// `boot_id` is the node's running boot.
+    fn live(&self, node: &NodeShared, boot_id: &str) -> bool {
+        self.lock()
+            .get(&node.name)
+            .is_some_and(|r| r.boot_id == boot_id && r.kubelet.is_some())
+    }
+
+    /// The second of the two signals, `after` the first, in the same boot.
+    fn later(
+        self: &Arc<Self>,
+        node: &Arc<NodeShared>,
+        boot_id: &str,
+        after: Duration,
+        probe: bool,
+    ) {
+        let (me, node, boot_id) = (self.clone(), node.clone(), boot_id.to_string());
+        tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            if !me.live(&node, &boot_id) {
+                return;
+            }
+            if probe {
+                if let Err(e) = me.probe_passes(&node) {
+                    tracing::warn!(error = %e, "stand-in probe");
+                }
+            } else {
+                me.kubelet_ready(&node);
+            }
+        });
+    }
+
+    /// The CNI config file the agent's file probe reads appears.
+    fn probe_passes(&self, node: &NodeShared) -> anyhow::Result<()> {
         nodegate_certs::write_atomic(
-            &d.join("05-cilium.conflist"),
+            &self.probe_file(&node.name),
             b"{\"cniVersion\":\"0.4.0\"}",
             0o644,
         )?;
+        Ok(())
+    }
+
+    fn probe_file(&self, name: &str) -> PathBuf {
+        self.node_dir(name).join("cni/05-cilium.conflist")
+    }
+
+    /// The kubelet reports the network ready ("Ready" in every figure).
+    fn kubelet_ready(&self, node: &NodeShared) {
+        if node.network_ready.swap(true, Ordering::SeqCst) {
+            return;
+        }
         self.times()
             .network_ready
             .insert(node.name.clone(), Instant::now());
-        node.network_ready.store(true, Ordering::SeqCst);
         node.changed.notify_one();
         tracing::debug!(node = %node.name, "network agent ready");
-        Ok(())
     }
 
     /// A crash: every process of the node killed (the kubelet, the agent,
@@ -319,6 +436,18 @@ impl Fleet {
     /// (state dir) emptied; the CNI config goes too, as the health endpoint
     /// the shipped HTTP probe reads would. Then [`Self::boot`].
     pub fn crash(&self, name: &str) -> anyhow::Result<()> {
+        self.crash_with(name, false)
+    }
+
+    /// A crash after which the node finds its old CNI config on disk: the
+    /// kubelet reports Ready as soon as it runs again, while the agent's
+    /// probe (the network agent's health) fails until the network agent is
+    /// ready again.
+    pub fn crash_keeping_cni(&self, name: &str) -> anyhow::Result<()> {
+        self.crash_with(name, true)
+    }
+
+    fn crash_with(&self, name: &str, keep_cni: bool) -> anyhow::Result<()> {
         let mut nodes = self.lock();
         let run = nodes.get_mut(name).context("unknown node")?;
         if let Some(k) = run.kubelet.take() {
@@ -331,7 +460,9 @@ impl Fleet {
                 AgentKind::Process(p) => drop(p),
             }
         }
-        run.shared.network_ready.store(false, Ordering::SeqCst);
+        if !keep_cni {
+            run.shared.network_ready.store(false, Ordering::SeqCst);
+        }
         let d = self.node_dir(name);
         let _ = std::fs::remove_file(d.join("cni/05-cilium.conflist"));
         let _ = std::fs::remove_dir_all(d.join("run"));
@@ -513,7 +644,9 @@ impl Fleet {
         }
     }
 
-    fn on_pod(self: &Arc<Self>, pod: Pod) {
+    /// One Pod as the kubelets' watch delivers it (also for a Pod bound
+    /// before its node joined the fleet).
+    pub fn on_pod(self: &Arc<Self>, pod: Pod) {
         let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else {
             return;
         };

@@ -8,6 +8,7 @@
 //! exist to select) and get their endpoints by hand: the first line both
 //! replicas, each backup line one.
 
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -141,13 +142,72 @@ pub fn kubectl(kubeconfig: &Path, args: &[&str], stdin: Option<&str>) -> anyhow:
 pub fn shipped_args(file: &str) -> anyhow::Result<Vec<String>> {
     let p = manifests_dir().join(file);
     let doc: serde_json::Value = serde_yaml::from_str(&std::fs::read_to_string(&p)?)?;
-    let args = doc["spec"]["template"]["spec"]["containers"][0]["args"]
-        .as_array()
-        .with_context(|| format!("no container args in {}", p.display()))?;
-    Ok(args
-        .iter()
-        .filter_map(|a| a.as_str().map(String::from))
-        .collect())
+    container_args(&doc).with_context(|| format!("no container args in {}", p.display()))
+}
+
+/// What an install changes in the shipped files: objects that replace the
+/// shipped ones of the same kind and name (a key profile's confinement,
+/// webhook configuration, DaemonSet and StatefulSet), e.g. the documents of
+/// a kustomization with a component. The webhook's processes take their
+/// flags from the replaced StatefulSet, the agents from the DaemonSet.
+#[derive(Debug, Clone, Default)]
+pub struct Variant {
+    pub objects: BTreeMap<(String, String), serde_json::Value>,
+}
+
+impl Variant {
+    fn get(&self, kind: &str, name: &str) -> Option<&serde_json::Value> {
+        self.objects.get(&(kind.to_string(), name.to_string()))
+    }
+
+    /// The `args` of the first container of the shipped workload in `file`
+    /// (`agent/daemonset.yaml`, `webhook/statefulset.yaml`), from its
+    /// replacement when there is one.
+    pub fn args(&self, file: &str) -> anyhow::Result<Vec<String>> {
+        let p = manifests_dir().join(file);
+        let doc: serde_json::Value = serde_yaml::from_str(&std::fs::read_to_string(&p)?)?;
+        let (kind, name) = (doc["kind"].as_str(), doc["metadata"]["name"].as_str());
+        match kind.zip(name).and_then(|(k, n)| self.get(k, n)) {
+            Some(v) => {
+                container_args(v).with_context(|| format!("no container args in {kind:?} {name:?}"))
+            }
+            None => shipped_args(file),
+        }
+    }
+
+    /// The shipped file `file` with its replaced documents, as one JSON list
+    /// for `kubectl apply -f -`; `None` when nothing in it is replaced.
+    fn replace_in(&self, file: &Path) -> anyhow::Result<Option<String>> {
+        if self.objects.is_empty() {
+            return Ok(None);
+        }
+        let docs = nodegate_emulator::server::parse_documents(&std::fs::read_to_string(file)?)?;
+        let mut replaced = false;
+        let items: Vec<serde_json::Value> = docs
+            .into_iter()
+            .map(|d| {
+                let (kind, name) = (d["kind"].as_str(), d["metadata"]["name"].as_str());
+                match kind.zip(name).and_then(|(k, n)| self.get(k, n)) {
+                    Some(v) => {
+                        replaced = true;
+                        v.clone()
+                    }
+                    None => d,
+                }
+            })
+            .collect();
+        Ok(replaced
+            .then(|| json!({"apiVersion": "v1", "kind": "List", "items": items}).to_string()))
+    }
+}
+
+fn container_args(doc: &serde_json::Value) -> Option<Vec<String>> {
+    let args = doc["spec"]["template"]["spec"]["containers"][0]["args"].as_array()?;
+    Some(
+        args.iter()
+            .filter_map(|a| a.as_str().map(String::from))
+            .collect(),
+    )
 }
 
 /// A token of `sa` in `nodegate` (not bound to a Pod: the webhook's and the
@@ -171,19 +231,28 @@ pub struct Install {
 }
 
 pub async fn install(cp: &ControlPlane, pki: &Pki, admin: &Client) -> anyhow::Result<Install> {
+    install_with(cp, pki, admin, &Variant::default()).await
+}
+
+/// [`install`] with `variant`'s objects in place of the shipped ones.
+pub async fn install_with(
+    cp: &ControlPlane,
+    pki: &Pki,
+    admin: &Client,
+    variant: &Variant,
+) -> anyhow::Result<Install> {
     let kc = &cp.admin_kubeconfig;
     let base = manifests_dir();
     for f in SHIPPED {
-        kubectl(
-            kc,
-            &[
-                "apply",
-                "--server-side",
-                "-f",
-                &base.join(f).display().to_string(),
-            ],
-            None,
-        )?;
+        let file = base.join(f);
+        match variant.replace_in(&file)? {
+            Some(list) => kubectl(kc, &["apply", "--server-side", "-f", "-"], Some(&list))?,
+            None => kubectl(
+                kc,
+                &["apply", "--server-side", "-f", &file.display().to_string()],
+                None,
+            )?,
+        };
     }
     kubectl(kc, &["apply", "--server-side", "-f", "-"], Some(ACCOUNTING))?;
     kubectl(
@@ -261,7 +330,10 @@ pub async fn install(cp: &ControlPlane, pki: &Pki, admin: &Client) -> anyhow::Re
             key_pem: serving.key_pem.clone(),
         },
     )?;
-    let cfg = crate::process::shipped_webhook_config()?;
+    let cfg = match variant.get("MutatingWebhookConfiguration", "nodegate") {
+        Some(v) => serde_yaml::to_string(v)?,
+        None => crate::process::shipped_webhook_config()?,
+    };
     let with_ca = nodegate_certs::inject_ca_bundle(&cfg, &cp.ca_pem)?;
     kubectl(kc, &["apply", "--server-side", "-f", "-"], Some(&with_ca))?;
 
@@ -275,7 +347,7 @@ pub async fn install(cp: &ControlPlane, pki: &Pki, admin: &Client) -> anyhow::Re
     for (i, ip) in ips.iter().enumerate() {
         let admin_port = free_port(*ip)?;
         let mut args = Vec::new();
-        for a in shipped_args("webhook/statefulset.yaml")? {
+        for a in variant.args("webhook/statefulset.yaml")? {
             if a.starts_with("--listen=") {
                 args.push(format!("--listen=0.0.0.0:{port}"));
             } else if a.starts_with("--admin-listen=") {

@@ -37,6 +37,12 @@ pub struct NodeShared {
     /// notices a change within its 5 s period; nothing nodegate measures
     /// depends on when.
     pub changed: Notify,
+    /// Each condition's status last reported and when it last changed: the
+    /// kubelet keeps `lastTransitionTime` while a status stays the same
+    /// (Cluster Autoscaler copies a template only from a node whose
+    /// conditions have not moved for a minute), across its own restarts too,
+    /// as it reads them from the Node.
+    pub transitions: std::sync::Mutex<std::collections::HashMap<&'static str, (bool, String)>>,
 }
 
 impl std::fmt::Debug for NodeShared {
@@ -51,11 +57,24 @@ fn now() -> String {
     Timestamp::now().to_string()
 }
 
-fn conditions(ready: bool) -> serde_json::Value {
+/// When condition `ty` last changed, now if it changes with this report.
+fn transition(node: &NodeShared, ty: &'static str, status: bool, now: &str) -> String {
+    let mut since = node.transitions.lock().unwrap_or_else(|e| e.into_inner());
+    match since.get(ty) {
+        Some((s, at)) if *s == status => at.clone(),
+        _ => {
+            since.insert(ty, (status, now.to_string()));
+            now.to_string()
+        }
+    }
+}
+
+fn conditions(node: &NodeShared, ready: bool) -> serde_json::Value {
     let t = now();
-    let cond = |ty: &str, status: &str, reason: &str| {
+    let cond = |ty: &'static str, status: &str, reason: &str| {
+        let at = transition(node, ty, status == "True", &t);
         json!({"type": ty, "status": status, "reason": reason, "message": reason,
-               "lastHeartbeatTime": t, "lastTransitionTime": t})
+               "lastHeartbeatTime": t, "lastTransitionTime": at})
     };
     json!([
         cond("MemoryPressure", "False", "KubeletHasSufficientMemory"),
@@ -75,7 +94,7 @@ fn status(node: &NodeShared, boot_id: &str, ready: bool) -> serde_json::Value {
     json!({
         "capacity": resources,
         "allocatable": resources,
-        "conditions": conditions(ready),
+        "conditions": conditions(node, ready),
         "addresses": [
             {"type": "InternalIP", "address": node_ip(node.index)},
             {"type": "Hostname", "address": node.name},

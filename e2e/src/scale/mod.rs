@@ -81,7 +81,8 @@ pub struct Config {
     pub net: String,
 }
 
-fn prefix(net: &str) -> anyhow::Result<[u8; 3]> {
+/// The first three octets of `--net`, a private /24.
+pub fn prefix(net: &str) -> anyhow::Result<[u8; 3]> {
     let parts: Vec<u8> = net.split('.').map(str::parse).collect::<Result<_, _>>()?;
     let p: [u8; 3] = parts
         .try_into()
@@ -125,12 +126,12 @@ const INOTIFY_INSTANCES: &str = "/proc/sys/fs/inotify/max_user_instances";
 /// hold 128 by default: 1,000 agents in one process would take every
 /// instance root has, and a kubelet or containerd starting meanwhile (the
 /// real-nodes harness's) would fail. Raised for the run, put back after.
-struct InotifyLimit {
+pub struct InotifyLimit {
     old: Option<u64>,
 }
 
 impl InotifyLimit {
-    fn raise(nodes: usize) -> anyhow::Result<Self> {
+    pub fn raise(nodes: usize) -> anyhow::Result<Self> {
         let old: u64 = std::fs::read_to_string(INOTIFY_INSTANCES)?.trim().parse()?;
         let want = old + 2 * nodes as u64 + 64;
         if old >= want {

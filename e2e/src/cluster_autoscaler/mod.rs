@@ -137,7 +137,7 @@ pub fn missing_binaries() -> Option<String> {
     if ca_bin().is_none() {
         return Some(match std::env::var_os("CA_BIN") {
             Some(p) => format!(
-                "no Cluster Autoscaler at $CA_BIN ({}): build 1.31 with `go build -tags kwok` (see e2e/cluster-autoscaler/README.md)",
+                "no Cluster Autoscaler at $CA_BIN ({}): a 1.31 binary with the KWOK provider (see e2e/cluster-autoscaler/README.md)",
                 PathBuf::from(p).display()
             ),
             None => "no Cluster Autoscaler: set $CA_BIN or put cluster-autoscaler (1.31, `go build -tags kwok`) on PATH (see e2e/cluster-autoscaler/README.md)".into(),

@@ -140,7 +140,7 @@ pub fn missing_binaries() -> Option<String> {
                 "no Cluster Autoscaler at $CA_BIN ({}): a 1.31 binary with the KWOK provider (see e2e/cluster-autoscaler/README.md)",
                 PathBuf::from(p).display()
             ),
-            None => "no Cluster Autoscaler: set $CA_BIN or put cluster-autoscaler (1.31, `go build -tags kwok`) on PATH (see e2e/cluster-autoscaler/README.md)".into(),
+            None => "no Cluster Autoscaler: set $CA_BIN or put cluster-autoscaler (1.31, KWOK provider) on PATH (see e2e/cluster-autoscaler/README.md)".into(),
         });
     }
     None

@@ -268,16 +268,29 @@ pub fn inject_ca_bundle(webhook_config_yaml: &str, ca_pem: &str) -> Result<Strin
     Ok(serde_yaml::to_string(&doc)?)
 }
 
+/// A new path token: 256 random bits, base64url without padding.
+pub fn path_token() -> String {
+    let bytes: [u8; 32] = rand::random();
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
+}
+
 /// A strategic merge patch (`kubectl patch mutatingwebhookconfiguration NAME
 /// --patch-file`) that sets `clientConfig.caBundle` on every webhook of the
-/// given configuration, by webhook name (the list's merge key).
+/// given configuration, by webhook name (the list's merge key), and with a
+/// `token`, `clientConfig.service.path` to `/mutate/<token>` on every webhook
+/// that calls a Service: only the API server, which reads the path from the
+/// configuration, then calls the route whose reviews may write Nodes.
 ///
 /// A patch, not a whole configuration for `kubectl apply`: client-side apply
 /// removes any field its last-applied configuration had and the next one
 /// lacks, so applying the install again (without the caBundle) after applying
 /// a configuration with it would silently empty `caBundle`. A patched field is
 /// never in the last-applied configuration, so re-applying keeps it.
-pub fn ca_bundle_patch(webhook_config_yaml: &str, ca_pem: &str) -> Result<String, CertError> {
+pub fn ca_bundle_patch(
+    webhook_config_yaml: &str,
+    ca_pem: &str,
+    token: Option<&str>,
+) -> Result<String, CertError> {
     use serde_yaml::{Mapping, Value};
     let mut doc: Value = serde_yaml::from_str(webhook_config_yaml)?;
     let bundle = base64::engine::general_purpose::STANDARD.encode(ca_pem);
@@ -290,6 +303,18 @@ pub fn ca_bundle_patch(webhook_config_yaml: &str, ca_pem: &str) -> Result<String
             .ok_or_else(|| CertError::NotWebhookConfig(format!("webhooks[{i}] has no name")))?;
         let mut client = Mapping::new();
         client.insert("caBundle".into(), Value::String(bundle.clone()));
+        let calls_service = hook
+            .get("clientConfig")
+            .and_then(|c| c.get("service"))
+            .is_some();
+        if let (Some(t), true) = (token, calls_service) {
+            let mut service = Mapping::new();
+            service.insert(
+                "path".into(),
+                Value::String(format!("{}{t}", nodegate_shared::path_token::PATH_PREFIX)),
+            );
+            client.insert("service".into(), Value::Mapping(service));
+        }
         let mut entry = Mapping::new();
         entry.insert("name".into(), Value::String(name.to_owned()));
         entry.insert("clientConfig".into(), Value::Mapping(client));
@@ -529,7 +554,7 @@ webhooks:
     #[test]
     fn patch_names_every_webhook_and_carries_only_its_ca_bundle() {
         let ca = Ca::generate(1).unwrap();
-        let patch = ca_bundle_patch(CONFIG, ca.cert_pem()).unwrap();
+        let patch = ca_bundle_patch(CONFIG, ca.cert_pem(), None).unwrap();
         let doc: serde_yaml::Value = serde_yaml::from_str(&patch).unwrap();
         let hooks = doc["webhooks"].as_sequence().unwrap();
         let names: Vec<_> = hooks.iter().map(|h| h["name"].as_str().unwrap()).collect();
@@ -546,12 +571,45 @@ webhooks:
         }
         assert_eq!(doc.as_mapping().unwrap().len(), 1, "only webhooks");
         let nameless = "apiVersion: admissionregistration.k8s.io/v1\nkind: MutatingWebhookConfiguration\nwebhooks: [{clientConfig: {}}]\n";
-        let err = ca_bundle_patch(nameless, "pem").unwrap_err().to_string();
+        let err = ca_bundle_patch(nameless, "pem", None)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("webhooks[0] has no name"), "{err}");
-        let err = ca_bundle_patch("apiVersion: v1\nkind: ConfigMap\n", "pem")
+        let err = ca_bundle_patch("apiVersion: v1\nkind: ConfigMap\n", "pem", None)
             .unwrap_err()
             .to_string();
         assert!(err.contains("ConfigMap"), "{err}");
+    }
+
+    /// With a token every line's Service path becomes `/mutate/<token>`,
+    /// and nothing else of the Service is in the patch (the merge keeps
+    /// name, namespace and port); tokens are long, URL-safe and fresh.
+    #[test]
+    fn patch_points_every_line_at_the_token_path() {
+        let token = path_token();
+        assert_eq!(token.len(), 43);
+        assert!(
+            token
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        );
+        assert_ne!(token, path_token());
+        let patch = ca_bundle_patch(CONFIG, "pem", Some(&token)).unwrap();
+        let doc: serde_yaml::Value = serde_yaml::from_str(&patch).unwrap();
+        for hook in doc["webhooks"].as_sequence().unwrap() {
+            let service = hook["clientConfig"]["service"].as_mapping().unwrap();
+            assert_eq!(service.len(), 1, "{service:?}");
+            assert_eq!(
+                hook["clientConfig"]["service"]["path"].as_str().unwrap(),
+                format!("/mutate/{token}")
+            );
+        }
+        let url_hook = "apiVersion: admissionregistration.k8s.io/v1\nkind: MutatingWebhookConfiguration\nwebhooks: [{name: a, clientConfig: {url: 'https://x/mutate'}}]\n";
+        let patch = ca_bundle_patch(url_hook, "pem", Some(&token)).unwrap();
+        assert!(
+            !patch.contains(&token),
+            "a url line is left as it is: {patch}"
+        );
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Parser;
 use nodegate_certs::{
-    Ca, ServingRequest, ca_bundle_patch, webhook_services, write_atomic, write_files,
+    Ca, ServingRequest, ca_bundle_patch, path_token, webhook_services, write_atomic, write_files,
 };
 
 #[derive(Debug, Parser)]
@@ -48,7 +48,15 @@ struct Args {
         value_delimiter = ','
     )]
     also_trust: Vec<PathBuf>,
+    /// Leave the webhook lines' paths alone: no `path-token`, so any review
+    /// posted to a replica may make it write a stored Node (docs/security.md).
+    #[arg(long, env = "NODEGATE_CERTS_NO_PATH_TOKEN")]
+    no_path_token: bool,
 }
+
+/// The path token's file name inside `--out-dir`: the Secret
+/// `nodegate-webhook-path` holds it, the webhook reads it.
+const TOKEN_FILE: &str = "path-token";
 
 /// The caBundle patch's file name inside `--out-dir`.
 const PATCH_FILE: &str = "ca-bundle-patch.yaml";
@@ -88,12 +96,21 @@ fn main() -> anyhow::Result<()> {
         ips: args.ips,
         days: args.days,
     })?;
+    // With --webhook-config, every line calls /mutate/<token>. A token
+    // already in --out-dir is kept, so a certificate rotation does not
+    // change the path the running replicas accept.
+    let token = match (&config, args.no_path_token) {
+        (Some(_), false) => {
+            Some(existing_token(&args.out_dir.join(TOKEN_FILE))?.unwrap_or_else(path_token))
+        }
+        _ => None,
+    };
     // Inject before writing so a bad config leaves no half-done output.
     let bundle = format!("{}{trusted}", ca.cert_pem());
     let patches = match (&config, &args.webhook_config) {
         (Some(config), Some(path)) => {
             let make = |pem: &str| {
-                ca_bundle_patch(config, pem)
+                ca_bundle_patch(config, pem, token.as_deref())
                     .with_context(|| format!("making the caBundle patch for {}", path.display()))
             };
             let last = if trusted.is_empty() {
@@ -107,6 +124,11 @@ fn main() -> anyhow::Result<()> {
     };
     write_files(&args.out_dir, ca.cert_pem(), &serving)?;
     let mut wrote = "ca.crt,tls.crt,tls.key".to_string();
+    if let Some(t) = &token {
+        write_atomic(&args.out_dir.join(TOKEN_FILE), t.as_bytes(), 0o600)?;
+        wrote.push(',');
+        wrote.push_str(TOKEN_FILE);
+    }
     if let Some((patch, last)) = patches {
         write_atomic(&args.out_dir.join(PATCH_FILE), patch.as_bytes(), 0o644)?;
         wrote.push(',');
@@ -119,4 +141,18 @@ fn main() -> anyhow::Result<()> {
     }
     eprintln!("wrote {}/{{{wrote}}}", args.out_dir.display());
     Ok(())
+}
+
+/// The token a previous run left, if any; one that is not a usable token is
+/// an error rather than silently replaced (the running replicas may use it).
+fn existing_token(path: &std::path::Path) -> anyhow::Result<Option<String>> {
+    match std::fs::read_to_string(path) {
+        Ok(s) => nodegate_shared::path_token::parse(&s)
+            .map(|t| Some(t.to_string()))
+            .map_err(|why| {
+                anyhow::anyhow!("{}: {why}; remove it to make a new one", path.display())
+            }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(anyhow::anyhow!("reading {}: {e}", path.display())),
+    }
 }

@@ -24,6 +24,8 @@
 //!   the two checks below;
 //! - [`strict_mode`]: strict mode's boot gate is off, or on and the same in
 //!   the webhook, the agent and the policies generated for them;
+//! - [`path_token`]: only the API server's reviews may make the webhook
+//!   write a Node (its lines call `/mutate/<token>`);
 //! - [`cilium`]: Cilium's operator and nodegate own different taint keys (or
 //!   the operator leaves taints alone);
 //! - [`karpenter`], [`cluster_autoscaler`]: the autoscalers wait for
@@ -39,6 +41,7 @@ pub mod gates;
 pub mod installed;
 pub mod karpenter;
 pub mod lines;
+pub mod path_token;
 pub mod report;
 pub mod serving;
 pub mod strict_mode;
@@ -333,6 +336,12 @@ pub async fn run_with_client(
     confinement::check(&client, config, args, report).await;
     let installed = installed::read(&client, args).await;
     strict_mode::check(&client, args, &installed, report).await;
+    let strict = installed
+        .webhook
+        .container()
+        .and_then(|c| container_flags::flags(c).ok())
+        .is_some_and(|f| !f.boot.is_empty());
+    path_token::check(&client, args, hook.as_ref(), &installed, strict, report).await;
     cilium::check(&client, args, &installed, report).await;
     karpenter::check(&client, args, &installed, report).await;
     cluster_autoscaler::check(&client, args, &installed, report).await;

@@ -67,11 +67,16 @@ impl ServiceRef {
         format!("{}.{}.svc", self.name, self.namespace)
     }
 
+    /// For the report: the path's token, a secret, left out.
     fn shown(&self) -> String {
-        format!(
-            "{}/{}:{}{}",
-            self.namespace, self.name, self.port, self.path
-        )
+        let path = match self
+            .path
+            .strip_prefix(nodegate_shared::path_token::PATH_PREFIX)
+        {
+            Some(_) => format!("{}<token>", nodegate_shared::path_token::PATH_PREFIX),
+            None => self.path.clone(),
+        };
+        format!("{}/{}:{}{path}", self.namespace, self.name, self.port)
     }
 }
 
@@ -785,6 +790,24 @@ pub async fn check_placement(client: &Client, backups: &Backups, report: &mut Re
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn the_report_never_shows_the_path_token() {
+        let svc = |path: &str| ServiceRef {
+            namespace: "nodegate".into(),
+            name: "nodegate-webhook".into(),
+            port: 443,
+            path: path.into(),
+        };
+        let token = "k3XJ9d_Qm2-vN8pL4sT6wY0zA1bC5eF7";
+        let shown = svc(&format!("/mutate/{token}")).shown();
+        assert_eq!(shown, "nodegate/nodegate-webhook:443/mutate/<token>");
+        assert_eq!(
+            svc("/mutate").shown(),
+            "nodegate/nodegate-webhook:443/mutate"
+        );
+    }
+
     use super::*;
 
     fn sts(replicas: i32) -> WebhookWorkload {

@@ -92,6 +92,8 @@ async fn installed_full(
     let webhook = WebhookProcess::start(WebhookOptions {
         kubeconfig: Some(emu.kubeconfig(users::WEBHOOK).unwrap()),
         extra_args: webhook_args.iter().map(ToString::to_string).collect(),
+        // As the README installs it.
+        path_token: true,
         ..Default::default()
     })
     .await
@@ -180,6 +182,7 @@ fn passes_against_nodegate_sim_serve() {
         "line replica-1.nodes.nodegate.dev",
         "api server counters",
         "credential confinement",
+        "forged reviews",
     ] {
         line(&out, "PASS", c);
     }
@@ -334,7 +337,7 @@ async fn fails_when_the_webhook_is_down() {
     ] {
         let got = line(&out, "FAIL", &format!("line {l} "));
         assert!(
-            got.contains(&format!("POST to nodegate/{svc}:443/mutate through the API server's service proxy answered HTTP 503: error trying to reach service"))
+            got.contains(&format!("POST to nodegate/{svc}:443/mutate/<token> through the API server's service proxy answered HTTP 503: error trying to reach service"))
                 && got.contains("this line fails open"),
             "{got}"
         );
@@ -881,7 +884,7 @@ async fn every_line_of_the_install_answers() {
     ] {
         let got = line(&out, "PASS", &format!("line {l} "));
         assert!(
-            got.contains(&format!("nodegate/{svc}:443/mutate through the API server's service proxy allowed a Node CREATE with a patch adding [\"{DEFAULT_TAINT}\"]")),
+            got.contains(&format!("nodegate/{svc}:443/mutate/<token> through the API server's service proxy allowed a Node CREATE with a patch adding [\"{DEFAULT_TAINT}\"]")),
             "{got}"
         );
     }
@@ -1003,7 +1006,7 @@ async fn fails_the_line_of_a_service_without_endpoint() {
     assert_eq!(code, 1, "{out}");
     let l = line(&out, "FAIL", "line replica-1.nodes.nodegate.dev");
     assert!(
-        l.contains("POST to nodegate/nodegate-webhook-1:443/mutate through the API server's service proxy answered HTTP 503: no endpoints available for service \"nodegate-webhook-1\": this line fails open"),
+        l.contains("POST to nodegate/nodegate-webhook-1:443/mutate/<token> through the API server's service proxy answered HTTP 503: no endpoints available for service \"nodegate-webhook-1\": this line fails open"),
         "{l}"
     );
     line(&out, "PASS", "line nodes.nodegate.dev");

@@ -66,6 +66,7 @@ impl Cluster {
         .await?;
         let webhook = WebhookProcess::start(WebhookOptions {
             kubeconfig: Some(emu.kubeconfig(users::WEBHOOK)?),
+            path_token: true,
             ..Default::default()
         })
         .await?;

@@ -112,6 +112,8 @@ pub const WEBHOOK_NAMESPACE: &str = "nodegate";
 pub const REPLICAS: i64 = 2;
 /// The Secret the shipped StatefulSet mounts its serving certificate from.
 pub const WEBHOOK_TLS_SECRET: &str = "nodegate-webhook-tls";
+/// The Secret holding the path token (`token`), as the README creates it.
+pub const WEBHOOK_PATH_SECRET: &str = "nodegate-webhook-path";
 
 /// A Deployment `status` as the deployment controller writes it for
 /// `available` of `replicas` pods (`Available` while at least one is).
@@ -143,6 +145,12 @@ pub struct WebhookOptions {
     /// KUBECONFIG for the patches of rebooted nodes; `None` disables them.
     pub kubeconfig: Option<PathBuf>,
     pub extra_args: Vec<String>,
+    /// Serve with a path token, as the README's install does: only reviews
+    /// posted to `/mutate/<token>` may write a stored Node, and [`attach`]
+    /// points the configuration's lines there.
+    ///
+    /// [`attach`]: WebhookProcess::attach
+    pub path_token: bool,
 }
 
 /// The real `nodegate-webhook` binary with fresh certificates from
@@ -153,6 +161,7 @@ pub struct WebhookProcess {
     https: SocketAddr,
     admin: SocketAddr,
     ca_pem: String,
+    path_token: Option<String>,
     _dir: tempfile::TempDir,
 }
 
@@ -286,6 +295,34 @@ fn parse_listening(line: &str) -> Option<(SocketAddr, SocketAddr)> {
     Some((https.parse().ok()?, admin.parse().ok()?))
 }
 
+/// A webhook configuration (YAML) with every line that calls a Service
+/// pointed at `/mutate/<token>`, as `nodegate-certs`' patch points it.
+pub fn with_path_token(yaml: &str, token: &str) -> anyhow::Result<String> {
+    let mut doc: serde_json::Value = serde_yaml::from_str(yaml)?;
+    let patch: serde_json::Value =
+        serde_yaml::from_str(&nodegate_certs::ca_bundle_patch(yaml, "", Some(token))?)?;
+    let paths: HashMap<String, serde_json::Value> = patch["webhooks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|h| {
+            let path = h.pointer("/clientConfig/service/path")?.clone();
+            Some((h["name"].as_str()?.to_string(), path))
+        })
+        .collect();
+    for hook in doc["webhooks"].as_array_mut().into_iter().flatten() {
+        let name = hook["name"].as_str().unwrap_or_default().to_string();
+        if let (Some(path), Some(svc)) = (
+            paths.get(&name),
+            hook.pointer_mut("/clientConfig/service")
+                .and_then(|s| s.as_object_mut()),
+        ) {
+            svc.insert("path".into(), path.clone());
+        }
+    }
+    Ok(serde_yaml::to_string(&doc)?)
+}
+
 impl WebhookProcess {
     pub async fn start(opts: WebhookOptions) -> anyhow::Result<WebhookProcess> {
         let bin = existing_bin("nodegate-webhook", "nodegate-webhook")?;
@@ -317,6 +354,12 @@ impl WebhookProcess {
         for t in &opts.taints {
             cmd.arg("--taint").arg(t);
         }
+        let path_token = opts.path_token.then(nodegate_certs::path_token);
+        if let Some(t) = &path_token {
+            let file = dir.path().join("path-token");
+            std::fs::write(&file, t)?;
+            cmd.arg("--path-token-file").arg(file);
+        }
         cmd.args(&opts.extra_args);
         // Nothing from the caller's environment may point it at a real cluster.
         cmd.env_remove("KUBECONFIG")
@@ -346,8 +389,14 @@ impl WebhookProcess {
             https,
             admin,
             ca_pem: ca.cert_pem().to_string(),
+            path_token,
             _dir: dir,
         })
+    }
+
+    /// The path token it serves with, if any.
+    pub fn path_token(&self) -> Option<&str> {
+        self.path_token.as_deref()
     }
 
     /// `"nodegate-webhook.nodegate.svc"`, the name the API server verifies.
@@ -383,9 +432,14 @@ impl WebhookProcess {
             .collect()
     }
 
-    /// `yaml` with this process's CA as `caBundle`.
+    /// `yaml` with this process's CA as `caBundle` and, with a path token,
+    /// every line's path set as `nodegate-certs`' patch sets it.
     pub fn webhook_config(&self, yaml: &str) -> anyhow::Result<String> {
-        Ok(nodegate_certs::inject_ca_bundle(yaml, &self.ca_pem)?)
+        let injected = nodegate_certs::inject_ca_bundle(yaml, &self.ca_pem)?;
+        match &self.path_token {
+            Some(token) => with_path_token(&injected, token),
+            None => Ok(injected),
+        }
     }
 
     /// Points `emu` at this webhook: the service endpoint and the shipped
@@ -432,6 +486,14 @@ impl WebhookProcess {
             },
         });
         emu.apply(&secret.to_string())?;
+        if let Some(token) = &self.path_token {
+            let secret = serde_json::json!({
+                "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+                "metadata": {"name": WEBHOOK_PATH_SECRET, "namespace": WEBHOOK_NAMESPACE},
+                "data": {"token": b64.encode(token)},
+            });
+            emu.apply(&secret.to_string())?;
+        }
         let mut sts =
             nodegate_emulator::server::parse_documents(&read("webhook/statefulset.yaml")?)?
                 .into_iter()

@@ -46,7 +46,13 @@ fn the_readme_certificate_step_runs_as_written_in_a_fresh_directory() {
         "the README's nodegate-certs line",
         sh(dir.path(), None, certs[0]),
     );
-    for f in ["ca.crt", "tls.crt", "tls.key", "ca-bundle-patch.yaml"] {
+    for f in [
+        "ca.crt",
+        "tls.crt",
+        "tls.key",
+        "ca-bundle-patch.yaml",
+        "path-token",
+    ] {
         assert!(dir.path().join("ng-certs").join(f).is_file(), "{f} missing");
     }
     // Every file a later command reads is one this step wrote.
@@ -79,12 +85,16 @@ async fn applying_the_install_again_keeps_the_patched_ca_bundle() {
     let mwc = manifests_dir().join("webhook/mutatingwebhookconfiguration.yaml");
     let apply = format!("kubectl apply -f {}", mwc.display());
     let bundle = "kubectl get mutatingwebhookconfiguration nodegate -o jsonpath='{.webhooks[0].clientConfig.caBundle}'";
+    let paths = "kubectl get mutatingwebhookconfiguration nodegate -o jsonpath='{.webhooks[*].clientConfig.service.path}'";
 
     ok("certs", sh(d, None, &certs_cmd));
     ok("first apply", sh(d, Some(&kubeconfig), &apply));
     ok("patch", sh(d, Some(&kubeconfig), &patch_cmd));
     let first = ok("read", sh(d, Some(&kubeconfig), bundle));
     assert!(!first.is_empty(), "the patch set no caBundle");
+    let token = std::fs::read_to_string(d.join("ng-certs/path-token")).unwrap();
+    let want_paths = vec![format!("/mutate/{}", token.trim()); 3].join(" ");
+    assert_eq!(ok("read", sh(d, Some(&kubeconfig), paths)), want_paths);
     // An upgrade: the same install applied again, twice.
     for round in 0..2 {
         ok("apply again", sh(d, Some(&kubeconfig), &apply));
@@ -92,6 +102,11 @@ async fn applying_the_install_again_keeps_the_patched_ca_bundle() {
         assert_eq!(
             now, first,
             "round {round}: applying the install again changed caBundle"
+        );
+        assert_eq!(
+            ok("read", sh(d, Some(&kubeconfig), paths)),
+            want_paths,
+            "round {round}: applying the install again changed the lines' path"
         );
     }
     // The rest of the configuration is the shipped one.

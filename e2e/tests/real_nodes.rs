@@ -1139,6 +1139,7 @@ async fn cert_rotation(c: &Ctx) {
         // Trusting the CA the cluster trusts now, whatever made it.
         h.sh("kubectl get mutatingwebhookconfiguration nodegate \
                 -o jsonpath='{.webhooks[0].clientConfig.caBundle}' | base64 -d > ./trusted-ca.crt
+              mkdir -p ./ng-certs-2 && cp ./ng-certs/path-token ./ng-certs-2/
               nodegate-certs --service nodegate-webhook --namespace nodegate --out-dir ./ng-certs-2 \
                 --webhook-config manifests/base/webhook/mutatingwebhookconfiguration.yaml \
                 --also-trust ./trusted-ca.crt

@@ -10,6 +10,7 @@ pub mod keys;
 pub mod match_conditions;
 pub mod node;
 pub mod patch;
+pub mod path_token;
 pub mod signal;
 pub mod taint;
 

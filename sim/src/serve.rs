@@ -22,6 +22,8 @@ pub async fn serve(kubeconfig_out: PathBuf, user: &str) -> anyhow::Result<()> {
     .await?;
     let mut webhook = WebhookProcess::start(WebhookOptions {
         kubeconfig: Some(emu.kubeconfig(users::WEBHOOK)?),
+        // As the README installs it: only the API server's reviews act.
+        path_token: true,
         ..Default::default()
     })
     .await?;

@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use axum::http::StatusCode;
 
+use crate::caller::Authority;
 use crate::metrics::{Metrics, Op, Outcome};
 use crate::patcher::{Enqueued, RebootPatcher};
 use crate::review::{self, BadInput};
@@ -18,6 +19,8 @@ pub struct Webhook {
     pub rules: Arc<Rules>,
     pub patcher: RebootPatcher,
     pub metrics: Arc<Metrics>,
+    /// Which reviews may write a stored Node ([`crate::caller`]).
+    pub authority: Authority,
 }
 
 /// The answer to one body, and the re-registration check to make before
@@ -32,12 +35,15 @@ pub struct Handled {
 impl Webhook {
     /// Answers one body: the response bytes and the HTTP status.
     pub fn handle(&self, body: &[u8]) -> (StatusCode, Vec<u8>) {
-        let h = self.handle_review(body);
+        let h = self.handle_review(body, None);
         (h.status, h.bytes)
     }
 
-    /// [`Webhook::handle`], with the re-registration check a Node create asks for.
-    pub fn handle_review(&self, body: &[u8]) -> Handled {
+    /// [`Webhook::handle`], with the re-registration check a Node create asks
+    /// for; `presented` is the path's token (`/mutate/<token>`), and without
+    /// the right one the review writes nothing stored.
+    pub fn handle_review(&self, body: &[u8], presented: Option<&str>) -> Handled {
+        let may_act = self.authority.admits(presented);
         let mut reregistration = None;
         let start = Instant::now();
         let (op, outcome, status, bytes) = match review::decode(body) {
@@ -56,7 +62,10 @@ impl Webhook {
                 } else {
                     tracing::debug!(uid = %req.uid, node = %req.name, operation = ?req.operation, "{}", d.why);
                 }
-                if let Some(job) = &d.reboot_job {
+                if let Some(job) = d.reboot_job.as_ref().filter(|_| !may_act) {
+                    self.metrics.unauthenticated(true);
+                    tracing::debug!(uid = %req.uid, node = %job.node, "a status write showing a reboot, not posted to the configured path: no background patch");
+                } else if let Some(job) = &d.reboot_job {
                     let node = &job.node;
                     // Info only for a new job: a node without the taint keeps
                     // sending reboot-looking status writes until it is patched.
@@ -65,7 +74,14 @@ impl Webhook {
                         q => tracing::debug!(uid = %req.uid, %node, queued = ?q, "{}", d.why),
                     }
                 }
-                reregistration = d.reregistration;
+                reregistration = match d.reregistration {
+                    Some(job) if !may_act => {
+                        self.metrics.unauthenticated(false);
+                        tracing::debug!(uid = %req.uid, node = %job.node, "a Node create not posted to the configured path: no re-registration check");
+                        None
+                    }
+                    other => other,
+                };
                 let outcome = if d.added.is_some() {
                     Outcome::Patched
                 } else {

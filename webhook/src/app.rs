@@ -1,4 +1,6 @@
-//! The HTTP routes: `POST /mutate` on the TLS port (within
+//! The HTTP routes: `POST /mutate/<token>` (the path the webhook
+//! configuration names, whose reviews may write a stored Node:
+//! [`crate::caller`]), `/mutate` and `/` (answered, nothing stored) on the TLS port (within
 //! [`RequestLimits`]), `/livez`, `/readyz` and `/metrics` on the plain admin
 //! port (GET only, nothing else).
 
@@ -7,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use axum::Router;
-use axum::extract::{Request, State};
+use axum::extract::{Path, Request, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -34,9 +36,22 @@ struct Route {
 }
 
 async fn mutate(State(route): State<Arc<Route>>, req: Request) -> Response {
+    answer(route, req, None).await
+}
+
+async fn mutate_with_token(
+    State(route): State<Arc<Route>>,
+    Path(token): Path<String>,
+    req: Request,
+) -> Response {
+    answer(route, req, Some(token)).await
+}
+
+async fn answer(route: Arc<Route>, req: Request, token: Option<String>) -> Response {
     let start = Instant::now();
     let deadline = tokio::time::Instant::from_std(start + route.limits.request_timeout);
-    match tokio::time::timeout_at(deadline, admit(&route, req, deadline)).await {
+    let admitted = admit(&route, req, token.as_deref(), deadline);
+    match tokio::time::timeout_at(deadline, admitted).await {
         Ok(resp) => resp,
         Err(_) => {
             tracing::debug!(timeout = ?route.limits.request_timeout, "admission request past its deadline");
@@ -50,7 +65,12 @@ async fn mutate(State(route): State<Arc<Route>>, req: Request) -> Response {
 }
 
 /// Waits for an in-flight slot, reads the body within its bounds, decides.
-async fn admit(route: &Route, req: Request, deadline: tokio::time::Instant) -> Response {
+async fn admit(
+    route: &Route,
+    req: Request,
+    token: Option<&str>,
+    deadline: tokio::time::Instant,
+) -> Response {
     let Ok(_slot) = route.inflight.clone().acquire_owned().await else {
         return refusal::plain(StatusCode::SERVICE_UNAVAILABLE, "shutting down");
     };
@@ -82,7 +102,7 @@ async fn admit(route: &Route, req: Request, deadline: tokio::time::Instant) -> R
         status,
         bytes,
         reregistration,
-    } = route.hook.handle_review(&body.bytes);
+    } = route.hook.handle_review(&body.bytes, token);
     if let Some(job) = reregistration {
         // Before the answer: the kubelet's status write (the new boot ID)
         // only follows it. At most a second, well inside the API server's
@@ -157,6 +177,9 @@ pub fn webhook_router(hook: Arc<Webhook>, limits: RequestLimits) -> Router {
     };
     Router::new()
         .route("/mutate", post(mutate))
+        .route("/mutate/{token}", post(mutate_with_token))
+        // A configuration without a path (an apply that dropped it) calls `/`.
+        .route("/", post(mutate))
         .with_state(Arc::new(route))
 }
 

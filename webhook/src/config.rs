@@ -9,6 +9,7 @@ use nodegate_shared::TaintSpec;
 use nodegate_shared::keys::DEFAULT_TAINT;
 use nodegate_shared::taint::check_taints;
 
+use crate::caller::Authority;
 use crate::limits::RequestLimits;
 use crate::patcher::PatcherOptions;
 
@@ -94,6 +95,15 @@ pub struct Args {
     /// Then, in-flight requests get this long before connections close.
     #[arg(long, env = "NODEGATE_SHUTDOWN_TIMEOUT", default_value = "20s", value_parser = parse_duration)]
     pub shutdown_timeout: Duration,
+    /// The secret path token (base64url, ≥ 22 characters; `nodegate-certs`
+    /// writes it as `path-token`). With it, only a review posted to
+    /// `/mutate/<token>` — the path the webhook configuration names — may
+    /// make the webhook write a stored Node (the re-taint of a re-registering
+    /// or rebooted node); any other review is answered, but changes nothing
+    /// stored. A file that is missing or unusable turns those writes off.
+    /// Unset: every review may, as before.
+    #[arg(long, env = "NODEGATE_PATH_TOKEN_FILE")]
+    pub path_token_file: Option<PathBuf>,
     /// Never use cluster credentials: the patches of a rebooted node's main
     /// resource (a status write cannot carry taints) are skipped and counted.
     #[arg(long, env = "NODEGATE_DISABLE_REBOOT_PATCHES")]
@@ -249,6 +259,8 @@ pub struct Config {
     pub shutdown_timeout: Duration,
     pub kube: KubeMode,
     pub patcher: PatcherOptions,
+    /// Which reviews may write a stored Node.
+    pub authority: Authority,
 }
 
 impl Config {
@@ -273,6 +285,7 @@ impl Config {
             shutdown_timeout: Duration::from_secs(20),
             kube: KubeMode::Disabled,
             patcher: PatcherOptions::default(),
+            authority: Authority::Open,
         }
     }
 }
@@ -319,6 +332,7 @@ impl TryFrom<Args> for Config {
                 KubeMode::Infer
             },
             patcher: PatcherOptions::default(),
+            authority: Authority::load(a.path_token_file.as_deref()),
         })
     }
 }

@@ -3,7 +3,8 @@
 //! The modules form layers; each uses only the ones above it in this list:
 //!
 //! * [`rules`]: the decision, pure (kube's `AdmissionRequest` and the shared
-//!   `NodeView` in, taints, patch and follow-up jobs out).
+//!   `NodeView` in, taints, patch and follow-up jobs out); [`caller`]: which
+//!   reviews may have those jobs done (pure).
 //! * [`review`]: AdmissionReview bytes in (kube's types, serde) and out.
 //! * [`metrics`]: Prometheus metrics.
 //! * [`patcher`]: the background reboot patches and the re-registration check.
@@ -20,6 +21,7 @@
 pub mod admission;
 pub mod app;
 pub mod body;
+pub mod caller;
 pub mod cel;
 pub mod config;
 pub mod confinement;
@@ -49,6 +51,7 @@ pub use config::{Args, Config, KubeMode};
 
 use crate::admission::Webhook;
 use crate::app::{Health, admin_router, webhook_router};
+use crate::caller::Authority;
 use crate::metrics::{Metrics, Port};
 use crate::patcher::RebootPatcher;
 use crate::rules::Rules;
@@ -149,10 +152,22 @@ pub async fn start(
             .spawn_watcher(config.tls_reload_interval, metrics.clone(), stopped());
 
     let health = Arc::new(Health::default());
+    match &config.authority {
+        Authority::Open => tracing::warn!(
+            "no --path-token-file: any review, forged ones included, may make the webhook re-taint a stored Node (docs/security.md)"
+        ),
+        Authority::Token(_) => {
+            tracing::info!("only reviews posted to /mutate/<token> may write a stored Node")
+        }
+        Authority::Missing(why) => {
+            tracing::error!(%why, "--path-token-file unusable: no review may write a stored Node, so a re-registering node is gated only by its create and a reboot seen on a status write is not re-tainted")
+        }
+    }
     let hook = Arc::new(Webhook {
         rules,
         patcher,
         metrics: metrics.clone(),
+        authority: config.authority.clone(),
     });
     let opts = ServeOptions {
         handshake_timeout: config.tls_handshake_timeout,

@@ -133,6 +133,11 @@ struct ResultLabels {
     result: &'static str,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RuleLabels {
+    rule: &'static str,
+}
+
 /// The webhook's metrics and their registry.
 #[derive(Debug)]
 pub struct Metrics {
@@ -142,6 +147,7 @@ pub struct Metrics {
     taints_added: [Counter; 2],
     background: [Counter; 4],
     reregistrations: [Counter; 4],
+    unauthenticated: [Counter; 2],
     tls_reloads: [Counter; 2],
     refused: [[Counter; 7]; 2],
     connections: [Gauge; 2],
@@ -204,6 +210,14 @@ impl Metrics {
             "Re-taints of a stored Node when its kubelet re-registers after a reboot, done before the create is answered, by result",
             rereg,
         );
+        let unauth = Family::<RuleLabels, Counter>::default();
+        let unauthenticated = ["reregistration", "status"]
+            .map(|rule| unauth.get_or_create(&RuleLabels { rule }).clone());
+        registry.register(
+            "unauthenticated_side_effects",
+            "Writes of a stored Node a review asked for but did not get: it was not posted to the configuration's /mutate/<token> path, so anyone could have sent it (rule: reregistration, status)",
+            unauth,
+        );
         let tls = Family::<ResultLabels, Counter>::default();
         let tls_reloads =
             ["ok", "failed"].map(|result| tls.get_or_create(&ResultLabels { result }).clone());
@@ -245,6 +259,7 @@ impl Metrics {
             taints_added,
             background,
             reregistrations,
+            unauthenticated,
             tls_reloads,
             refused,
             connections,
@@ -289,6 +304,12 @@ impl Metrics {
     /// when taints were added).
     pub fn reregistration(&self, result: Background) {
         self.reregistrations[result as usize].inc();
+    }
+
+    /// A side effect not taken: `reregistration` (a create's re-taint) or
+    /// `status` (the background patch after a status write).
+    pub fn unauthenticated(&self, status_write: bool) {
+        self.unauthenticated[usize::from(status_write)].inc();
     }
 
     pub fn background(&self, result: Background) {

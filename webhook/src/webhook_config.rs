@@ -66,7 +66,6 @@ webhooks:
       service:
         name: {SERVICE}
         namespace: nodegate
-        path: /mutate
         port: 443
     rules:
       - apiGroups: [""]
@@ -142,7 +141,6 @@ webhooks:
       service:
         name: {SERVICE}-{i}
         namespace: nodegate
-        path: /mutate
         port: 443
     # Rules 1 and 2 only. A reboot seen on a status write (rule 3) is a
     # background patch that no later line can see; the kubelet's create at

@@ -334,7 +334,15 @@ pub async fn install_with(
         Some(v) => serde_yaml::to_string(v)?,
         None => crate::process::shipped_webhook_config()?,
     };
-    let with_ca = nodegate_certs::inject_ca_bundle(&cfg, &cp.ca_pem)?;
+    // As the README installs it: the lines call /mutate/<token>, and the
+    // webhook's --path-token-file holds the token.
+    let path_token = nodegate_certs::path_token();
+    let token_file = tls.join("path-token");
+    std::fs::write(&token_file, &path_token)?;
+    let with_ca = crate::process::with_path_token(
+        &nodegate_certs::inject_ca_bundle(&cfg, &cp.ca_pem)?,
+        &path_token,
+    )?;
     kubectl(kc, &["apply", "--server-side", "-f", "-"], Some(&with_ca))?;
 
     let log = cp.dir.join("log");
@@ -356,6 +364,8 @@ pub async fn install_with(
                 args.push(format!("--tls-cert={}", tls.join("tls.crt").display()));
             } else if a.starts_with("--tls-key=") {
                 args.push(format!("--tls-key={}", tls.join("tls.key").display()));
+            } else if a.starts_with("--path-token-file=") {
+                args.push(format!("--path-token-file={}", token_file.display()));
             } else {
                 args.push(a);
             }

@@ -1,0 +1,313 @@
+//! Reviews no API server sent, tried the way an attacker would: a Node
+//! CREATE or a `nodes/status` write claiming a new boot of a ready node,
+//! posted straight to a replica's port (anyone who reaches the host network)
+//! and through the API server's service proxy (anyone with `create
+//! services/proxy` in the namespace), at every path the webhook serves but
+//! the configured one. Each gets an answer and re-gates nothing, in the
+//! default mode and in strict mode (the evicting boot gate); a genuine
+//! reboot, which the API server sends to the configured `/mutate/<token>`,
+//! is still gated from the first version of its new boot.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Node;
+use kube::api::Api;
+use nodegate_e2e::cluster::Cluster;
+use nodegate_e2e::process::shipped_rbac;
+use nodegate_e2e::standin::{AgentReadiness, StandInAgent};
+use nodegate_e2e::{WebhookOptions, WebhookProcess};
+use nodegate_emulator::kubelet::SimKubelet;
+use nodegate_emulator::{Emulator, EmulatorOptions, users};
+use nodegate_shared::TaintSpec;
+use nodegate_shared::keys::DEFAULT_TAINT;
+use serde_json::{Value, json};
+
+const BOOT_GATE: &str = "nodegate.dev/agent-not-ready=true:NoExecute";
+
+/// nodegate's gates on the node (the API server's own not-ready taint,
+/// which no node lifecycle controller removes here, left out).
+fn taints(n: &Node) -> Vec<String> {
+    n.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .map(|t| {
+            t.iter()
+                .filter(|t| t.key.starts_with("nodegate.dev/"))
+                .map(|t| format!("{}:{}", t.key, t.effect))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A review as the API server would send it for `node` (the kubelet's own
+/// create, or its status write), claiming boot `boot`.
+fn review(node: &Value, boot: &str, status_write: bool) -> Value {
+    let name = node["metadata"]["name"].as_str().unwrap().to_string();
+    let mut forged = node.clone();
+    forged["status"]["nodeInfo"]["bootID"] = json!(boot);
+    let mut request = json!({
+        "uid": format!("forged-{boot}-{status_write}"),
+        "kind": {"group": "", "version": "v1", "kind": "Node"},
+        "resource": {"group": "", "version": "v1", "resource": "nodes"},
+        "requestKind": {"group": "", "version": "v1", "kind": "Node"},
+        "requestResource": {"group": "", "version": "v1", "resource": "nodes"},
+        "name": name,
+        "operation": if status_write { "UPDATE" } else { "CREATE" },
+        "userInfo": {"username": format!("system:node:{name}"), "groups": ["system:nodes", "system:authenticated"]},
+        "object": forged,
+        "oldObject": if status_write { node.clone() } else { Value::Null },
+        "dryRun": false,
+        "options": {"apiVersion": "meta.k8s.io/v1", "kind": if status_write { "UpdateOptions" } else { "CreateOptions" }},
+    });
+    if status_write {
+        request["subResource"] = json!("status");
+        request["requestSubResource"] = json!("status");
+    }
+    json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request})
+}
+
+/// A client that talks to the webhook replica itself, trusting its CA.
+async fn replica_client(webhook: &WebhookProcess) -> kube::Client {
+    use base64::Engine;
+    let kc: kube::config::Kubeconfig = serde_yaml::from_value(serde_yaml::to_value(json!({
+        "apiVersion": "v1", "kind": "Config",
+        "clusters": [{"name": "r", "cluster": {
+            "server": format!("https://{}", webhook.https_addr()),
+            "certificate-authority-data": base64::engine::general_purpose::STANDARD.encode(webhook.ca_pem()),
+        }}],
+        "users": [{"name": "anonymous", "user": {}}],
+        "contexts": [{"name": "r", "context": {"cluster": "r", "user": "anonymous"}}],
+        "current-context": "r",
+    })).unwrap())
+    .unwrap();
+    let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .unwrap();
+    kube::Client::try_from(cfg).unwrap()
+}
+
+/// POSTs `body` to `path` with `client`; the HTTP status and the body.
+async fn post(client: &kube::Client, path: &str, body: &Value) -> (u16, String) {
+    let req = http::Request::post(path)
+        .header("content-type", "application/json")
+        .body(serde_json::to_vec(body).unwrap())
+        .unwrap();
+    match client.request_text(req).await {
+        Ok(text) => (200, text),
+        Err(kube::Error::Api(s)) => (s.code, s.message),
+        Err(e) => panic!("{path}: {e}"),
+    }
+}
+
+/// An emulator with the shipped RBAC and confinement, and a webhook serving
+/// with a path token (and strict mode's boot gate when `strict`).
+async fn install(strict: bool) -> (Emulator, WebhookProcess) {
+    let emu = Emulator::start(EmulatorOptions {
+        rbac: Some(shipped_rbac().unwrap()),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let webhook = WebhookProcess::start(WebhookOptions {
+        kubeconfig: Some(emu.kubeconfig(users::WEBHOOK).unwrap()),
+        path_token: true,
+        extra_args: if strict {
+            vec![format!("--boot-taint={BOOT_GATE}")]
+        } else {
+            vec![]
+        },
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let ordinary: Vec<TaintSpec> = vec![DEFAULT_TAINT.parse().unwrap()];
+    let boot: Vec<TaintSpec> = if strict {
+        vec![BOOT_GATE.parse().unwrap()]
+    } else {
+        vec![]
+    };
+    let config = nodegate_webhook::webhook_config::render(
+        &ordinary,
+        &boot,
+        nodegate_webhook::webhook_config::DEFAULT_REPLICAS,
+    );
+    webhook.attach(&emu, Some(&config)).unwrap();
+    webhook.install_objects(&emu).unwrap();
+    // The confinement for these taints (strict mode's lets the webhook add the boot gate).
+    let release: Vec<TaintSpec> = vec![nodegate_shared::keys::LEGACY_TAINT.parse().unwrap()];
+    emu.apply(&nodegate_webhook::confinement::render(
+        &ordinary, &boot, &release,
+    ))
+    .unwrap();
+    (emu, webhook)
+}
+
+/// Ready on its boot: registered, then the agent's ready patch.
+async fn ready_node(emu: &Emulator, name: &str, gates: &[&str]) -> (SimKubelet, Api<Node>) {
+    let kubelet = SimKubelet::new(emu, name).await.unwrap();
+    let created = kubelet.register().await.unwrap();
+    assert_eq!(
+        taints(&created).len(),
+        gates.len(),
+        "{:?}",
+        taints(&created)
+    );
+    // The ready patch's effect is what matters here, not whose it is.
+    let standin = StandInAgent {
+        taints: gates.iter().map(|g| g.parse().unwrap()).collect(),
+    };
+    standin
+        .mark_ready(&emu.client(users::ADMIN).await.unwrap(), name)
+        .await
+        .unwrap();
+    let api: Api<Node> = Api::all(emu.client(users::ADMIN).await.unwrap());
+    assert!(taints(&api.get(name).await.unwrap()).is_empty());
+    (kubelet, api)
+}
+
+fn metric(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find(|l| l.starts_with(series))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}
+
+async fn forged_reviews_change_nothing(strict: bool) {
+    let (emu, webhook) = install(strict).await;
+    let gates: Vec<&str> = if strict {
+        vec![DEFAULT_TAINT, BOOT_GATE]
+    } else {
+        vec![DEFAULT_TAINT]
+    };
+    let (mut kubelet, api) = ready_node(&emu, "victim", &gates).await;
+    let stored = serde_json::to_value(api.get("victim").await.unwrap()).unwrap();
+    let token = webhook.path_token().unwrap().to_string();
+
+    let replica = replica_client(&webhook).await;
+    let admin = emu.client(users::ADMIN).await.unwrap();
+    let proxy = "/api/v1/namespaces/nodegate/services/https:nodegate-webhook:443/proxy";
+    let wrong = format!("/mutate/{}x", &token[..token.len() - 1]);
+    let mut sent = 0;
+    for (client, prefix, via) in [
+        (&replica, "", "the replica's port"),
+        (&admin, proxy, "the service proxy"),
+    ] {
+        for path in ["/mutate", "/", wrong.as_str()] {
+            for status_write in [false, true] {
+                let body = review(&stored, &format!("forged-{sent}"), status_write);
+                let (code, answer) = post(client, &format!("{prefix}{path}"), &body).await;
+                assert_eq!(code, 200, "{via} {path}: {answer}");
+                let answer: Value = serde_json::from_str(&answer).unwrap();
+                assert_eq!(
+                    answer["response"]["allowed"], true,
+                    "{via} {path}: answered, as any review is"
+                );
+                sent += 1;
+                // The re-registration re-taint runs before the answer.
+                let now = api.get("victim").await.unwrap();
+                assert!(
+                    taints(&now).is_empty(),
+                    "{via} {path} (status write: {status_write}) re-gated the node: {:?}",
+                    taints(&now)
+                );
+            }
+        }
+    }
+    // Every forged side effect was refused and counted, none was queued.
+    let m = webhook.metrics().await.unwrap();
+    let refused = metric(
+        &m,
+        r#"nodegate_webhook_unauthenticated_side_effects_total{rule="reregistration"}"#,
+    ) + metric(
+        &m,
+        r#"nodegate_webhook_unauthenticated_side_effects_total{rule="status"}"#,
+    );
+    assert_eq!(refused, f64::from(sent), "{m}");
+    assert_eq!(
+        metric(
+            &m,
+            r#"nodegate_webhook_reregistration_patches_total{result="ok"}"#
+        ),
+        0.0
+    );
+
+    // A real reboot: the API server calls the configured path, and the first
+    // stored version with the new boot carries every gate.
+    kubelet.reboot().await.unwrap();
+    let after = api.get("victim").await.unwrap();
+    assert_eq!(
+        after
+            .status
+            .as_ref()
+            .and_then(|s| s.node_info.as_ref())
+            .map(|i| i.boot_id.clone()),
+        Some(kubelet.boot_id().to_string())
+    );
+    let mut want: Vec<String> = gates
+        .iter()
+        .map(|g| {
+            let t: TaintSpec = g.parse().unwrap();
+            format!("{}:{}", t.key(), t.effect())
+        })
+        .collect();
+    want.sort();
+    let mut got = taints(&after);
+    got.sort();
+    assert_eq!(got, want, "a genuine reboot is gated");
+    let m = webhook.metrics().await.unwrap();
+    assert_eq!(
+        metric(
+            &m,
+            r#"nodegate_webhook_reregistration_patches_total{result="ok"}"#
+        ),
+        1.0,
+        "{m}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_reviews_regate_nothing() {
+    forged_reviews_change_nothing(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_strict_mode_forged_reviews_evict_nothing() {
+    forged_reviews_change_nothing(true).await;
+}
+
+/// Through the service proxy, as `nodegate-check` and an attacker with
+/// `services/proxy` reach it: on the emulator and on a real cluster
+/// (NODEGATE_E2E_KUBECONFIG) with nodegate installed as the README says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_create_through_the_service_proxy_regates_nothing() {
+    let c = Cluster::start().await.unwrap();
+    let name = c.node_name("proxied");
+    let kubelet = c.kubelet(&name).await.unwrap();
+    kubelet.register().await.unwrap();
+    let agent = c.agent_client(&name).await.unwrap();
+    StandInAgent::default()
+        .mark_ready(&agent, &name)
+        .await
+        .unwrap();
+    let admin = c.client(users::ADMIN).await.unwrap();
+    let api: Api<Node> = Api::all(admin.clone());
+    let stored = serde_json::to_value(api.get(&name).await.unwrap()).unwrap();
+    for path in ["/mutate", "/"] {
+        let proxied =
+            format!("/api/v1/namespaces/nodegate/services/https:nodegate-webhook:443/proxy{path}");
+        let (code, answer) = post(&admin, &proxied, &review(&stored, "forged", false)).await;
+        assert_eq!(code, 200, "{path}: {answer}");
+        assert!(
+            taints(&api.get(&name).await.unwrap()).is_empty(),
+            "{path}: re-gated"
+        );
+    }
+    // The node stays ungated for as long as a background patch would take.
+    let end = tokio::time::Instant::now() + Duration::from_secs(2);
+    while tokio::time::Instant::now() < end {
+        assert!(taints(&api.get(&name).await.unwrap()).is_empty());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

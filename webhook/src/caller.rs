@@ -1,0 +1,118 @@
+//! Which reviews may move the webhook to act beyond its answer.
+//!
+//! An answer only changes the request it answers, so anyone may get one. Two
+//! rules also write the **stored** Node: the re-registration re-taint (a
+//! Node create whose boot ID shows a reboot) and the background patch after a
+//! status write. The node name and boot ID come from the review body, which
+//! anyone who reaches a replica's port (host network) or has
+//! `services/proxy` in the namespace can write. So those writes follow only
+//! reviews that came the way the API server sends them: to the path in the
+//! webhook configuration, `/mutate/<token>`, where the token is a secret
+//! shared with the configuration (`nodegate-certs` makes it) and mounted from
+//! a Secret. The API server's call is TLS-verified against the caBundle, so
+//! the token travels only between the two. Pure: no I/O but [`Authority::load`].
+
+use std::path::Path;
+
+use nodegate_shared::path_token;
+
+/// Who may trigger the side effects.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Authority {
+    /// No `--path-token-file`: every review may, as before tokens existed.
+    Open,
+    /// Only a review posted to `/mutate/<token>`.
+    Token(String),
+    /// `--path-token-file` is set but unusable (the optional Secret was not
+    /// created): no review may, so a forged one never acts; why.
+    Missing(String),
+}
+
+impl Authority {
+    /// From the flag: unset is [`Authority::Open`]; a file that cannot be
+    /// read or holds a token too short to be a secret is
+    /// [`Authority::Missing`].
+    pub fn load(path: Option<&Path>) -> Authority {
+        let Some(path) = path else {
+            return Authority::Open;
+        };
+        match std::fs::read_to_string(path) {
+            Ok(s) => Authority::from_contents(&s)
+                .unwrap_or_else(|why| Authority::Missing(format!("{}: {why}", path.display()))),
+            Err(e) => Authority::Missing(format!("{}: {e}", path.display())),
+        }
+    }
+
+    /// A token file's contents (whitespace around it ignored).
+    pub fn from_contents(s: &str) -> Result<Authority, String> {
+        path_token::parse(s).map(|t| Authority::Token(t.to_string()))
+    }
+
+    /// Whether a review posted with `presented` (the path's last segment
+    /// after `/mutate/`, `None` on `/mutate` or `/`) may act.
+    pub fn admits(&self, presented: Option<&str>) -> bool {
+        match (self, presented) {
+            (Authority::Open, _) => true,
+            (Authority::Token(want), Some(got)) => {
+                constant_time_eq(want.as_bytes(), got.as_bytes())
+            }
+            _ => false,
+        }
+    }
+}
+
+/// Equal in time independent of where the two differ, so the answer time
+/// tells nothing about a guessed prefix.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TOKEN: &str = "k3XJ9d_Qm2-vN8pL4sT6wY0zA1bC5eF7";
+
+    #[test]
+    fn who_may_act() {
+        let token = Authority::from_contents(&format!("{TOKEN}\n")).unwrap();
+        let cases = [
+            (&Authority::Open, None, true),
+            (&Authority::Open, Some("anything"), true),
+            (&token, Some(TOKEN), true),
+            (&token, None, false),
+            (&token, Some(""), false),
+            (&token, Some(&TOKEN[..TOKEN.len() - 1]), false),
+            (&token, Some("k3XJ9d_Qm2-vN8pL4sT6wY0zA1bC5eF8"), false),
+        ];
+        for (authority, presented, want) in cases {
+            assert_eq!(
+                authority.admits(presented),
+                want,
+                "{authority:?} {presented:?}"
+            );
+        }
+        let missing = Authority::Missing("no file".into());
+        assert!(!missing.admits(Some(TOKEN)));
+        assert!(!missing.admits(None));
+    }
+
+    #[test]
+    fn the_flag_unset_is_open_and_an_unreadable_file_is_missing() {
+        assert_eq!(Authority::load(None), Authority::Open);
+        let dir = tempfile::tempdir().unwrap();
+        let absent = dir.path().join("token");
+        assert!(matches!(
+            Authority::load(Some(&absent)),
+            Authority::Missing(_)
+        ));
+        std::fs::write(&absent, TOKEN).unwrap();
+        assert_eq!(
+            Authority::load(Some(&absent)),
+            Authority::Token(TOKEN.into())
+        );
+    }
+}

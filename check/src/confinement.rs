@@ -18,6 +18,8 @@ const PROBE: &str = "confinement dry-run";
 const AGENT_POLICY: &str = "nodegate-agent-confinement";
 const WEBHOOK_POLICY: &str = "nodegate-webhook-confinement";
 const NODE_CLAIM: &str = "authentication.kubernetes.io/node-name";
+const POD_NAME_CLAIM: &str = "authentication.kubernetes.io/pod-name";
+const POD_UID_CLAIM: &str = "authentication.kubernetes.io/pod-uid";
 
 fn resource(kind: &str, plural: &str) -> ApiResource {
     ApiResource::from_gvk_with_plural(
@@ -112,10 +114,22 @@ pub async fn check(client: &Client, config: Option<&Config>, args: &Args, report
         args.namespace
     ));
     as_agent.auth_info.impersonate_groups = None;
+    // The claims of the agent pod's own token on that node, so the policy
+    // judges the change, not a token it would refuse anyway.
     as_agent.auth_info.impersonate_user_extra = Some(
-        [(NODE_CLAIM.to_string(), vec![node.clone()])]
-            .into_iter()
-            .collect(),
+        [
+            (NODE_CLAIM.to_string(), vec![node.clone()]),
+            (
+                POD_NAME_CLAIM.to_string(),
+                vec![format!("nodegate-agent-{node}")],
+            ),
+            (
+                POD_UID_CLAIM.to_string(),
+                vec![format!("nodegate-check-{node}")],
+            ),
+        ]
+        .into_iter()
+        .collect(),
     );
     let agent = match Client::try_from(as_agent) {
         Ok(c) => c,

@@ -41,6 +41,7 @@ pub mod gates;
 pub mod installed;
 pub mod karpenter;
 pub mod lines;
+pub mod namespace;
 pub mod path_token;
 pub mod report;
 pub mod serving;
@@ -334,6 +335,7 @@ pub async fn run_with_client(
     };
     webhook_config::check_apiserver_metrics(&client, &names, report).await;
     confinement::check(&client, config, args, report).await;
+    namespace::check(&client, args, report).await;
     let installed = installed::read(&client, args).await;
     strict_mode::check(&client, args, &installed, report).await;
     let strict = installed

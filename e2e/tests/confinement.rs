@@ -1,10 +1,11 @@
 //! nodegate's own credentials, attacked as a thief would use them: the
 //! agent's pod-bound token of node A, the same ServiceAccount's token without
-//! a node claim, and the webhook's token, against the shipped install (RBAC
-//! plus the confinement ValidatingAdmissionPolicies). Every forbidden change
-//! must be refused (403, naming the node and the field) and every change the
-//! workloads need must go through. Runs against a fresh emulator, or a real
-//! cluster when NODEGATE_E2E_KUBECONFIG is set (see e2e/README.md).
+//! a node claim or bound to the Node instead of a pod, and the webhook's
+//! token, against the shipped install (RBAC plus the confinement
+//! ValidatingAdmissionPolicies). Every forbidden change must be refused (403,
+//! naming the node and the field) and every change the workloads need must
+//! go through. Runs against a fresh emulator, or a real cluster when
+//! NODEGATE_E2E_KUBECONFIG is set (see e2e/README.md).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use k8s_openapi::api::core::v1::Node;
@@ -16,6 +17,7 @@ use serde_json::{Value, json};
 
 const TAINT_KEY: &str = "nodegate.dev/agent-not-ready";
 const AGENT_POLICY: &str = "ValidatingAdmissionPolicy 'nodegate-agent-confinement' with binding 'nodegate-agent-confinement'";
+const WEBHOOK_POLICY: &str = "ValidatingAdmissionPolicy 'nodegate-webhook-confinement'";
 
 /// A node as an admin sees it after a kubelet registered it, with a foreign
 /// taint and a cordon, so the attacks have something to remove. It has an
@@ -58,12 +60,18 @@ async fn json_patch(
     node: &str,
     ops: Value,
 ) -> Result<Node, Box<kube::core::Status>> {
+    json_patch_with(client, node, ops, &PatchParams::default()).await
+}
+
+async fn json_patch_with(
+    client: &kube::Client,
+    node: &str,
+    ops: Value,
+    pp: &PatchParams,
+) -> Result<Node, Box<kube::core::Status>> {
     let api: Api<Node> = Api::all(client.clone());
     let p: json_patch::Patch = serde_json::from_value(ops).unwrap();
-    match api
-        .patch(node, &PatchParams::default(), &Patch::<()>::Json(p))
-        .await
-    {
+    match api.patch(node, pp, &Patch::<()>::Json(p)).await {
         Ok(n) => Ok(n),
         Err(kube::Error::Api(e)) => Err(e),
         Err(e) => panic!("{e}"),
@@ -641,4 +649,679 @@ async fn in_strict_mode_a_stolen_agent_token_cannot_evict_its_nodes_workloads() 
         .await,
         &[AGENT_POLICY, record_msg],
     );
+}
+
+/// A client acting as `user` with the user extras `extra`, impersonated by
+/// the admin (both modes: the emulator honours `Impersonate-Extra-*` too).
+async fn impersonating(c: &Cluster, user: &str, extra: &[(&str, &str)]) -> kube::Client {
+    let kc = kube::config::Kubeconfig::read_from(c.kubeconfig(users::ADMIN).unwrap()).unwrap();
+    let mut cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .unwrap();
+    cfg.auth_info.impersonate = Some(user.into());
+    cfg.auth_info.impersonate_groups = Some(
+        users::groups(user)
+            .into_iter()
+            .filter(|g| g != "system:authenticated")
+            .collect(),
+    );
+    cfg.auth_info.impersonate_user_extra = Some(
+        extra
+            .iter()
+            .map(|(k, v)| (k.to_string(), vec![v.to_string()]))
+            .collect(),
+    );
+    kube::Client::try_from(cfg).unwrap()
+}
+
+/// The agent ServiceAccount's token bound to Node `node` itself
+/// (TokenRequest with `boundObjectRef` kind Node): the node claims, no pod.
+/// Where the API server issues none (the emulator, a cluster without
+/// `ServiceAccountTokenNodeBinding`: 400), the same identity impersonated.
+async fn node_bound_agent(c: &Cluster, node: &str) -> (kube::Client, &'static str) {
+    use k8s_openapi::api::authentication::v1::{
+        BoundObjectReference, TokenRequest, TokenRequestSpec,
+    };
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    let admin = c.client(users::ADMIN).await.unwrap();
+    let uid = Api::<Node>::all(admin.clone())
+        .get(node)
+        .await
+        .unwrap()
+        .metadata
+        .uid
+        .unwrap();
+    let request = TokenRequest {
+        spec: TokenRequestSpec {
+            audiences: Vec::new(),
+            bound_object_ref: Some(BoundObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Node".into()),
+                name: Some(node.into()),
+                uid: Some(uid.clone()),
+            }),
+            expiration_seconds: Some(3600),
+        },
+        ..Default::default()
+    };
+    let sas: Api<ServiceAccount> = Api::namespaced(admin, "nodegate");
+    match sas
+        .create_token_request("nodegate-agent", &PostParams::default(), &request)
+        .await
+    {
+        Ok(r) => {
+            let kc =
+                kube::config::Kubeconfig::read_from(c.kubeconfig(users::ADMIN).unwrap()).unwrap();
+            let mut cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+                .await
+                .unwrap();
+            // Only the token: no client certificate, plugin or impersonation.
+            cfg.auth_info = kube::config::AuthInfo {
+                token: Some(r.status.unwrap().token.into()),
+                ..Default::default()
+            };
+            (kube::Client::try_from(cfg).unwrap(), "TokenRequest")
+        }
+        Err(kube::Error::Api(e)) if e.code == 400 => {
+            println!("no Node-bound token here ({}): impersonated", e.message);
+            let client = impersonating(
+                c,
+                users::AGENT,
+                &[
+                    (users::NODE_NAME_EXTRA, node),
+                    (users::NODE_UID_EXTRA, &uid),
+                ],
+            )
+            .await;
+            (client, "impersonated")
+        }
+        Err(e) => panic!("TokenRequest for node {node}: {e}"),
+    }
+}
+
+/// A token bound to the Node, not to a pod on it, carries the node's name
+/// but no pod: whoever can mint one (anyone with `create
+/// serviceaccounts/token` on the agent's account) must not get the agent's
+/// power over that node.
+#[tokio::test]
+async fn a_node_bound_agent_token_changes_nothing() {
+    let c = Cluster::start().await.unwrap();
+    let a = node(&c, "conf-node-bound").await;
+    let (thief, how) = node_bound_agent(&c, &a).await;
+    assert_refused(
+        &format!("node-bound token ({how}) removes its node's gate"),
+        json_patch(
+            &thief,
+            &a,
+            json!([
+                {"op": "test", "path": "/spec/taints/0/key", "value": TAINT_KEY},
+                {"op": "remove", "path": "/spec/taints/0"},
+            ]),
+        )
+        .await,
+        &[
+            AGENT_POLICY,
+            &format!("nodegate-agent (token of node '{a}' without a pod claim)"),
+            "authentication.kubernetes.io/pod-name",
+        ],
+    );
+    // The pod claim without its uid is no pod claim either.
+    let half = impersonating(
+        &c,
+        users::AGENT,
+        &[
+            (users::NODE_NAME_EXTRA, &a),
+            (users::POD_NAME_EXTRA, "nodegate-agent-x"),
+        ],
+    )
+    .await;
+    assert_refused(
+        "pod name without pod uid",
+        patch(&half, &a, json!({"metadata": {"labels": {"x": "y"}}})).await,
+        &[AGENT_POLICY, "without a pod claim"],
+    );
+    assert_eq!(
+        taints(&c, &a).await,
+        [
+            format!("{TAINT_KEY}:NoSchedule"),
+            "example.com/dedicated:NoSchedule".to_string()
+        ],
+        "nothing changed"
+    );
+}
+
+/// What a real API server records when the admin creates [`node`]'s Node
+/// (measured on kube-apiserver: one update entry of the client's manager).
+fn creation_entry(manager: &str) -> Value {
+    json!({"manager": manager, "operation": "Update", "apiVersion": "v1",
+           "time": "2026-01-01T00:00:00Z", "fieldsType": "FieldsV1",
+           "fieldsV1": {"f:metadata": {"f:annotations": {".": {}, "f:example.com/owner": {}},
+                                       "f:labels": {".": {}, "f:kubernetes.io/hostname": {}}},
+                        "f:spec": {"f:taints": {}}}})
+}
+
+/// An update entry of `manager` at `time` owning `fields`.
+fn update_entry(manager: &str, time: &str, fields: Value) -> Value {
+    json!({"manager": manager, "operation": "Update", "apiVersion": "v1", "time": time,
+           "fieldsType": "FieldsV1", "fieldsV1": fields})
+}
+
+fn set_ownership(entries: &Value) -> Value {
+    // `add` replaces the member when it exists, and creates it when not.
+    json!([{"op": "add", "path": "/metadata/managedFields", "value": entries}])
+}
+
+/// The node's field ownership as stored.
+async fn ownership(c: &Cluster, node: &str) -> Vec<Value> {
+    let api: Api<Node> = Api::all(c.client(users::ADMIN).await.unwrap());
+    let n = serde_json::to_value(api.get(node).await.unwrap()).unwrap();
+    n["metadata"]["managedFields"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// The emulator keeps no field ownership (emulator/README.md): give the
+/// test's node what a real API server records at its creation. A real
+/// cluster has recorded it already.
+async fn recorded_ownership(c: &Cluster, node: &str) -> Vec<Value> {
+    if c.emulator().is_some() {
+        let admin = c.client(users::ADMIN).await.unwrap();
+        json_patch(
+            &admin,
+            node,
+            set_ownership(&json!([creation_entry("nodegate-e2e")])),
+        )
+        .await
+        .unwrap();
+    }
+    ownership(c, node).await
+}
+
+fn managers(entries: &[Value]) -> Vec<String> {
+    let mut m: Vec<String> = entries
+        .iter()
+        .map(|e| format!("{} ({})", e["manager"], e["operation"]))
+        .collect();
+    m.sort();
+    m
+}
+
+/// `metadata.managedFields` decides what a server-side apply deletes: a
+/// manager's apply prunes the fields its apply entry owned and no longer
+/// sets, unless another manager owns them too. A write may carry its own
+/// managedFields, and the API server takes them (`decodeLiveOrNew`), so a
+/// stolen token could make any applier the sole owner of `spec.taints` — its
+/// next apply deletes every taint. Both tokens may leave only what the API
+/// server's field manager records for their own writes.
+#[tokio::test]
+async fn a_stolen_token_cannot_forge_field_ownership() {
+    let c = Cluster::start().await.unwrap();
+    let a = node(&c, "conf-owners").await;
+    let before = recorded_ownership(&c, &a).await;
+    let agent = c.agent_client(&a).await.unwrap();
+    let webhook = c.client(users::WEBHOOK).await.unwrap();
+    let forged = json!({"manager": "x", "operation": "Apply", "apiVersion": "v1",
+                        "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {"f:taints": {}}}});
+    let replace =
+        |v: Value| json!([{"op": "replace", "path": "/metadata/managedFields", "value": v}]);
+    let mut beside = before.clone();
+    beside.push(forged.clone());
+    for (who, client, policy) in [
+        ("agent", &agent, AGENT_POLICY),
+        ("webhook", &webhook, WEBHOOK_POLICY),
+    ] {
+        let tries = [
+            // The reported attack: x alone owns spec.taints.
+            ("x alone owns spec.taints", replace(json!([forged]))),
+            // x's apply entry beside the recorded ones: still x's to prune.
+            ("x owns spec.taints too", replace(json!(beside))),
+            // An empty list resets ownership: nobody holds anything.
+            ("ownership reset", replace(json!([]))),
+        ];
+        for (what, ops) in tries {
+            assert_refused(
+                &format!("{who}: {what}"),
+                json_patch(client, &a, ops).await,
+                &[
+                    policy,
+                    "may not rewrite metadata.managedFields",
+                    &format!("node '{a}'"),
+                ],
+            );
+        }
+    }
+    // Inside a write the agent may make (its ready patch): the creator's
+    // entry dropped, so an applier's omission could prune its labels.
+    let key = format!(
+        "/metadata/annotations/{}",
+        READY_BOOT_ID_ANNOTATION.replace('/', "~1")
+    );
+    let own = update_entry(
+        "nodegate-agent",
+        "2026-01-01T00:00:01Z",
+        json!({"f:metadata": {"f:annotations": {format!("f:{READY_BOOT_ID_ANNOTATION}"): {}}},
+               "f:spec": {"f:taints": {}}}),
+    );
+    assert_refused(
+        "agent: ready patch dropping the creator's ownership",
+        json_patch(
+            &agent,
+            &a,
+            json!([
+                {"op": "test", "path": "/spec/taints/0/key", "value": TAINT_KEY},
+                {"op": "remove", "path": "/spec/taints/0"},
+                {"op": "add", "path": key, "value": "boot-1"},
+                {"op": "replace", "path": "/metadata/managedFields", "value": [own]},
+            ]),
+        )
+        .await,
+        &[AGENT_POLICY, "may not rewrite metadata.managedFields"],
+    );
+    assert_eq!(
+        managers(&ownership(&c, &a).await),
+        managers(&before),
+        "ownership unchanged"
+    );
+    assert_eq!(
+        taints(&c, &a).await,
+        [
+            format!("{TAINT_KEY}:NoSchedule"),
+            "example.com/dedicated:NoSchedule".to_string()
+        ],
+        "taints unchanged"
+    );
+
+    // What the policy stands between: on a real API server the same forgery
+    // (here by the unconfined admin) and x's apply of a Node without taints
+    // delete every taint. The emulator has no server-side apply semantics.
+    if c.is_real() {
+        let admin = c.client(users::ADMIN).await.unwrap();
+        json_patch(&admin, &a, replace(json!([forged])))
+            .await
+            .unwrap();
+        Api::<Node>::all(admin)
+            .patch(
+                &a,
+                &PatchParams::apply("x"),
+                &Patch::Apply(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": a}})),
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            taints(&c, &a).await,
+            Vec::<String>::new(),
+            "x's apply pruned the taints it was made to own"
+        );
+    }
+}
+
+/// The writes nodegate makes still go through while the API server records
+/// their field ownership: the ready patch, the webhook's re-taint, the next
+/// ready patch (which drops the webhook's entry), beside an applier's entry,
+/// and past the 10 update managers at which the API server merges the
+/// oldest into `ancient-changes`. On a real cluster the API server writes
+/// managedFields itself; the emulator keeps none, so there each write
+/// carries what the field manager would record (apimachinery
+/// `managedfields/internal`, structured-merge-diff `merge/update.go`).
+#[tokio::test]
+async fn recorded_field_ownership_lets_the_workloads_write() {
+    let c = Cluster::start().await.unwrap();
+    let a = node(&c, "conf-recorded").await;
+    let admin = c.client(users::ADMIN).await.unwrap();
+    let agent = c.agent_client(&a).await.unwrap();
+    let webhook = c.client(users::WEBHOOK).await.unwrap();
+    let emulated = c.emulator().is_some();
+    // Named managers: each write of theirs is an entry of its own, so the
+    // webhook's last write adds one past the cap on a real API server too.
+    let as_manager = |m: &str| PatchParams {
+        field_manager: Some(m.into()),
+        ..Default::default()
+    };
+    let (by_agent, by_webhook) = (as_manager("nodegate-agent"), as_manager("nodegate-webhook"));
+    recorded_ownership(&c, &a).await;
+    // An applier's label (its apply entry must survive every write below).
+    let team = json!({"f:metadata": {"f:labels": {"f:example.com/team": {}}}});
+    if emulated {
+        patch(
+            &admin,
+            &a,
+            json!({"metadata": {"labels": {"example.com/team": "a"}}}),
+        )
+        .await
+        .unwrap();
+        let mut entries = ownership(&c, &a).await;
+        entries.push(
+            json!({"manager": "x", "operation": "Apply", "apiVersion": "v1",
+            "time": "2026-01-01T00:00:00Z", "fieldsType": "FieldsV1", "fieldsV1": team}),
+        );
+        json_patch(&admin, &a, set_ownership(&json!(entries)))
+            .await
+            .unwrap();
+    } else {
+        Api::<Node>::all(admin.clone())
+            .patch(
+                &a,
+                &PatchParams::apply("x"),
+                &Patch::Apply(json!({"apiVersion": "v1", "kind": "Node",
+                    "metadata": {"name": a, "labels": {"example.com/team": "a"}}})),
+            )
+            .await
+            .unwrap();
+    }
+    // On the emulator, the write's ops plus the ownership the API server
+    // would record for it.
+    let with_ownership = |mut ops: Value, entries: Value| {
+        if emulated {
+            ops.as_array_mut().unwrap().push(
+                json!({"op": "replace", "path": "/metadata/managedFields", "value": entries}),
+            );
+        }
+        ops
+    };
+    let ready_key = format!("f:{READY_BOOT_ID_ANNOTATION}");
+    let creator_without_taints = json!({"manager": "nodegate-e2e", "operation": "Update",
+        "apiVersion": "v1", "time": "2026-01-01T00:00:00Z", "fieldsType": "FieldsV1",
+        "fieldsV1": {"f:metadata": {"f:annotations": {".": {}, "f:example.com/owner": {}},
+                                    "f:labels": {".": {}, "f:kubernetes.io/hostname": {}}}}});
+    let applier = json!({"manager": "x", "operation": "Apply", "apiVersion": "v1",
+        "time": "2026-01-01T00:00:00Z", "fieldsType": "FieldsV1", "fieldsV1": team});
+    let ann = format!(
+        "/metadata/annotations/{}",
+        READY_BOOT_ID_ANNOTATION.replace('/', "~1")
+    );
+
+    // The ready patch: the taint list changed, so the creator loses it and
+    // the agent's entry holds it and the annotation.
+    json_patch_with(
+        &agent,
+        &a,
+        with_ownership(
+            json!([
+                {"op": "test", "path": "/spec/taints/0/key", "value": TAINT_KEY},
+                {"op": "remove", "path": "/spec/taints/0"},
+                {"op": "add", "path": ann, "value": "boot-1"},
+            ]),
+            json!([creator_without_taints, applier,
+                update_entry("nodegate-agent", "2026-01-01T00:00:10Z",
+                    json!({"f:metadata": {"f:annotations": {&ready_key: {}}}, "f:spec": {"f:taints": {}}}))]),
+        ),
+        &by_agent,
+    )
+    .await
+    .expect("the ready patch");
+    // The webhook's re-taint: the agent's entry loses the taints.
+    let agent_entry = update_entry(
+        "nodegate-agent",
+        "2026-01-01T00:00:10Z",
+        json!({"f:metadata": {"f:annotations": {&ready_key: {}}}}),
+    );
+    let gate = json!({"key": TAINT_KEY, "value": "true", "effect": "NoSchedule"});
+    json_patch_with(
+        &webhook,
+        &a,
+        with_ownership(
+            json!([{"op": "add", "path": "/spec/taints/-", "value": gate}]),
+            json!([
+                creator_without_taints,
+                applier,
+                agent_entry,
+                update_entry(
+                    "nodegate-webhook",
+                    "2026-01-01T00:00:20Z",
+                    json!({"f:spec": {"f:taints": {}}})
+                )
+            ]),
+        ),
+        &by_webhook,
+    )
+    .await
+    .expect("the webhook's re-taint");
+    // The next ready patch: the webhook's entry owned only the taints and
+    // is dropped.
+    let stored =
+        serde_json::to_value(Api::<Node>::all(admin.clone()).get(&a).await.unwrap()).unwrap();
+    let i = stored["spec"]["taints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .position(|t| t["key"] == TAINT_KEY)
+        .unwrap();
+    json_patch_with(
+        &agent,
+        &a,
+        with_ownership(
+            json!([
+                {"op": "test", "path": format!("/spec/taints/{i}/key"), "value": TAINT_KEY},
+                {"op": "remove", "path": format!("/spec/taints/{i}")},
+                {"op": "replace", "path": ann, "value": "boot-2"},
+            ]),
+            json!([creator_without_taints, applier,
+                update_entry("nodegate-agent", "2026-01-01T00:00:30Z",
+                    json!({"f:metadata": {"f:annotations": {&ready_key: {}}}, "f:spec": {"f:taints": {}}}))]),
+        ),
+        &by_agent,
+    )
+    .await
+    .expect("the second ready patch");
+
+    // Nine more update managers, each with a label of its own: with the
+    // creator and the agent, 11 update entries, one over the cap.
+    let label = |i: usize| format!("example.com/m{i}");
+    let mut labelled = Vec::new();
+    for i in 1..=9 {
+        let body = json!({"metadata": {"labels": {label(i): "v"}}});
+        let pp = PatchParams {
+            field_manager: Some(format!("m{i}")),
+            ..Default::default()
+        };
+        Api::<Node>::all(admin.clone())
+            .patch(&a, &pp, &Patch::Merge(&body))
+            .await
+            .unwrap();
+        labelled.push(update_entry(
+            &format!("m{i}"),
+            &format!("2026-01-01T00:01:0{i}Z"),
+            json!({"f:metadata": {"f:labels": {format!("f:{}", label(i)): {}}}}),
+        ));
+    }
+    // The emulator's stored state: what the API server keeps at the cap
+    // (the creator and m1, the oldest, merged into the bucket).
+    let bucket_of = |taints: bool| {
+        let mut fields = json!({"f:metadata": {"f:annotations": {".": {}, "f:example.com/owner": {}},
+            "f:labels": {".": {}, "f:kubernetes.io/hostname": {}, "f:example.com/m1": {}}}});
+        if taints {
+            fields["f:spec"] = json!({"f:taints": {}});
+        }
+        update_entry("ancient-changes", "2026-01-01T00:01:01Z", fields)
+    };
+    let agent_with_taints = update_entry(
+        "nodegate-agent",
+        "2026-01-01T00:00:30Z",
+        json!({"f:metadata": {"f:annotations": {&ready_key: {}}}, "f:spec": {"f:taints": {}}}),
+    );
+    if emulated {
+        let mut at_cap = vec![bucket_of(false), applier.clone(), agent_with_taints.clone()];
+        at_cap.extend(labelled[1..].iter().cloned());
+        json_patch(&admin, &a, set_ownership(&json!(at_cap)))
+            .await
+            .unwrap();
+    }
+    // The webhook's re-taint adds an 11th update entry: the API server
+    // merges the oldest (the agent's, which lost the taints) into the bucket.
+    let mut merged = vec![
+        update_entry(
+            "ancient-changes",
+            "2026-01-01T00:00:30Z",
+            json!({"f:metadata": {"f:annotations": {".": {}, "f:example.com/owner": {}, &ready_key: {}},
+                "f:labels": {".": {}, "f:kubernetes.io/hostname": {}, "f:example.com/m1": {}}}}),
+        ),
+        applier.clone(),
+        update_entry(
+            "nodegate-webhook",
+            "2026-01-01T00:02:00Z",
+            json!({"f:spec": {"f:taints": {}}}),
+        ),
+    ];
+    merged.extend(labelled[1..].iter().cloned());
+    // A forged merge first: the bucket without the agent's annotation.
+    if emulated {
+        let mut forged = merged.clone();
+        forged[0]["fieldsV1"]["f:metadata"]["f:annotations"]
+            .as_object_mut()
+            .unwrap()
+            .remove(&ready_key);
+        assert_refused(
+            "webhook: a merge that drops the agent's ownership",
+            json_patch_with(
+                &webhook,
+                &a,
+                with_ownership(
+                    json!([{"op": "add", "path": "/spec/taints/-", "value": gate}]),
+                    json!(forged),
+                ),
+                &by_webhook,
+            )
+            .await,
+            &[WEBHOOK_POLICY, "nodegate-agent (Update)"],
+        );
+    }
+    json_patch_with(
+        &webhook,
+        &a,
+        with_ownership(
+            json!([{"op": "add", "path": "/spec/taints/-", "value": gate}]),
+            json!(merged),
+        ),
+        &by_webhook,
+    )
+    .await
+    .expect("the webhook's re-taint at the cap");
+    let now = ownership(&c, &a).await;
+    assert!(
+        now.iter().any(|e| e["manager"] == "ancient-changes"),
+        "the cap was reached: {:?}",
+        managers(&now)
+    );
+    assert!(
+        now.iter()
+            .any(|e| e["manager"] == "x" && e["operation"] == "Apply" && e["fieldsV1"] == team),
+        "the applier's entry is intact: {now:?}"
+    );
+    assert_eq!(
+        taints(&c, &a).await,
+        [
+            "example.com/dedicated:NoSchedule".to_string(),
+            format!("{TAINT_KEY}:NoSchedule")
+        ]
+    );
+}
+
+/// Installed under kustomize's `namespace:` (here `platform-gates`), the
+/// agent's account is `system:serviceaccount:platform-gates:nodegate-agent`:
+/// the shipped policies still confine it (they match the account's name in
+/// any namespace), so its token of node A may remove A's gate and nothing
+/// more. Emulator only: it needs RBAC for an account of another namespace,
+/// which the emulator takes as input rather than through its API.
+#[tokio::test]
+async fn installed_in_another_namespace_the_agent_is_still_confined() {
+    use nodegate_emulator::{Emulator, EmulatorOptions};
+    if std::env::var_os("NODEGATE_E2E_KUBECONFIG").is_some() {
+        eprintln!("skipped on a real cluster: needs RBAC for another namespace's account");
+        return;
+    }
+    let mut rbac = nodegate_e2e::process::shipped_rbac().unwrap();
+    rbac.push(
+        r#"apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: nodegate-agent-platform-gates}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: nodegate-agent}
+subjects: [{kind: ServiceAccount, name: nodegate-agent, namespace: platform-gates}]
+"#
+        .into(),
+    );
+    let emu = Emulator::start(EmulatorOptions {
+        rbac: Some(rbac),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    emu.apply(&nodegate_e2e::process::shipped_confinement().unwrap())
+        .unwrap();
+    let admin: Api<Node> = Api::all(emu.client(users::ADMIN).await.unwrap());
+    let n: Node = serde_json::from_value(json!({
+        "metadata": {"name": "elsewhere", "annotations": {"example.com/owner": "nodegate-e2e"}},
+        "spec": {"taints": [{"key": TAINT_KEY, "value": "true", "effect": "NoSchedule"}]},
+    }))
+    .unwrap();
+    admin.create(&PostParams::default(), &n).await.unwrap();
+    // The token of its pod on that node, from the TokenRequest API.
+    use k8s_openapi::api::authentication::v1::{
+        BoundObjectReference, TokenRequest, TokenRequestSpec,
+    };
+    use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+    let admin_client = emu.client(users::ADMIN).await.unwrap();
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "nodegate-agent-abcde", "namespace": "platform-gates"},
+        "spec": {"serviceAccountName": "nodegate-agent", "nodeName": "elsewhere",
+                 "containers": [{"name": "agent", "image": "nodegate/nodegate-agent:e2e"}]},
+    }))
+    .unwrap();
+    let pod = Api::<Pod>::namespaced(admin_client.clone(), "platform-gates")
+        .create(&PostParams::default(), &pod)
+        .await
+        .unwrap();
+    let request = TokenRequest {
+        spec: TokenRequestSpec {
+            audiences: Vec::new(),
+            bound_object_ref: Some(BoundObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Pod".into()),
+                name: pod.metadata.name.clone(),
+                uid: pod.metadata.uid.clone(),
+            }),
+            expiration_seconds: Some(3600),
+        },
+        ..Default::default()
+    };
+    let token = Api::<ServiceAccount>::namespaced(admin_client, "platform-gates")
+        .create_token_request("nodegate-agent", &PostParams::default(), &request)
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .token;
+    let kc = kube::config::Kubeconfig::read_from(emu.kubeconfig(users::ADMIN).unwrap()).unwrap();
+    let mut cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .unwrap();
+    cfg.auth_info = kube::config::AuthInfo {
+        token: Some(token.into()),
+        ..Default::default()
+    };
+    let agent = kube::Client::try_from(cfg).unwrap();
+    assert_refused(
+        "another namespace's agent switches its gate off",
+        patch(
+            &agent,
+            "elsewhere",
+            json!({"metadata": {"labels": {"nodegate.dev/exclude": "true"}}}),
+        )
+        .await,
+        &[
+            AGENT_POLICY,
+            "nodegate-agent of node 'elsewhere'",
+            "metadata.labels",
+        ],
+    );
+    json_patch(
+        &agent,
+        "elsewhere",
+        json!([
+            {"op": "test", "path": "/spec/taints/0/key", "value": TAINT_KEY},
+            {"op": "remove", "path": "/spec/taints/0"},
+        ]),
+    )
+    .await
+    .expect("its ready patch");
 }

@@ -236,11 +236,47 @@ impl Emulator {
         Ok(kube::Client::try_from(cfg)?)
     }
 
-    /// The agent's pod-bound token for `node` (node name and, when the Node
-    /// exists, its uid).
+    /// The agent's pod-bound token for `node`: what a projected token of
+    /// the DaemonSet's pod on it carries (`serviceaccount/util.go`
+    /// `UserInfo`): the pod's name and uid, the node's name and, when the
+    /// Node exists, its uid. The pod (`nodegate/nodegate-agent-<node>`, as
+    /// the DaemonSet controller would make it) is stored if missing: a
+    /// pod-bound token authenticates only while its pod exists.
     pub fn agent_token(&self, node: &str) -> String {
+        let pod_name = format!("nodegate-agent-{node}");
+        let pod = match self.store.get(&resources::PODS, "nodegate", &pod_name) {
+            Some(p) => (*p).clone(),
+            None => {
+                let pod = serde_json::json!({
+                    "apiVersion": "v1", "kind": "Pod",
+                    "metadata": {"name": pod_name, "namespace": "nodegate",
+                                 "labels": {"app.kubernetes.io/name": "nodegate-agent"}},
+                    "spec": {"nodeName": node, "serviceAccountName": "nodegate-agent",
+                             "tolerations": [{"operator": "Exists"}],
+                             "containers": [{"name": "agent", "image": "nodegate/nodegate-agent"}]},
+                });
+                // Another call may have stored it in between: take that one.
+                match self
+                    .store
+                    .create(&resources::PODS, "nodegate", pod.clone(), false)
+                {
+                    Ok(stored) => stored,
+                    Err(_) => self
+                        .store
+                        .get(&resources::PODS, "nodegate", &pod_name)
+                        .map(|p| (*p).clone())
+                        .unwrap_or(pod),
+                }
+            }
+        };
+        let pod_uid = pod["metadata"]["uid"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
         let mut extra = users::Extra::new();
         extra.insert(users::NODE_NAME_EXTRA.into(), vec![node.into()]);
+        extra.insert(users::POD_NAME_EXTRA.into(), vec![pod_name]);
+        extra.insert(users::POD_UID_EXTRA.into(), vec![pod_uid]);
         if let Some(n) = self.store.get(&resources::NODES, "", node)
             && let Some(uid) = n["metadata"]["uid"].as_str()
         {

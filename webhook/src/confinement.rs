@@ -3,10 +3,11 @@
 //! from the same `--taint` configuration as the webhook.
 //!
 //! - **Agent** (a token on every node): with a token bound to a pod on node
-//!   N (`authentication.kubernetes.io/node-name`, Kubernetes ≥ 1.32), it may
-//!   UPDATE Node N only, changing nothing but the configured taints (by key
-//!   and effect) and the `nodegate.dev/ready-boot-id` annotation. Without the
-//!   node claim it may change nothing.
+//!   N (`authentication.kubernetes.io/node-name` with the pod's `pod-name`
+//!   and `pod-uid`, Kubernetes ≥ 1.32), it may UPDATE Node N only, changing
+//!   nothing but the configured taints (by key and effect) and the
+//!   `nodegate.dev/ready-boot-id` annotation. Without both claims (a token
+//!   bound to the Node itself, or to nothing) it may change nothing.
 //! - **Webhook** (the background re-taint): it may only add configured taints
 //!   to a Node; nothing removed, nothing else changed.
 //! - **Strict mode** (`--boot-taint`): the agent may remove the boot gate but
@@ -15,20 +16,35 @@
 //!   to the node's current bootID, never remove it. A stolen agent token can
 //!   then not evict its node's workloads on the boot it is on.
 //!
-//! Each policy is scoped by a matchCondition on the requesting user, so no
-//! one else's write is ever evaluated, and `failurePolicy: Fail` can only
-//! ever stop the confined workload. The expressions read optional fields
-//! behind `has()` (empty fields are absent) and compare whole maps, so a
-//! field added to Nodes later is covered without a change here.
+//! - **Field ownership**: neither may rewrite `metadata.managedFields`
+//!   beyond what the API server's field manager records for its own write
+//!   ([`ownership_variables`]), or a forged entry would let another
+//!   manager's next server-side apply delete taints and labels.
+//!
+//! Each policy is scoped by a matchCondition on the requesting user (the
+//! ServiceAccount's name in any namespace, so an install under kustomize's
+//! `namespace:` stays confined), so no one else's write is ever evaluated,
+//! and `failurePolicy: Fail` can only ever stop the confined workload. The
+//! expressions read optional fields behind `has()` (empty fields are absent)
+//! and compare whole maps, so a field added to Nodes later is covered
+//! without a change here.
+
+use std::collections::{BTreeMap, BTreeSet};
 
 use nodegate_shared::TaintSpec;
 use nodegate_shared::keys::READY_BOOT_ID_ANNOTATION;
 
-/// The agent's and webhook's ServiceAccount users in the shipped install.
-pub const AGENT_USER: &str = "system:serviceaccount:nodegate:nodegate-agent";
-pub const WEBHOOK_USER: &str = "system:serviceaccount:nodegate:nodegate-webhook";
-/// The user extra a pod-bound ServiceAccount token carries (KEP-4193).
+/// The agent's and webhook's ServiceAccounts. The policies match them in
+/// every namespace: the namespace is the installer's choice, and confining
+/// a same-named account elsewhere only takes rights away.
+pub const AGENT_SA: &str = "nodegate-agent";
+pub const WEBHOOK_SA: &str = "nodegate-webhook";
+/// The user extras of a ServiceAccount token bound to a pod on a node
+/// (k8s.io/apiserver `pkg/authentication/serviceaccount/util.go`). A token
+/// bound to a Node carries the node's name but no pod.
 pub const NODE_CLAIM: &str = "authentication.kubernetes.io/node-name";
+pub const POD_NAME_CLAIM: &str = "authentication.kubernetes.io/pod-name";
+pub const POD_UID_CLAIM: &str = "authentication.kubernetes.io/pod-uid";
 /// Names of the shipped policies (and their bindings).
 pub const AGENT_POLICY: &str = "nodegate-agent-confinement";
 pub const WEBHOOK_POLICY: &str = "nodegate-webhook-confinement";
@@ -92,8 +108,17 @@ fn or_empty(parent: &str, field: &str, empty: &str) -> String {
     format!("(has({parent}.{field}) ? {parent}.{field} : {empty})")
 }
 
-/// The start of a policy that matches only `user`'s Node writes.
-fn policy_head(name: &str, app: &str, user: &str) -> String {
+/// CEL: the request's user is the ServiceAccount `sa` of any namespace
+/// (`system:serviceaccount:<namespace>:<sa>`; namespaces hold no `:`).
+pub fn is_service_account(sa: &str) -> String {
+    format!(
+        "has(request.userInfo.username) && request.userInfo.username.startsWith('system:serviceaccount:')\n        && request.userInfo.username.endsWith({})",
+        q(&format!(":{sa}"))
+    )
+}
+
+/// The start of a policy that matches only ServiceAccount `sa`'s Node writes.
+fn policy_head(name: &str, app: &str, sa: &str) -> String {
     format!(
         r#"apiVersion: admissionregistration.k8s.io/v1
 kind: ValidatingAdmissionPolicy
@@ -113,9 +138,9 @@ spec:
   matchConditions:
     - name: {app}
       expression: >-
-        has(request.userInfo.username) && request.userInfo.username == {user}
+        {user}
 "#,
-        user = q(user)
+        user = is_service_account(sa)
     )
 }
 
@@ -176,6 +201,333 @@ fn boot_gate_rules(boot: &[TaintSpec]) -> String {
     )
 }
 
+/// The manager the API server merges the oldest update entries into once an
+/// object has more than `DefaultMaxUpdateManagers` of them (apimachinery
+/// `pkg/util/managedfields/internal/capmanagers.go`, `fieldmanager.go`).
+const BUCKET_MANAGER: &str = "ancient-changes";
+const MAX_UPDATE_MANAGERS: usize = 10;
+/// Key levels of a FieldsV1 map the bucket check follows: labels,
+/// annotations, taints and every spec field are within them (a Node's
+/// deepest path, `f:status.f:conditions.k:{…}.f:reason`, has four). Deeper
+/// keys are not compared: each level is a nested comprehension, and CEL
+/// parsers recurse per level.
+const FIELDS_DEPTH: usize = 3;
+
+/// A field whose ownership a confined write may change: its FieldsV1 path,
+/// and the CEL variable that is true when this write changed the field.
+struct Touched {
+    path: Vec<String>,
+    changed: &'static str,
+}
+
+/// Every FieldsV1 map on the way to a touched field (by its path from the
+/// root), with its keys that are touched or lead to one.
+fn prefixes(touched: &[Touched]) -> BTreeMap<Vec<String>, BTreeSet<String>> {
+    let mut out: BTreeMap<Vec<String>, BTreeSet<String>> = BTreeMap::new();
+    for t in touched {
+        for (i, key) in t.path.iter().enumerate() {
+            out.entry(t.path[..i].to_vec())
+                .or_default()
+                .insert(key.clone());
+        }
+    }
+    out
+}
+
+fn quoted_list<'a>(keys: impl IntoIterator<Item = &'a String>) -> String {
+    let keys: Vec<String> = keys.into_iter().map(|k| q(k)).collect();
+    format!("[{}]", keys.join(", "))
+}
+
+/// CEL: the value at `path` of map `f` (which must have it).
+fn get(f: &str, path: &[String]) -> String {
+    let mut m = f.to_string();
+    for key in path {
+        m = format!("{m}[{}]", q(key));
+    }
+    m
+}
+
+/// CEL: map `f` has `path` (for a FieldsV1 map: owns the field, or some of
+/// its children).
+fn has_path(f: &str, path: &[String]) -> String {
+    let parts: Vec<String> = (0..path.len())
+        .map(|i| format!("{} in {}", q(&path[i]), get(f, &path[..i])))
+        .collect();
+    if parts.is_empty() {
+        return "true".into();
+    }
+    format!("({})", parts.join(" && "))
+}
+
+/// CEL: but for the touched fields, FieldsV1 map `y` owns what `x` owns,
+/// with the same subtrees. The expressions stay shallow: a CEL parser's
+/// recursion grows with nesting, not with length.
+fn kept_in(x: &str, y: &str, touched: &[Touched]) -> String {
+    let checks: Vec<String> = prefixes(touched)
+        .iter()
+        .map(|(p, keys)| {
+            let (gx, gy) = (get(x, p), get(y, p));
+            let all = format!(
+                "{gx}.all(k, k in {keys} || {hy} && k in {gy} && {gy}[k] == {gx}[k])",
+                keys = quoted_list(keys),
+                hy = has_path(y, p),
+            );
+            if p.is_empty() {
+                all
+            } else {
+                format!("(!{} || {all})", has_path(x, p))
+            }
+        })
+        .collect();
+    checks.join("\n          && ")
+}
+
+/// CEL: FieldsV1 map `x` owns nothing but (parts of) touched fields.
+fn only_touched(x: &str, touched: &[Touched]) -> String {
+    let checks: Vec<String> = prefixes(touched)
+        .iter()
+        .map(|(p, keys)| {
+            let all = format!("{}.all(k, k in {})", get(x, p), quoted_list(keys));
+            if p.is_empty() {
+                all
+            } else {
+                format!("(!{} || {all})", has_path(x, p))
+            }
+        })
+        .collect();
+    checks.join(" && ")
+}
+
+/// CEL: every path of `n` keys that FieldsV1 map `o` owns, `b` owns too,
+/// but the touched fields this write changed. A key whose value is `{}`
+/// owns its path, and so does `.` among a path's keys; at
+/// [`FIELDS_DEPTH`] a key in `b` suffices.
+fn covered_at(o: &str, b: &str, n: usize, touched: &[Touched]) -> String {
+    let k = |i: usize| format!("k{i}");
+    let at = |m: &str, upto: usize| -> String {
+        (1..=upto).fold(m.to_string(), |acc, i| format!("{acc}[{}]", k(i)))
+    };
+    let present: Vec<String> = (1..=n)
+        .map(|i| format!("{} in {}", k(i), at(b, i - 1)))
+        .collect();
+    let (vo, vb) = (at(o, n), at(b, n));
+    let present = present.join(" && ");
+    // A key with children only leads to the paths below (the next level);
+    // at the last level its presence stands for them.
+    let owned = if n == FIELDS_DEPTH {
+        present
+    } else {
+        format!("size({vo}) > 0 || {present} && (size({vb}) == 0 || '.' in {vb})")
+    };
+    let mut alternatives: Vec<String> = touched
+        .iter()
+        .filter(|t| t.path.len() == n)
+        .map(|t| {
+            let at_path: Vec<String> = t
+                .path
+                .iter()
+                .enumerate()
+                .map(|(i, key)| format!("{} == {}", k(i + 1), q(key)))
+                .collect();
+            format!("{} && variables.{}", at_path.join(" && "), t.changed)
+        })
+        .collect();
+    alternatives.push(owned);
+    let mut cel = format!(
+        "{}.all({}, {})",
+        at(o, n - 1),
+        k(n),
+        alternatives.join(" || ")
+    );
+    // Only the maps with keys below lead to level n.
+    for i in (1..n).rev() {
+        cel = format!(
+            "{}.all({}, size({}) == 0 || {cel})",
+            at(o, i - 1),
+            k(i),
+            at(o, i)
+        );
+    }
+    cel
+}
+
+/// CEL: entry `e` is an apply entry.
+fn is_apply(e: &str) -> String {
+    format!("(has({e}.operation) && {e}.operation == 'Apply')")
+}
+
+/// CEL: entries `e` and `o` are the same manager's (manager, operation,
+/// apiVersion, subresource and fieldsType; not the time or the fields).
+fn same_manager(e: &str, o: &str) -> String {
+    let fixed = "['time', 'fieldsV1']";
+    format!(
+        "{e}.all(f, f in {fixed} || f in {o} && {o}[f] == {e}[f]) \
+         && {o}.all(f, f in {fixed} || f in {e})"
+    )
+}
+
+/// CEL: entry `e` is the bucket of merged update entries.
+fn is_bucket(e: &str) -> String {
+    format!(
+        "(has({e}.manager) && {e}.manager == {} && has({e}.operation) && {e}.operation == 'Update' \
+         && !has({e}.subresource))",
+        q(BUCKET_MANAGER)
+    )
+}
+
+/// The variables behind [`ownership_rule`]: what the API server's field
+/// manager (apimachinery `managedfields/internal`, structured-merge-diff
+/// `merge/update.go` `Updater.update`) can make of `metadata.managedFields`
+/// on a write that changes only `touched`:
+///
+/// - the writer's update entry gains the touched fields it changed and
+///   loses those it removed (`Updater.Update`), with a new time;
+/// - every other entry loses the touched fields the write changed (the
+///   conflicts are forced away), and an entry left empty is dropped;
+/// - past 10 update entries the oldest are merged into `ancient-changes`
+///   (`capUpdateManagers`), which then owns all they owned;
+/// - nothing else: apply entries never gain a field on an update, and no
+///   entry changes outside the touched fields.
+///
+/// A caller may send its own managedFields (`decodeLiveOrNew` takes them
+/// over the stored ones), so anything else is a forgery: an apply entry
+/// that owns `spec.taints` alone makes that manager's next server-side
+/// apply delete every taint, and an entry dropped or narrowed lets an
+/// applier's omission prune a field others still hold.
+fn ownership_variables(touched: &[Touched]) -> String {
+    // `fieldsV1`, `apiVersion` unguarded: the API server writes them in
+    // every entry, and a forged entry without them errors, which
+    // failurePolicy Fail refuses.
+    let (fe, fo, fb) = ("e.fieldsV1", "o.fieldsV1", "variables.mfBucketFields");
+    let same = same_manager("e", "o");
+    let not_bucket = format!("!(variables.mfCapped && {})", is_bucket("e"));
+    let name = |e: &str| {
+        format!(
+            "string(has({e}.manager) ? {e}.manager : '') + ' (' + string(has({e}.operation) ? {e}.operation : '') + ')'"
+        )
+    };
+    let per_field = |f: &dyn Fn(&Touched) -> String| -> String {
+        let checks: Vec<String> = touched.iter().map(f).collect();
+        checks.join("\n          && ")
+    };
+    // An entry that existed: ownership of a touched field moves only when
+    // the write changed it, and never to an apply entry.
+    let moved = per_field(&|t| {
+        let (of, og) = (has_path(fe, &t.path), has_path(fo, &t.path));
+        format!(
+            "({of} == {og} || variables.{c} && !({apply} && {of}))",
+            c = t.changed,
+            apply = is_apply("e")
+        )
+    });
+    // A new entry: only changed touched fields, and no apply entry.
+    let gained = per_field(&|t| {
+        format!(
+            "(!{} || variables.{} && !{})",
+            has_path(fe, &t.path),
+            t.changed,
+            is_apply("e")
+        )
+    });
+    // A dropped entry: only touched fields, each changed by this write.
+    let lost = per_field(&|t| format!("(!{} || variables.{})", has_path(fo, &t.path), t.changed));
+    let covered: Vec<String> = (1..=FIELDS_DEPTH)
+        .map(|n| covered_at(fo, fb, n, touched))
+        .collect();
+    let list = |obj: &str| {
+        format!(
+            "request.operation == 'UPDATE' && has({obj}.metadata.managedFields) ? {obj}.metadata.managedFields : []"
+        )
+    };
+    // Several variables, each of them shallow: CEL parsers recurse per
+    // level of nesting.
+    format!(
+        r#"    # Field ownership before and after the write (CREATE and DELETE have none to compare).
+    - name: mfNew
+      expression: >-
+        {new}
+    - name: mfOld
+      expression: >-
+        {old}
+    # The API server has merged the oldest update entries into the bucket.
+    - name: mfCapped
+      expression: >-
+        size(variables.mfNew.filter(e, !{apply_e})) == {MAX_UPDATE_MANAGERS}
+    # New entries owning more than the touched fields this write changed.
+    - name: mfGained
+      expression: >-
+        variables.mfNew.filter(e, {not_bucket} && !variables.mfOld.exists(o, {same})
+          && !({only_e}
+          && {gained}))
+        .map(e, {name_e})
+    # Entries whose ownership changed outside the touched fields.
+    - name: mfReshaped
+      expression: >-
+        variables.mfNew.filter(e, {not_bucket} && variables.mfOld.exists(o, {same}
+          && !({kept_eo}
+          && {kept_oe})))
+        .map(e, {name_e})
+    # Entries whose ownership of a touched field moved without a change of it.
+    - name: mfMoved
+      expression: >-
+        variables.mfNew.filter(e, {not_bucket} && variables.mfOld.exists(o, {same}
+          && !({moved})))
+        .map(e, {name_e})
+    # Entries gone that owned more than the touched fields this write changed.
+    - name: mfDropped
+      expression: >-
+        variables.mfOld.filter(o, !variables.mfNew.exists(e, {same})
+          && !({only_o}
+          && {lost}))
+    # The bucket, when the API server has just filled it (one per apiVersion; Nodes have one).
+    - name: mfBucket
+      expression: >-
+        variables.mfCapped ? variables.mfNew.filter(b, {bucket_b}) : []
+    - name: mfBucketFields
+      expression: >-
+        size(variables.mfBucket) == 1 ? variables.mfBucket[0].fieldsV1 : {{}}
+    # Of the dropped entries, the ones the bucket did not take in (update entries only).
+    - name: mfUncovered
+      expression: >-
+        variables.mfDropped.filter(o, {apply_o} || size(variables.mfBucket) != 1
+          || variables.mfBucket[0].apiVersion != o.apiVersion
+          || !({covered}))
+        .map(o, {name_o})
+    # The entries the field manager could not have left so after this write.
+    - name: mfForged
+      expression: >-
+        variables.mfGained + variables.mfReshaped + variables.mfMoved + variables.mfUncovered
+"#,
+        new = list("object"),
+        old = list("oldObject"),
+        apply_e = is_apply("e"),
+        apply_o = is_apply("o"),
+        only_e = only_touched(fe, touched),
+        only_o = only_touched(fo, touched),
+        kept_eo = kept_in(fe, fo, touched),
+        kept_oe = kept_in(fo, fe, touched),
+        bucket_b = is_bucket("b"),
+        covered = covered.join("\n          && "),
+        name_e = name("e"),
+        name_o = name("o"),
+    )
+}
+
+/// The validation that refuses a forged `metadata.managedFields`;
+/// `who` is a CEL string naming the writer.
+fn ownership_rule(who: &str) -> String {
+    format!(
+        r#"    - expression: size(variables.mfForged) == 0
+      messageExpression: >-
+        {who} + " may not rewrite metadata.managedFields of node '" + request.name
+        + "' (entries of " + variables.mfForged.join(', ')
+        + "): only the API server records who owns a field"
+      reason: Forbidden
+"#
+    )
+}
+
 /// Both policies and their bindings as one YAML stream: `taints` are the
 /// ordinary taints, `boot` strict mode's boot gate (empty when off),
 /// `release` the taints the agent may remove but never add (an older
@@ -201,8 +553,38 @@ pub fn render(ordinary: &[TaintSpec], boot: &[TaintSpec], release: &[TaintSpec])
     let old_labels = or_empty("oldObject.metadata", "labels", "{}");
     let new_ann = or_empty("object.metadata", "annotations", "{}");
     let old_ann = or_empty("oldObject.metadata", "annotations", "{}");
-    // Written by the API server on every update, not by the caller.
+    // Written by the API server on every update (managedFields by its field
+    // manager, checked on their own), or checked above.
     let server_meta = "['labels', 'annotations', 'managedFields', 'resourceVersion', 'generation']";
+    let taints_changed = format!(
+        "    - name: taintsChanged\n      expression: >-\n        request.operation == 'UPDATE' && {new_taints} != {old_taints}\n"
+    );
+    let changed = format!(
+        "{taints_changed}    - name: readyChanged\n      expression: >-\n        request.operation == 'UPDATE'\n        && ({ready} in {new_ann} ? !({ready} in {old_ann}) || {old_ann}[{ready}] != object.metadata.annotations[{ready}]\n           : {ready} in {old_ann})\n    # The annotations map itself appeared or went away.\n    - name: annotationsChanged\n      expression: >-\n        request.operation == 'UPDATE'\n        && has(object.metadata.annotations) != has(oldObject.metadata.annotations)\n"
+    );
+    let taint_path = || vec!["f:spec".to_string(), "f:taints".to_string()];
+    let agent_touched = [
+        Touched {
+            path: taint_path(),
+            changed: "taintsChanged",
+        },
+        Touched {
+            path: vec![
+                "f:metadata".into(),
+                "f:annotations".into(),
+                format!("f:{READY_BOOT_ID_ANNOTATION}"),
+            ],
+            changed: "readyChanged",
+        },
+        Touched {
+            path: vec!["f:metadata".into(), "f:annotations".into(), ".".into()],
+            changed: "annotationsChanged",
+        },
+    ];
+    let webhook_touched = [Touched {
+        path: taint_path(),
+        changed: "taintsChanged",
+    }];
     let managed_list = shown(taints);
     // The spec is unchanged but for its taints (keys added or removed too).
     let spec_kept = format!(
@@ -216,26 +598,38 @@ pub fn render(ordinary: &[TaintSpec], boot: &[TaintSpec], release: &[TaintSpec])
 #
 # Least privilege for the credentials nodegate puts on every node and in the
 # webhook. RBAC cannot limit a DaemonSet's token to its own Node, so these
-# policies do: each matches only its own ServiceAccount (matchConditions), so
+# policies do: each matches only its own ServiceAccount (matchConditions; by
+# name, in any namespace, so kustomize's namespace: keeps them in force), so
 # nobody else's write is evaluated and failurePolicy Fail can only stop that
-# workload. Needs Kubernetes >= 1.32 for the node claim of pod-bound tokens;
-# on older clusters the agent's writes are all refused (see the README).
+# workload. Neither may rewrite metadata.managedFields beyond what the API
+# server records for its write. Needs Kubernetes >= 1.32 for the node claim
+# of pod-bound tokens; on older clusters the agent's writes are all refused
+# (see the README).
 {agent_head}  variables:
-    # The node the token is bound to ('' without a node claim).
-    - name: claim
+    # The node in the token ('' without a node claim).
+    - name: nodeClaim
       expression: >-
         has(request.userInfo.extra) && {claim} in request.userInfo.extra
         && size(request.userInfo.extra[{claim}]) == 1
         ? request.userInfo.extra[{claim}][0] : ''
+    # The node of the pod the token is bound to: a token bound to the Node
+    # itself (or to nothing) carries no pod and gets ''.
+    - name: claim
+      expression: >-
+        variables.nodeClaim != ''
+        && {pod_name} in request.userInfo.extra && size(request.userInfo.extra[{pod_name}]) == 1
+        && {pod_uid} in request.userInfo.extra && size(request.userInfo.extra[{pod_uid}]) == 1
+        ? variables.nodeClaim : ''
     - name: who
       expression: >-
-        variables.claim == '' ? 'nodegate-agent (token without a node claim)'
-        : "nodegate-agent of node '" + variables.claim + "'"
-  validations:
+        variables.claim != '' ? "nodegate-agent of node '" + variables.claim + "'"
+        : variables.nodeClaim != '' ? "nodegate-agent (token of node '" + variables.nodeClaim + "' without a pod claim)"
+        : 'nodegate-agent (token without a node claim)'
+{changed}{agent_ownership}  validations:
     - expression: variables.claim != ''
       messageExpression: >-
         variables.who + ' may not write node ' + request.name
-        + ': use a token bound to a pod on a node (authentication.kubernetes.io/node-name)'
+        + ': use the token of a pod on a node (authentication.kubernetes.io/pod-name and node-name)'
       reason: Forbidden
     - expression: request.operation == 'UPDATE' && !has(request.subResource)
       messageExpression: >-
@@ -289,9 +683,10 @@ pub fn render(ordinary: &[TaintSpec], boot: &[TaintSpec], release: &[TaintSpec])
           + oldObject.metadata.filter(k, !(k in {server_meta}) && !(k in object.metadata))).join(', metadata.')
         + " of node '" + request.name + "'"
       reason: Forbidden
----
+{agent_ownership_rule}---
 {agent_binding}---
-{webhook_head}  validations:
+{webhook_head}  variables:
+{taints_changed}{webhook_ownership}  validations:
     - expression: request.operation == 'UPDATE' && !has(request.subResource)
       messageExpression: >-
         'nodegate-webhook may only add taints to a node, not ' + request.operation
@@ -313,12 +708,18 @@ pub fn render(ordinary: &[TaintSpec], boot: &[TaintSpec], release: &[TaintSpec])
       messageExpression: >-
         "nodegate-webhook may change nothing but spec.taints of node '" + request.name + "'"
       reason: Forbidden
----
+{webhook_ownership_rule}---
 {webhook_binding}"#,
         flags = flags,
-        agent_head = policy_head(AGENT_POLICY, "nodegate-agent", AGENT_USER),
-        webhook_head = policy_head(WEBHOOK_POLICY, "nodegate-webhook", WEBHOOK_USER),
+        agent_head = policy_head(AGENT_POLICY, "nodegate-agent", AGENT_SA),
+        webhook_head = policy_head(WEBHOOK_POLICY, "nodegate-webhook", WEBHOOK_SA),
         agent_binding = binding(AGENT_POLICY),
+        agent_ownership = ownership_variables(&agent_touched),
+        agent_ownership_rule = ownership_rule("variables.who"),
+        webhook_ownership = ownership_variables(&webhook_touched),
+        webhook_ownership_rule = ownership_rule("'nodegate-webhook'"),
+        pod_name = q(POD_NAME_CLAIM),
+        pod_uid = q(POD_UID_CLAIM),
         release_note = if release.is_empty() {
             String::new()
         } else {
@@ -382,6 +783,49 @@ mod tests {
             !text.contains("boot gate"),
             "no strict-mode rule without --boot-taint"
         );
+    }
+
+    /// Both policies match their ServiceAccount in any namespace, require
+    /// the pod claim of the agent's token and check field ownership.
+    #[test]
+    fn renders_the_identity_and_ownership_rules() {
+        let text = render(&[DEFAULT_TAINT.parse().unwrap()], &[], &[]);
+        let docs: Vec<serde_json::Value> = text
+            .split("\n---\n")
+            .map(|d| serde_yaml::from_str(d).unwrap())
+            .collect();
+        for (doc, sa) in [(&docs[0], AGENT_SA), (&docs[2], WEBHOOK_SA)] {
+            let condition = doc["spec"]["matchConditions"][0]["expression"]
+                .as_str()
+                .unwrap();
+            assert!(
+                condition.contains(&format!("endsWith(':{sa}')")),
+                "{condition}"
+            );
+            assert!(!condition.contains("system:serviceaccount:nodegate:"));
+            let names: Vec<&str> = doc["spec"]["variables"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v["name"].as_str().unwrap())
+                .collect();
+            assert!(names.contains(&"mfForged"), "{names:?}");
+            assert!(
+                doc["spec"]["validations"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|v| v["expression"] == "size(variables.mfForged) == 0")
+            );
+        }
+        let claim = docs[0]["spec"]["variables"][1]["expression"]
+            .as_str()
+            .unwrap();
+        assert!(claim.contains(POD_NAME_CLAIM) && claim.contains(POD_UID_CLAIM));
+        // The agent may touch the ready annotation's ownership, the webhook not.
+        assert!(text.matches("f:nodegate.dev/ready-boot-id").count() > 0);
+        let webhook_yaml = text.split("\n---\n").nth(2).unwrap();
+        assert!(!webhook_yaml.contains("f:annotations"));
     }
 
     #[test]

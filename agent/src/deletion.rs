@@ -9,6 +9,14 @@ use crate::record::NodeRecord;
 /// A deleted node and how its deletion was learned.
 pub type Deletion = (NodeRecord, DeleteSource);
 
+/// What a deletion is tracked by (confirmation, snapshot, held, handled):
+/// the node's name and uid, `name/uid`. Not the uid alone: a roster record
+/// can carry another node's uid, and must not stand in for that node's
+/// own deletion. Neither a Node name nor a uid has a `/`.
+pub fn key(r: &NodeRecord) -> String {
+    format!("{}/{}", r.name, r.uid)
+}
+
 /// Where a deletion was learned from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum DeleteSource {

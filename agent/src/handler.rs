@@ -1,6 +1,13 @@
 //! What happens when a node goes away: handlers behind a trait, dispatched
 //! both for deletions seen on the watch and for those synthesized from the
 //! snapshot after a restart.
+//!
+//! Only [`crate::prune::State`] feeds the dispatcher, and only with
+//! deletions that passed both checks of [`crate::confirm`]: the API server
+//! has no node under the record's name, and nothing the agent knows to be
+//! live shares its name, an address, a podCIDR or its providerID
+//! ([`crate::confirm::Holders`]). What that does and does not prove is in
+//! docs/pruning.md ("What a handler may trust").
 
 use std::process::Stdio;
 use std::sync::Arc;
@@ -29,6 +36,16 @@ pub enum HandlerError {
 
 /// Cleans up after one deleted node. Must be idempotent: a deletion may be
 /// dispatched again after a restart if the snapshot was not yet rewritten.
+///
+/// May trust: when it runs, the API server had no Node named `node.name` (a
+/// quorum read), and no node the agent knows to be live holds that name,
+/// any of `node.addresses` (IPs by overlap with live IPs and podCIDRs, DNS
+/// names by equality) or `node.pod_cidrs` (by overlap), or
+/// `node.provider_id`. May not trust: that the record describes a node that
+/// ever existed (with the roster, a shard writer can invent one; its values
+/// are then no live node's), nor, with the roster, a live node the agent
+/// never saw holding a value (see docs/pruning.md). Treat every field as
+/// data, never as code.
 pub trait NodeDeleteHandler: Send + Sync {
     fn name(&self) -> &str;
     fn handle<'a>(
@@ -145,8 +162,8 @@ impl Dispatcher {
     }
 
     /// Drains deletions from `rx` until every sender is gone, reporting the
-    /// uid of each finished one on `done` (the pruner then drops it from
-    /// the snapshot).
+    /// [`crate::deletion::key`] (name and uid) of each finished one on
+    /// `done` (the pruner then drops it from the snapshot).
     pub async fn run(
         self,
         mut rx: mpsc::UnboundedReceiver<(NodeRecord, DeleteSource)>,
@@ -154,7 +171,7 @@ impl Dispatcher {
     ) {
         while let Some((node, source)) = rx.recv().await {
             self.dispatch(&node, source).await;
-            let _ = done.send(node.uid);
+            let _ = done.send(crate::deletion::key(&node));
         }
     }
 }

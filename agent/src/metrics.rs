@@ -214,7 +214,7 @@ impl Metrics {
         );
         r.register(
             "prune_confirmations",
-            "Deletion confirmations (GET of the node) by result: gone (404 or another uid), live (same uid: no handler runs), error (asked again later)",
+            "Deletion confirmations by result: gone (404 and no live node shares its values: the handler runs), live (same uid: no handler runs), error (asked again later), conflict_name, conflict_address, conflict_pod_cidr, conflict_provider_id (held: a live node holds that name or value, no handler runs)",
             self.prune_confirmations.clone(),
         );
         r.register(

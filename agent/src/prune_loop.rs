@@ -1,6 +1,7 @@
 //! Stale-node pruning's I/O: the node source (roster shards or a watch on
-//! every Node), the confirmation GETs, the handlers' channel, the snapshot
-//! timer and writer, all around the pure [`crate::prune::State`].
+//! every Node), the confirmation GETs, one GET of the own Node at start,
+//! the handlers' channel, the snapshot timer and writer, all around the
+//! pure [`crate::prune::State`].
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -18,10 +19,11 @@ use nodegate_shared::NodeResource;
 use nodegate_shared::signal::stopped;
 use tokio::sync::{mpsc, watch};
 
-use crate::confirm::{ConfirmConfig, Confirmer, Lookup};
-use crate::deletion::Deletion;
+use crate::confirm::{ConfirmConfig, Confirmer, Field, Lookup};
+use crate::deletion::{Deletion, key};
 use crate::metrics::{Metrics, ResultLabel};
 use crate::prune::{Action, Event, Pruner, State};
+use crate::record::NodeRecord;
 use crate::snapshot;
 
 /// Everything the prune loop needs besides the source.
@@ -50,6 +52,31 @@ async fn lookup(nodes: Api<Node>, name: String) -> Lookup {
         Ok(Err(e)) => Lookup::Failed(e.to_string()),
         Err(_) => Lookup::Failed(format!("no answer within {LOOKUP_TIMEOUT:?}")),
     }
+}
+
+/// Attempts at reading the own Node at start, [`OWN_RETRY`] apart.
+const OWN_ATTEMPTS: u32 = 6;
+const OWN_RETRY: Duration = Duration::from_secs(10);
+
+/// The own Node as the API server has it (one GET at start, again after an
+/// error): with the roster, what the own node holds would otherwise be only
+/// what a shard says. `None` when it is not there or cannot be read (the
+/// source's record of it still counts).
+async fn own_node(nodes: Api<Node>, name: String) -> Option<NodeRecord> {
+    let api: Api<NodeResource> = Api::all(nodes.into_client());
+    for attempt in 1..=OWN_ATTEMPTS {
+        let error = match tokio::time::timeout(LOOKUP_TIMEOUT, api.get_opt(&name)).await {
+            Ok(Ok(Some(n))) => return NodeRecord::from_view(&n.view).map(NodeRecord::for_roster),
+            Ok(Ok(None)) => return None,
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => format!("no answer within {LOOKUP_TIMEOUT:?}"),
+        };
+        tracing::warn!(node = %name, %error, attempt, "cannot read the own Node; until then its values count as held only as the node source shows them");
+        if attempt < OWN_ATTEMPTS {
+            tokio::time::sleep(OWN_RETRY).await;
+        }
+    }
+    None
 }
 
 /// Where the pruner learns which nodes exist.
@@ -106,7 +133,7 @@ impl Source {
 /// Follows `source` until `shutdown` flips, confirming every deletion
 /// before it goes to the handlers, writing the snapshot at most once per
 /// interval while dirty, and once more at the end. `handled` carries the
-/// uids of deletions the handlers are done with.
+/// [`key`]s of deletions the handlers are done with.
 pub async fn run(
     source: Source,
     pruner: Pruner,
@@ -120,6 +147,18 @@ pub async fn run(
     let confirmer = Confirmer::new(ctx.confirm, rand::random(), Instant::now());
     let mut state = State::new(pruner, confirmer);
     let mut in_flight: Option<BoxFuture<'static, (String, Lookup)>> = None;
+    let mut own: Option<BoxFuture<'static, Option<NodeRecord>>> = Some(Box::pin(own_node(
+        ctx.nodes.clone(),
+        state.own().to_string(),
+    )));
+    // Born at 0: a first conflict is an increase alerts can see.
+    for f in Field::ALL {
+        let _ = ctx
+            .metrics
+            .prune_confirmations
+            .get_or_create(&ResultLabel { result: f.result() });
+    }
+    let mut conflicted = 0;
     loop {
         let due = state.next_due();
         let wake = tokio::time::Instant::from_std(
@@ -134,17 +173,29 @@ pub async fn run(
                 }
                 None => break,
             },
-            (uid, result) = async {
+            (key, result) = async {
                 match in_flight.as_mut() {
                     Some(f) => f.await,
                     None => std::future::pending().await,
                 }
             }, if in_flight.is_some() => {
                 in_flight = None;
-                Event::Looked { uid, result }
+                Event::Looked { key, result }
+            }
+            r = async {
+                match own.as_mut() {
+                    Some(f) => f.await,
+                    None => std::future::pending().await,
+                }
+            }, if own.is_some() => {
+                own = None;
+                match r {
+                    Some(r) => Event::OwnNode(r),
+                    None => continue,
+                }
             }
             _ = tokio::time::sleep_until(wake), if due.is_some() => Event::Due,
-            Some(uid) = handled.recv() => Event::Handled(uid),
+            Some(k) = handled.recv() => Event::Handled(k),
             _ = tick.tick() => Event::Tick,
             _ = stopped(&mut shutdown) => break,
         };
@@ -153,8 +204,9 @@ pub async fn run(
                 Action::Lookup(r) => {
                     let nodes = ctx.nodes.clone();
                     in_flight = Some(Box::pin(async move {
+                        let k = key(&r);
                         let result = lookup(nodes, r.name).await;
-                        (r.uid, result)
+                        (k, result)
                     }));
                 }
                 Action::Dispatch(d) => {
@@ -179,6 +231,13 @@ pub async fn run(
         ctx.metrics.nodes_known.set(state.len() as i64);
         ctx.metrics.prune_pending.set(state.pending() as i64);
         ctx.metrics.prune_held.set(state.held() as i64);
+        if state.conflicted() != conflicted {
+            conflicted = state.conflicted();
+            tracing::info!(
+                held = conflicted,
+                "deletions held for a conflict with a live node"
+            );
+        }
     }
     for action in state.on(Event::Stop, Instant::now()) {
         if action == Action::WriteSnapshot {

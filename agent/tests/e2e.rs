@@ -717,8 +717,13 @@ async fn restart_prunes_exactly_the_nodes_deleted_while_down() {
         own_snapshot(&state, &own).as_ref() == Some(&want_live)
     })
     .await;
-    eventually("three hook runs", || async {
-        own_hook_calls(&hooks, &own).len() >= 3
+    // w4 was re-created under its name: its old incarnation is held.
+    eventually("two hook runs, w4 held", || async {
+        own_hook_calls(&hooks, &own).len() >= 2
+            && agent
+                .metric("nodegate_agent_prune_confirmations_total{result=\"conflict_name\"}")
+                .await
+                .is_some_and(|v| v >= 1.0)
     })
     .await;
     let calls = own_hook_calls(&hooks, &own);
@@ -733,8 +738,8 @@ async fn restart_prunes_exactly_the_nodes_deleted_while_down() {
             )
         })
         .collect();
-    let ips: Vec<String> = (2..=4).map(ip).collect();
-    let want: Vec<(&str, &str, &str, &str)> = (2..=4)
+    let ips: Vec<String> = (2..=3).map(ip).collect();
+    let want: Vec<(&str, &str, &str, &str)> = (2..=3)
         .zip(&ips)
         .map(|(i, ip)| {
             (
@@ -776,7 +781,7 @@ async fn restart_prunes_exactly_the_nodes_deleted_while_down() {
         .await
         .unwrap();
     eventually("watch deletion hook", || async {
-        own_hook_calls(&hooks, &own).len() == 4
+        own_hook_calls(&hooks, &own).len() == 3
     })
     .await;
     let calls = own_hook_calls(&hooks, &own);
@@ -785,7 +790,7 @@ async fn restart_prunes_exactly_the_nodes_deleted_while_down() {
     assert!(
         calls
             .iter()
-            .all(|c| ![&w[&1], &w[&6], &own_node].contains(&&c.0)),
+            .all(|c| ![&w[&1], &w[&4], &w[&6], &own_node].contains(&&c.0)),
         "never for live nodes or the own node: {calls:?}"
     );
     assert!(agent.term().await.success());
@@ -1463,8 +1468,13 @@ async fn roster_restart_prunes_exactly_the_nodes_deleted_while_down() {
         own_snapshot(&state, &own).as_ref() == Some(&want_live)
     })
     .await;
-    eventually("three hook runs", || async {
-        own_hook_calls(&hooks, &own).len() >= 3
+    // w4 was re-created under its name: its old incarnation is held.
+    eventually("two hook runs, w4 held", || async {
+        own_hook_calls(&hooks, &own).len() >= 2
+            && agent
+                .metric("nodegate_agent_prune_confirmations_total{result=\"conflict_name\"}")
+                .await
+                .is_some_and(|v| v >= 1.0)
     })
     .await;
     let calls = own_hook_calls(&hooks, &own);
@@ -1479,8 +1489,8 @@ async fn roster_restart_prunes_exactly_the_nodes_deleted_while_down() {
             )
         })
         .collect();
-    let ips: Vec<String> = (2..=4).map(ip).collect();
-    let want: Vec<(&str, &str, &str, &str)> = (2..=4)
+    let ips: Vec<String> = (2..=3).map(ip).collect();
+    let want: Vec<(&str, &str, &str, &str)> = (2..=3)
         .zip(&ips)
         .map(|(i, ip)| {
             (
@@ -1519,7 +1529,7 @@ async fn roster_leader_killed_during_churn_loses_nothing() {
         Agent::publisher(&c, &roster, 1, dir.path()).await,
     ];
     let own_node = c.node_name("cself");
-    create(&nodes, &own_node, 200).await;
+    create(&nodes, &own_node, 250).await;
     let mut names: Vec<String> = (0..CHURN * 2)
         .map(|i| c.node_name(&format!("c{i:02}")))
         .collect();
@@ -2193,4 +2203,203 @@ async fn switching_key_profiles_leaves_no_node_ungated_and_no_stale_taint() {
             "{name}: the released default taint came back"
         );
     }
+}
+
+/// The first name `base-<k>` (as the cluster spells it) whose roster shard
+/// is 0, the shard `forge_shard` writes.
+fn name_in_shard0(c: &Cluster, base: &str) -> String {
+    (0..)
+        .map(|k| c.name(&format!("{base}-{k}")))
+        .find(|n| nodegate_roster::shard::shard_of(n, SHARDS) == 0)
+        .unwrap()
+}
+
+/// A roster writer (the roster's own token, the publisher down) adds to
+/// shard 0, beside its real records: (a) a ghost — a name the API server
+/// never had — carrying a live node's InternalIP, (b) a ghost carrying a
+/// live node's podCIDR, (c) a live node's record with a swapped uid. The
+/// publisher comes back and repairs the shard, which takes them out again:
+/// each is confirmed (404 for the ghosts, the node under its real uid for
+/// (c)) and held, counted and logged, and the hook never runs with any of
+/// those names, IPs or podCIDRs. A real deletion afterwards runs once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn roster_records_carrying_live_values_never_reach_the_handler() {
+    use nodegate_roster::record::{NodeAddress, NodeRecord};
+    use nodegate_roster::shard;
+    let (c, nodes) = cluster().await;
+    let roster = roster(&c);
+    let w: Vec<String> = (0..4).map(|i| c.node_name(&format!("lv{i}"))).collect();
+    let victim = name_in_shard0(&c, "lvictim");
+    c.delete_on_drop("nodes", "", &victim);
+    let own_node = c.node_name("lvself");
+    let mut uids = BTreeMap::new();
+    for (i, name) in w.iter().enumerate() {
+        uids.insert(name.clone(), create(&nodes, name, 700 + i).await);
+    }
+    uids.insert(victim.clone(), create(&nodes, &victim, 710).await);
+    create(&nodes, &own_node, 720).await;
+    let (ghost_ip, ghost_cidr) = (
+        name_in_shard0(&c, "ghost-ip"),
+        name_in_shard0(&c, "ghost-cidr"),
+    );
+    let own: BTreeSet<String> = uids
+        .keys()
+        .chain([&own_node, &ghost_ip, &ghost_cidr])
+        .cloned()
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let (hooks, state) = (dir.path().join("hooks"), dir.path().join("state"));
+    std::fs::create_dir_all(&hooks).unwrap();
+    let hook_cmd = hook(&hooks);
+    let mut publisher = Agent::publisher(&c, &roster, 0, dir.path()).await;
+    let mut agent = Agent::start(
+        &c,
+        &own_node,
+        &state,
+        &roster_agent_args(&hook_cmd, &roster),
+    )
+    .await;
+    eventually("first snapshot from the roster", || async {
+        own_snapshot(&state, &own).as_ref() == Some(&uids)
+    })
+    .await;
+    assert!(publisher.term().await.success());
+    let metric = |name: &'static str| {
+        let agent = &agent;
+        async move { agent.metric(name).await.unwrap_or(0.0) }
+    };
+    const ADDRESS: &str = "nodegate_agent_prune_confirmations_total{result=\"conflict_address\"}";
+    const CIDR: &str = "nodegate_agent_prune_confirmations_total{result=\"conflict_pod_cidr\"}";
+    const NAME: &str = "nodegate_agent_prune_confirmations_total{result=\"conflict_name\"}";
+    const REFUSED: &str = "nodegate_agent_prune_refused_total";
+    for series in [ADDRESS, CIDR, NAME] {
+        assert_eq!(agent.metric(series).await, Some(0.0), "{series} born at 0");
+    }
+
+    // The forgery: shard 0 as it is, plus the three records.
+    let api = shards_api(&nodes);
+    let cm = api.get(&shard::name_of(&roster, 0)).await.unwrap();
+    let s0 = shard::decode(&roster, &cm).unwrap();
+    let record = |name: &str, uid: &str, ip: String, cidr: String| NodeRecord {
+        name: name.into(),
+        uid: uid.into(),
+        addresses: vec![NodeAddress {
+            kind: "InternalIP".into(),
+            address: ip,
+        }],
+        pod_cidrs: vec![cidr],
+        provider_id: None,
+        boot_id: None,
+        labels: Default::default(),
+    };
+    let mut forged: Vec<NodeRecord> = s0.nodes.values().cloned().collect();
+    // (a) w0's InternalIP; (b) w1's podCIDR.
+    forged.push(record(
+        &ghost_ip,
+        "0a0a0a0a-0000-4000-8000-00000000000a",
+        ip(700),
+        pod_cidr(790),
+    ));
+    forged.push(record(
+        &ghost_cidr,
+        "0b0b0b0b-0000-4000-8000-00000000000b",
+        ip(791),
+        pod_cidr(701),
+    ));
+    // (c) the victim's own record, another uid.
+    let real = forged
+        .iter_mut()
+        .find(|r| r.name == victim)
+        .expect("the victim is in shard 0");
+    real.uid = "0c0c0c0c-0000-4000-8000-00000000000c".into();
+    let refused = metric(REFUSED).await;
+    forge_shard(
+        &c,
+        users::ROSTER,
+        &roster,
+        &shard::encode(s0.epoch, 0, s0.count, &forged),
+    )
+    .await;
+    // The forged uid makes the real one look deleted: refused (live).
+    eventually("the forged shard taken in", || async {
+        metric(REFUSED).await > refused
+            && own_snapshot(&state, &own)
+                .is_some_and(|s| s.contains_key(&ghost_ip) && s.contains_key(&ghost_cidr))
+    })
+    .await;
+
+    // The publisher repairs the shard: the three records leave.
+    let mut publisher = Agent::publisher(&c, &roster, 0, dir.path()).await;
+    // Out of the snapshot once handled or held (a handler that ran would
+    // have run by then), and nothing left to confirm.
+    eventually("the three deletions concluded", || async {
+        own_snapshot(&state, &own).as_ref() == Some(&uids)
+            && metric("nodegate_agent_prune_pending").await == 0.0
+    })
+    .await;
+    // Nothing ran, for these records or with their values.
+    let calls = hook_calls(&hooks);
+    assert!(
+        own_hook_calls(&hooks, &own).is_empty(),
+        "a handler ran: {calls:?}"
+    );
+    for (_, _, ips, rec) in &calls {
+        assert!(!ips.split(',').any(|i| i == ip(700)), "{calls:?}");
+        assert!(rec["podCIDRs"] != json!([pod_cidr(701)]), "{calls:?}");
+    }
+    // Held, counted and logged.
+    eventually("the three held and counted", || async {
+        metric(ADDRESS).await >= 1.0 && metric(CIDR).await >= 1.0 && metric(NAME).await >= 1.0
+    })
+    .await;
+    for (n, field) in [
+        (&ghost_ip, "address"),
+        (&ghost_cidr, "podCIDR"),
+        (&victim, "name"),
+    ] {
+        let node = format!("node={n} ");
+        let field = format!("field=\"{field}\"");
+        assert!(
+            agent
+                .logs
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|l| l.contains("deletion held, no handler runs")
+                    && l.contains(&node)
+                    && l.contains(&field)),
+            "the refusal of {n} ({field}) is logged"
+        );
+    }
+    if !c.is_real() {
+        assert_eq!(
+            (
+                metric(ADDRESS).await,
+                metric(CIDR).await,
+                metric(NAME).await
+            ),
+            (1.0, 1.0, 1.0)
+        );
+    }
+
+    // A real deletion afterwards: handled, once.
+    let gone = w[2].clone();
+    nodes.delete(&gone, &DeleteParams::default()).await.unwrap();
+    eventually("the deleted node's hook", || async {
+        !own_hook_calls(&hooks, &own).is_empty()
+    })
+    .await;
+    let calls = own_hook_calls(&hooks, &own);
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    assert_eq!(
+        (
+            calls[0].0.as_str(),
+            calls[0].1.as_str(),
+            calls[0].2.as_str()
+        ),
+        (gone.as_str(), "watch", ip(702).as_str())
+    );
+    assert_eq!(calls[0].3["uid"], uids[&gone].as_str());
+    assert!(agent.term().await.success());
+    assert!(publisher.term().await.success());
 }

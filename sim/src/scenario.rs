@@ -475,7 +475,9 @@ async fn wait_snapshot(
 /// (their last snapshot is written), `deleted_nodes` other nodes are deleted
 /// and the first of them re-created under its name (new uid), the agents
 /// restart on the same state dirs, and their handlers must run exactly for
-/// the deleted nodes (old uids, source `snapshot`), never for a live one.
+/// the deleted nodes (old uids, source `snapshot`), never for a live one,
+/// nor with a live node's name: the re-created node's old incarnation is
+/// held, not handled.
 async fn prune_phase(
     c: &Ctx<'_>,
     admin: &kube::Client,
@@ -523,10 +525,18 @@ async fn prune_phase(
         c.fleet.start(c.emu, p).await?;
     }
     let live_now = live_uids(&nodes).await?;
+    // A handler never gets a name a live Node holds.
+    let held: BTreeSet<(String, String)> = deleted
+        .iter()
+        .filter(|(n, _)| live_now.contains_key(n))
+        .cloned()
+        .collect();
+    let to_prune: BTreeSet<(String, String)> = deleted.difference(&held).cloned().collect();
 
     let mut report = PruneReport {
         agents: pruners.len(),
         deleted: deleted.len(),
+        held: held.len(),
         exact_min: if pruners.is_empty() { 0 } else { usize::MAX },
         ..Default::default()
     };
@@ -540,7 +550,7 @@ async fn prune_phase(
         // Nothing was deleted while the earlier runs were up.
         report.false_prunes += earlier.iter().map(|r| r.calls().len()).sum::<usize>();
         let calls = last.calls();
-        let exact = deleted
+        let exact = to_prune
             .iter()
             .filter(|(n, u)| {
                 let mine: Vec<&Dispatched> = calls
@@ -553,7 +563,7 @@ async fn prune_phase(
         report.exact_min = report.exact_min.min(exact);
         let false_here: Vec<&Dispatched> = calls
             .iter()
-            .filter(|d| !deleted.contains(&(d.name.clone(), d.uid.clone())))
+            .filter(|d| !to_prune.contains(&(d.name.clone(), d.uid.clone())))
             .collect();
         if !false_here.is_empty() {
             tracing::warn!(agent = %p, calls = ?false_here, "deletion handler ran for a node that was not deleted");

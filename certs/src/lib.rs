@@ -268,10 +268,11 @@ pub fn inject_ca_bundle(webhook_config_yaml: &str, ca_pem: &str) -> Result<Strin
     Ok(serde_yaml::to_string(&doc)?)
 }
 
-/// A new path token: 256 random bits, base64url without padding.
+/// A new path token: 192 random bits, lowercase hex (what the API server
+/// accepts in a webhook path).
 pub fn path_token() -> String {
-    let bytes: [u8; 32] = rand::random();
-    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
+    let bytes: [u8; 24] = rand::random();
+    nodegate_shared::path_token::encode(&bytes)
 }
 
 /// A strategic merge patch (`kubectl patch mutatingwebhookconfiguration NAME
@@ -587,11 +588,9 @@ webhooks:
     #[test]
     fn patch_points_every_line_at_the_token_path() {
         let token = path_token();
-        assert_eq!(token.len(), 43);
-        assert!(
-            token
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        assert_eq!(
+            nodegate_shared::path_token::parse(&token),
+            Ok(token.as_str())
         );
         assert_ne!(token, path_token());
         let patch = ca_bundle_patch(CONFIG, "pem", Some(&token)).unwrap();

@@ -43,7 +43,7 @@ pub struct AgentPlacement {
 }
 
 impl AgentPlacement {
-    fn of(spec: &PodSpec) -> AgentPlacement {
+    pub fn of(spec: &PodSpec) -> AgentPlacement {
         AgentPlacement {
             node_selector: spec.node_selector.clone().unwrap_or_default(),
             required_terms: spec

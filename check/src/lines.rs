@@ -799,7 +799,7 @@ mod tests {
             port: 443,
             path: path.into(),
         };
-        let token = "k3XJ9d_Qm2-vN8pL4sT6wY0zA1bC5eF7";
+        let token = "0f3a9d2c4e6b8a1f0c2d4e6f8a0b1c2d3e4f5a6b7c8d9e0f";
         let shown = svc(&format!("/mutate/{token}")).shown();
         assert_eq!(shown, "nodegate/nodegate-webhook:443/mutate/<token>");
         assert_eq!(

@@ -171,7 +171,7 @@ pub async fn check(
 mod tests {
     use super::*;
 
-    const TOKEN: &str = "k3XJ9d_Qm2-vN8pL4sT6wY0zA1bC5eF7";
+    const TOKEN: &str = "0f3a9d2c4e6b8a1f0c2d4e6f8a0b1c2d3e4f5a6b7c8d9e0f";
 
     fn inputs(
         paths: &[Option<&str>],
@@ -222,7 +222,7 @@ mod tests {
             ),
             (
                 inputs(
-                    &[Some("/mutate/AAAAAAAAAAAAAAAAAAAAAAAAAAAA")],
+                    &[Some("/mutate/aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa")],
                     true,
                     Ok(TOKEN),
                     false,

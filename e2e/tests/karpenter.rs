@@ -55,7 +55,37 @@ fn timings() -> Timings {
 
 /// A NodePool as one would apply it, with `startup` as its startupTaints.
 fn nodepool(startup: &str) -> NodePool {
-    NodePool::from_yaml(&format!(
+    NodePool::from_yaml(&nodepool_yaml(startup)).unwrap()
+}
+
+/// What `nodegate-check` says of that NodePool beside nodegate's shipped
+/// agent DaemonSet gating with `gate`, for Karpenter `version`.
+fn check_says(startup: &str, gate: &str, version: Version) -> nodegate_check::Status {
+    use nodegate_check::gates::Gate;
+    use nodegate_check::installed::AgentPlacement;
+    use nodegate_check::karpenter::{Inputs, Pool, Pools, Version as Release, verdict};
+    let doc: serde_json::Value = serde_yaml::from_str(&nodepool_yaml(startup)).unwrap();
+    let pool = Pool::from_spec("default", &doc["spec"]).unwrap();
+    let ds = Path::new(env!("CARGO_MANIFEST_DIR")).join("../manifests/base/agent/daemonset.yaml");
+    let ds: k8s_openapi::api::apps::v1::DaemonSet =
+        serde_yaml::from_str(&std::fs::read_to_string(ds).unwrap()).unwrap();
+    let spec = ds.spec.unwrap().template.spec.unwrap();
+    let lines = verdict(&Inputs {
+        pools: Pools::Listed(vec![Ok(pool)]),
+        version: Release::Known((version.major, version.minor, version.patch)),
+        gates: Some(vec![Gate {
+            taint: gate.parse().unwrap(),
+            boot: false,
+        }]),
+        agent: Some(AgentPlacement::of(&spec)),
+    });
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    println!("nodegate-check: {}", lines[0].2);
+    lines[0].1
+}
+
+fn nodepool_yaml(startup: &str) -> String {
+    format!(
         r#"apiVersion: karpenter.sh/v1
 kind: NodePool
 metadata:
@@ -80,8 +110,7 @@ spec:
     consolidationPolicy: WhenEmptyOrUnderutilized
     consolidateAfter: 1m
 "#
-    ))
-    .unwrap()
+    )
 }
 
 /// An emulator with Karpenter's and Cilium operator's RBAC next to
@@ -104,6 +133,7 @@ async fn cluster(gate: &str) -> (Emulator, WebhookProcess) {
         kubeconfig: Some(emu.kubeconfig(users::WEBHOOK).unwrap()),
         // No Service endpoints to drain at the end.
         extra_args: vec!["--shutdown-delay".into(), "0s".into()],
+        ..Default::default()
     })
     .await
     .unwrap();
@@ -137,6 +167,7 @@ async fn scenario(
     opts.gate = vec![gate.parse().unwrap()];
     tune(&mut opts);
     assert_eq!(opts.needed(), NEEDED);
+    let check = check_says(startup, gate, opts.version);
     let started = Instant::now();
     // Virtual time bounds the run itself; this bounds the API calls.
     let out = tokio::time::timeout(secs(60), karpenter::run(&emu, &opts))
@@ -189,6 +220,18 @@ async fn scenario(
         "{:#?}",
         out.claims
     );
+    // A scale-up that duplicates is one nodegate-check fails, and one it
+    // passes makes none (a reboot wave's duplicate is a limit no
+    // configuration removes: docs/autoscalers.md).
+    if out.wave.is_none() {
+        println!("FIGURE karpenter.{name}.check {check:?}");
+        if out.duplicates() > 0 {
+            assert_eq!(check, nodegate_check::Status::Fail, "{name}");
+        }
+        if check == nodegate_check::Status::Pass {
+            assert_eq!(out.duplicates(), 0, "{name}");
+        }
+    }
     let _ = webhook.stop().await;
     emu.shutdown().await;
     out

@@ -293,8 +293,10 @@ fn is_qualified_name_part(s: &str) -> bool {
     }
 }
 
-fn is_dns1123_subdomain(s: &str) -> bool {
-    s.split('.').all(is_dns1123_label)
+/// A DNS-1123 subdomain (apimachinery `IsDNS1123Subdomain`): at most 253
+/// characters of dot-separated labels.
+pub fn is_dns1123_subdomain(s: &str) -> bool {
+    s.len() <= 253 && s.split('.').all(is_dns1123_label)
 }
 
 /// A DNS-1123 label: at most 63 lowercase alphanumerics or `-`, starting and

@@ -74,7 +74,7 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 mod tests {
     use super::*;
 
-    const TOKEN: &str = "k3XJ9d_Qm2-vN8pL4sT6wY0zA1bC5eF7";
+    const TOKEN: &str = "0f3a9d2c4e6b8a1f0c2d4e6f8a0b1c2d3e4f5a6b7c8d9e0f";
 
     #[test]
     fn who_may_act() {
@@ -86,7 +86,11 @@ mod tests {
             (&token, None, false),
             (&token, Some(""), false),
             (&token, Some(&TOKEN[..TOKEN.len() - 1]), false),
-            (&token, Some("k3XJ9d_Qm2-vN8pL4sT6wY0zA1bC5eF8"), false),
+            (
+                &token,
+                Some("0f3a9d2c4e6b8a1f0c2d4e6f8a0b1c2d3e4f5a6b7c8d9e0e"),
+                false,
+            ),
         ];
         for (authority, presented, want) in cases {
             assert_eq!(

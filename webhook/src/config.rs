@@ -95,7 +95,7 @@ pub struct Args {
     /// Then, in-flight requests get this long before connections close.
     #[arg(long, env = "NODEGATE_SHUTDOWN_TIMEOUT", default_value = "20s", value_parser = parse_duration)]
     pub shutdown_timeout: Duration,
-    /// The secret path token (base64url, ≥ 22 characters; `nodegate-certs`
+    /// The secret path token (lowercase hex, 32–63 characters; `nodegate-certs`
     /// writes it as `path-token`). With it, only a review posted to
     /// `/mutate/<token>` — the path the webhook configuration names — may
     /// make the webhook write a stored Node (the re-taint of a re-registering

@@ -113,6 +113,16 @@ pub fn validate(kind: &str, obj: &Value) -> Vec<FieldError> {
         "ValidatingAdmissionPolicyBinding" => binding_spec(&mut e, spec, true),
         "MutatingWebhookConfiguration" | "ValidatingWebhookConfiguration" => {
             for (i, hook) in items(&obj["webhooks"]) {
+                if let Some(path) = hook
+                    .pointer("/clientConfig/service/path")
+                    .and_then(Value::as_str)
+                {
+                    service_path(
+                        &mut e,
+                        &format!("webhooks[{i}].clientConfig.service.path"),
+                        path,
+                    );
+                }
                 let decls = Decls {
                     authorizer: true,
                     ..Decls::default()
@@ -128,6 +138,43 @@ pub fn validate(kind: &str, obj: &Value) -> Vec<FieldError> {
         _ => {}
     }
     e.0
+}
+
+/// `ValidateWebhookService` (k8s.io/apiserver `pkg/util/webhook/validation.go`):
+/// a path other than empty or `/` starts with `/`, and each segment (a
+/// trailing `/` dropped) is a lowercase DNS-1123 subdomain.
+fn service_path(e: &mut Errors, field: &str, path: &str) {
+    if path.is_empty() || path == "/" {
+        return;
+    }
+    if path == "//" {
+        e.push(
+            field,
+            format!("Invalid value: {path:?}: segment[0] may not be empty"),
+        );
+        return;
+    }
+    let Some(rest) = path.strip_prefix('/') else {
+        e.push(
+            field,
+            format!("Invalid value: {path:?}: must start with a '/'"),
+        );
+        return;
+    };
+    let rest = rest.strip_suffix('/').unwrap_or(rest);
+    for (i, segment) in rest.split('/').enumerate() {
+        if segment.is_empty() {
+            e.push(
+                field,
+                format!("Invalid value: {path:?}: segment[{i}] may not be empty"),
+            );
+        } else if !nodegate_shared::taint::is_dns1123_subdomain(segment) {
+            e.push(
+                field,
+                format!("Invalid value: {path:?}: segment[{i}]: a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character"),
+            );
+        }
+    }
 }
 
 fn policy_spec(e: &mut Errors, spec: &Value, mutating: bool) {
@@ -560,6 +607,34 @@ mod tests {
                 .contains("undeclared reference to 'authorizer'"),
             "{errs:?}"
         );
+    }
+
+    /// The real API server refused a base64url token in a webhook path
+    /// (uppercase, `_`): each segment must be a lowercase DNS-1123 subdomain.
+    #[test]
+    fn webhook_service_paths_are_lowercase_dns_segments() {
+        let mwc = |path: &str| json!({"webhooks": [{"name": "a", "clientConfig": {"service": {"name": "s", "namespace": "n", "path": path}}}]});
+        for ok in ["", "/", "/mutate", "/mutate/0f3a9d2c4e6b", "/a.b/c-d/"] {
+            assert_eq!(
+                validate("MutatingWebhookConfiguration", &mwc(ok)),
+                Vec::new(),
+                "{ok}"
+            );
+        }
+        for (bad, why) in [
+            (
+                "/mutate/dBDaQCWK_h73",
+                "segment[1]: a lowercase RFC 1123 subdomain",
+            ),
+            ("mutate", "must start with a '/'"),
+            ("//", "segment[0] may not be empty"),
+            ("/a//b", "segment[1] may not be empty"),
+        ] {
+            let errs = validate("MutatingWebhookConfiguration", &mwc(bad));
+            assert_eq!(errs.len(), 1, "{bad}: {errs:?}");
+            assert_eq!(errs[0].field, "webhooks[0].clientConfig.service.path");
+            assert!(errs[0].detail.contains(why), "{bad}: {errs:?}");
+        }
     }
 
     #[test]

@@ -100,10 +100,14 @@ pub async fn run_with_handlers(
     let listed = Arc::new(AtomicBool::new(!prune));
     let registry =
         Arc::new(metrics.registry_for(prune && args.prune_source == PruneSource::Roster));
-    let listener = nodegate_shared::admin::bind(args.admin_listen)
+    let admin_addr = args.admin_address();
+    if admin_addr.ip().is_unspecified() {
+        tracing::warn!(addr = %admin_addr, "--admin-listen binds every address of the host; set POD_IP (--bind-address) to bind only the pod's");
+    }
+    let listener = nodegate_shared::admin::bind(admin_addr)
         .await
         .map_err(|source| Error::Bind {
-            addr: args.admin_listen,
+            addr: admin_addr,
             source,
         })?;
     let admin_task = tokio::spawn(nodegate_shared::admin::serve(

@@ -161,9 +161,16 @@ pub struct Args {
     #[arg(long, env = "NODEGATE_ROSTER_NAME", default_value = nodegate_roster::shard::DEFAULT_NAME)]
     pub roster_name: String,
 
-    /// Admin HTTP address: /livez, /readyz, /metrics.
+    /// Admin HTTP address: /livez, /readyz, /metrics. An unspecified IP
+    /// (0.0.0.0, ::) is replaced by --bind-address when that is set.
     #[arg(long, env = "NODEGATE_ADMIN_LISTEN", default_value = "0.0.0.0:9091")]
     pub admin_listen: SocketAddr,
+
+    /// The pod's IP (downward API `status.podIP`; the node's IP on the host
+    /// network): an --admin-listen with an unspecified IP binds this one,
+    /// not every address of the host.
+    #[arg(long, env = "POD_IP")]
+    pub bind_address: Option<std::net::IpAddr>,
 }
 
 /// `--prune-source`.
@@ -188,6 +195,16 @@ pub enum ConfigError {
 }
 
 impl Args {
+    /// `--admin-listen`, its unspecified IP replaced by `--bind-address`.
+    pub fn admin_address(&self) -> SocketAddr {
+        match self.bind_address {
+            Some(ip) if self.admin_listen.ip().is_unspecified() => {
+                SocketAddr::new(ip, self.admin_listen.port())
+            }
+            _ => self.admin_listen,
+        }
+    }
+
     /// Validates and returns every configured probe.
     pub fn probe_specs(&self) -> Result<Vec<ProbeSpec>, ConfigError> {
         let mut out = Vec::new();
@@ -285,12 +302,33 @@ mod tests {
         );
         assert_eq!(a.probe_specs().unwrap().len(), 3);
         assert_eq!(a.state_dir, PathBuf::from("/var/run/nodegate"));
+        assert_eq!(a.admin_address(), a.admin_listen, "no POD_IP: as given");
         assert_eq!(a.admin_listen.port(), 9091);
         assert_eq!(
             (a.prune_confirm_qps, a.prune_hold_count, a.prune_hold_share),
             (200.0, 50, 0.2)
         );
         a.validate().unwrap();
+    }
+
+    /// On the host network the admin port binds the pod's (the node's) IP,
+    /// not every address of the host; an explicit IP stays.
+    #[test]
+    fn the_admin_port_binds_the_pods_ip() {
+        let parse = |extra: &[&str]| {
+            let mut argv = vec!["nodegate-agent", "--node-name", "n1", "--probe-file", "/a"];
+            argv.extend_from_slice(extra);
+            Args::try_parse_from(argv).unwrap()
+        };
+        let a = parse(&["--bind-address", "10.0.0.7"]);
+        assert_eq!(a.admin_address().to_string(), "10.0.0.7:9091");
+        let a = parse(&[
+            "--bind-address",
+            "10.0.0.7",
+            "--admin-listen",
+            "127.0.0.1:9999",
+        ]);
+        assert_eq!(a.admin_address().to_string(), "127.0.0.1:9999");
     }
 
     #[test]

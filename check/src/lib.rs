@@ -28,6 +28,8 @@
 //!   write a Node (its lines call `/mutate/<token>`);
 //! - [`cilium`]: Cilium's operator and nodegate own different taint keys (or
 //!   the operator leaves taints alone);
+//! - [`released`]: which nodes still carry a taint the agent releases (a
+//!   change of key), whether any is stale, and when the flag can go;
 //! - [`karpenter`], [`cluster_autoscaler`]: the autoscalers wait for
 //!   nodegate's gates ([`gates`]) instead of launching duplicate nodes.
 
@@ -43,6 +45,7 @@ pub mod karpenter;
 pub mod lines;
 pub mod namespace;
 pub mod path_token;
+pub mod released;
 pub mod report;
 pub mod serving;
 pub mod strict_mode;
@@ -345,6 +348,7 @@ pub async fn run_with_client(
         .is_some_and(|f| !f.boot.is_empty());
     path_token::check(&client, args, hook.as_ref(), &installed, strict, report).await;
     cilium::check(&client, args, &installed, report).await;
+    released::check(&client, &installed, report).await;
     karpenter::check(&client, args, &installed, report).await;
     cluster_autoscaler::check(&client, args, &installed, report).await;
 }

@@ -183,6 +183,7 @@ fn passes_against_nodegate_sim_serve() {
         "api server counters",
         "credential confinement",
         "forged reviews",
+        "released taints",
     ] {
         line(&out, "PASS", c);
     }

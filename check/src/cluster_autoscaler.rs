@@ -25,6 +25,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Client;
 use kube::api::{Api, ListParams};
 
+use crate::cilium::OPERATOR_DEFAULT_KEY as CILIUM_KEY;
 use crate::gates::{Gate, image_name, image_version, keys};
 use crate::installed::Installed;
 use crate::{Args, Report, Status};
@@ -35,7 +36,6 @@ const IGNORE_PREFIX: &str = "ignore-taint.cluster-autoscaler.kubernetes.io/";
 const STATUS_PREFIX: &str = "status-taint.cluster-autoscaler.kubernetes.io/";
 /// `--startup-taint-prefix` is a flag from this release on.
 const PREFIX_FLAG_SINCE: (u64, u64, u64) = (1, 36, 0);
-const CILIUM_KEY: &str = "node.cilium.io/agent-not-ready";
 
 /// One CA Deployment: its container's image and command line.
 #[derive(Debug, Clone, Default)]

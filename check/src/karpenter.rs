@@ -33,6 +33,7 @@ use kube::core::GroupVersionKind;
 use serde::Deserialize;
 use serde_json::json;
 
+use crate::cilium::OPERATOR_DEFAULT_KEY as CILIUM_KEY;
 use crate::gates::{Gate, image_version};
 use crate::installed::{AgentPlacement, Installed};
 use crate::{Args, Report, Status};
@@ -44,8 +45,6 @@ const NODEPOOL_LABEL: &str = "karpenter.sh/nodepool";
 /// (`KnownEphemeralTaintKeyPrefixes`).
 pub const READINESS_PREFIX: &str = "readiness.k8s.io/";
 const READINESS_SINCE: (u64, u64, u64) = (1, 13, 0);
-/// The key Karpenter's docs tell Cilium users to declare.
-const CILIUM_KEY: &str = "node.cilium.io/agent-not-ready";
 /// The label the webhook and the agent leave alone.
 const EXCLUDE: &str = nodegate_shared::keys::EXCLUDE_LABEL;
 

@@ -341,11 +341,7 @@ pub async fn run_with_client(
     namespace::check(&client, args, report).await;
     let installed = installed::read(&client, args).await;
     strict_mode::check(&client, args, &installed, report).await;
-    let strict = installed
-        .webhook
-        .container()
-        .and_then(|c| container_flags::flags(c).ok())
-        .is_some_and(|f| !f.boot.is_empty());
+    let strict = gates::installed(&installed).is_some_and(|g| g.iter().any(|g| g.boot));
     path_token::check(&client, args, hook.as_ref(), &installed, strict, report).await;
     cilium::check(&client, args, &installed, report).await;
     released::check(&client, &installed, report).await;

@@ -299,25 +299,13 @@ fn parse_listening(line: &str) -> Option<(SocketAddr, SocketAddr)> {
 /// pointed at `/mutate/<token>`, as `nodegate-certs`' patch points it.
 pub fn with_path_token(yaml: &str, token: &str) -> anyhow::Result<String> {
     let mut doc: serde_json::Value = serde_yaml::from_str(yaml)?;
-    let patch: serde_json::Value =
-        serde_yaml::from_str(&nodegate_certs::ca_bundle_patch(yaml, "", Some(token))?)?;
-    let paths: HashMap<String, serde_json::Value> = patch["webhooks"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|h| {
-            let path = h.pointer("/clientConfig/service/path")?.clone();
-            Some((h["name"].as_str()?.to_string(), path))
-        })
-        .collect();
+    let path = format!("{}{token}", nodegate_shared::path_token::PATH_PREFIX);
     for hook in doc["webhooks"].as_array_mut().into_iter().flatten() {
-        let name = hook["name"].as_str().unwrap_or_default().to_string();
-        if let (Some(path), Some(svc)) = (
-            paths.get(&name),
-            hook.pointer_mut("/clientConfig/service")
-                .and_then(|s| s.as_object_mut()),
-        ) {
-            svc.insert("path".into(), path.clone());
+        if let Some(svc) = hook
+            .pointer_mut("/clientConfig/service")
+            .and_then(|s| s.as_object_mut())
+        {
+            svc.insert("path".into(), path.clone().into());
         }
     }
     Ok(serde_yaml::to_string(&doc)?)

@@ -15,6 +15,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::api::Api;
 use nodegate_e2e::cluster::Cluster;
 use nodegate_e2e::process::shipped_rbac;
+use nodegate_e2e::scale::metrics::parse;
 use nodegate_e2e::standin::{AgentReadiness, StandInAgent};
 use nodegate_e2e::{WebhookOptions, WebhookProcess};
 use nodegate_emulator::kubelet::SimKubelet;
@@ -24,6 +25,8 @@ use nodegate_shared::keys::DEFAULT_TAINT;
 use serde_json::{Value, json};
 
 const BOOT_GATE: &str = "nodegate.dev/agent-not-ready=true:NoExecute";
+const UNAUTHENTICATED: &str = "nodegate_webhook_unauthenticated_side_effects_total";
+const REREGISTRATIONS: &str = "nodegate_webhook_reregistration_patches_total";
 
 /// nodegate's gates on the node (the API server's own not-ready taint,
 /// which no node lifecycle controller removes here, left out).
@@ -166,14 +169,6 @@ async fn ready_node(emu: &Emulator, name: &str, gates: &[&str]) -> (SimKubelet, 
     (kubelet, api)
 }
 
-fn metric(text: &str, series: &str) -> f64 {
-    text.lines()
-        .find(|l| l.starts_with(series))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0.0)
-}
-
 async fn forged_reviews_change_nothing(strict: bool) {
     let (emu, webhook) = install(strict).await;
     let gates: Vec<&str> = if strict {
@@ -217,21 +212,15 @@ async fn forged_reviews_change_nothing(strict: bool) {
     }
     // Every forged side effect was refused and counted, none was queued.
     let m = webhook.metrics().await.unwrap();
-    let refused = metric(
-        &m,
-        r#"nodegate_webhook_unauthenticated_side_effects_total{rule="reregistration"}"#,
-    ) + metric(
-        &m,
-        r#"nodegate_webhook_unauthenticated_side_effects_total{rule="status"}"#,
-    );
-    assert_eq!(refused, f64::from(sent), "{m}");
-    assert_eq!(
-        metric(
-            &m,
-            r#"nodegate_webhook_reregistration_patches_total{result="ok"}"#
-        ),
-        0.0
-    );
+    let scrape = parse(&m);
+    for rule in ["reregistration", "status"] {
+        assert_eq!(
+            scrape.sum(UNAUTHENTICATED, &[("rule", rule)]),
+            f64::from(sent / 2),
+            "{rule}: {m}"
+        );
+    }
+    assert_eq!(scrape.sum(REREGISTRATIONS, &[("result", "ok")]), 0.0);
 
     // A real reboot: the API server calls the configured path, and the first
     // stored version with the new boot carries every gate.
@@ -258,10 +247,7 @@ async fn forged_reviews_change_nothing(strict: bool) {
     assert_eq!(got, want, "a genuine reboot is gated");
     let m = webhook.metrics().await.unwrap();
     assert_eq!(
-        metric(
-            &m,
-            r#"nodegate_webhook_reregistration_patches_total{result="ok"}"#
-        ),
+        parse(&m).sum(REREGISTRATIONS, &[("result", "ok")]),
         1.0,
         "{m}"
     );

@@ -48,7 +48,7 @@ pub fn measure(step: Step, fixture: &Fixture, iterations: u32) -> anyhow::Result
         rules: rules.clone(),
         patcher: RebootPatcher::disabled(metrics.clone()),
         metrics,
-        authority: nodegate_webhook::caller::Authority::Open,
+        authority: Arc::new(nodegate_webhook::caller::TokenFile::load(None)),
     };
     let req = review::decode(&body).map_err(|e| anyhow::anyhow!("{e}"))?;
     let decision = rules.review(&req);

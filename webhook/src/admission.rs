@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use axum::http::StatusCode;
 
-use crate::caller::Authority;
+use crate::caller::TokenFile;
 use crate::metrics::{Metrics, Op, Outcome};
 use crate::patcher::{Enqueued, RebootPatcher};
 use crate::review::{self, BadInput};
@@ -20,7 +20,7 @@ pub struct Webhook {
     pub patcher: RebootPatcher,
     pub metrics: Arc<Metrics>,
     /// Which reviews may write a stored Node ([`crate::caller`]).
-    pub authority: Authority,
+    pub authority: Arc<TokenFile>,
 }
 
 /// The answer to one body, and the re-registration check to make before

@@ -12,7 +12,8 @@
 //! a Secret. The API server's call is TLS-verified against the caBundle, so
 //! the token travels only between the two. Pure: no I/O but [`Authority::load`].
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::{PoisonError, RwLock};
 
 use nodegate_shared::path_token;
 
@@ -61,6 +62,51 @@ impl Authority {
     }
 }
 
+/// The `--path-token-file`, read again while the webhook runs
+/// ([`TokenFile::reload`]): the Pod is created before the install creates the
+/// optional Secret, so the kubelet may fill the volume only after the
+/// container started; a rotated token arrives the same way.
+#[derive(Debug)]
+pub struct TokenFile {
+    path: Option<PathBuf>,
+    now: RwLock<Authority>,
+}
+
+impl TokenFile {
+    /// Read once now; no path is [`Authority::Open`] for good.
+    pub fn load(path: Option<PathBuf>) -> TokenFile {
+        let now = RwLock::new(Authority::load(path.as_deref()));
+        TokenFile { path, now }
+    }
+
+    /// Whether a review posted with `presented` may act.
+    pub fn admits(&self, presented: Option<&str>) -> bool {
+        self.now
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .admits(presented)
+    }
+
+    pub fn current(&self) -> Authority {
+        self.now
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Reads the file again; the new authority when it changed.
+    pub fn reload(&self) -> Option<Authority> {
+        let path = self.path.as_deref()?;
+        let fresh = Authority::load(Some(path));
+        let mut now = self.now.write().unwrap_or_else(PoisonError::into_inner);
+        if *now == fresh {
+            return None;
+        }
+        *now = fresh.clone();
+        Some(fresh)
+    }
+}
+
 /// Equal in time independent of where the two differ, so the answer time
 /// tells nothing about a guessed prefix.
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
@@ -102,6 +148,25 @@ mod tests {
         let missing = Authority::Missing("no file".into());
         assert!(!missing.admits(Some(TOKEN)));
         assert!(!missing.admits(None));
+    }
+
+    /// A Secret that reaches the volume after the container started (or a
+    /// rotated token) takes effect at the next reload.
+    #[test]
+    fn a_token_written_after_start_is_picked_up() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("token");
+        let file = TokenFile::load(Some(path.clone()));
+        assert!(matches!(file.current(), Authority::Missing(_)));
+        assert!(!file.admits(Some(TOKEN)));
+        assert_eq!(file.reload(), None, "still missing: no change");
+        std::fs::write(&path, TOKEN).unwrap();
+        assert_eq!(file.reload(), Some(Authority::Token(TOKEN.into())));
+        assert!(file.admits(Some(TOKEN)));
+        assert_eq!(file.reload(), None);
+        let open = TokenFile::load(None);
+        assert!(open.admits(None));
+        assert_eq!(open.reload(), None);
     }
 
     #[test]

@@ -9,7 +9,6 @@ use nodegate_shared::TaintSpec;
 use nodegate_shared::keys::DEFAULT_TAINT;
 use nodegate_shared::taint::check_taints;
 
-use crate::caller::Authority;
 use crate::limits::RequestLimits;
 use crate::patcher::PatcherOptions;
 
@@ -259,8 +258,9 @@ pub struct Config {
     pub shutdown_timeout: Duration,
     pub kube: KubeMode,
     pub patcher: PatcherOptions,
-    /// Which reviews may write a stored Node.
-    pub authority: Authority,
+    /// The path token (`--path-token-file`): which reviews may write a
+    /// stored Node; `None` lets every review.
+    pub path_token_file: Option<PathBuf>,
 }
 
 impl Config {
@@ -285,7 +285,7 @@ impl Config {
             shutdown_timeout: Duration::from_secs(20),
             kube: KubeMode::Disabled,
             patcher: PatcherOptions::default(),
-            authority: Authority::Open,
+            path_token_file: None,
         }
     }
 }
@@ -332,7 +332,7 @@ impl TryFrom<Args> for Config {
                 KubeMode::Infer
             },
             patcher: PatcherOptions::default(),
-            authority: Authority::load(a.path_token_file.as_deref()),
+            path_token_file: a.path_token_file,
         })
     }
 }

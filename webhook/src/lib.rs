@@ -51,7 +51,7 @@ pub use config::{Args, Config, KubeMode};
 
 use crate::admission::Webhook;
 use crate::app::{Health, admin_router, webhook_router};
-use crate::caller::Authority;
+use crate::caller::{Authority, TokenFile};
 use crate::metrics::{Metrics, Port};
 use crate::patcher::RebootPatcher;
 use crate::rules::Rules;
@@ -152,7 +152,8 @@ pub async fn start(
             .spawn_watcher(config.tls_reload_interval, metrics.clone(), stopped());
 
     let health = Arc::new(Health::default());
-    match &config.authority {
+    let authority = Arc::new(TokenFile::load(config.path_token_file.clone()));
+    match authority.current() {
         Authority::Open => tracing::warn!(
             "no --path-token-file: any review, forged ones included, may make the webhook re-taint a stored Node (docs/security.md)"
         ),
@@ -160,15 +161,20 @@ pub async fn start(
             tracing::info!("only reviews posted to /mutate/<token> may write a stored Node")
         }
         Authority::Missing(why) => {
-            tracing::error!(%why, "--path-token-file unusable: no review may write a stored Node, so a re-registering node is gated only by its create and a reboot seen on a status write is not re-tainted")
+            tracing::error!(%why, "--path-token-file unusable (read again every --tls-reload-interval): no review may write a stored Node, so a re-registering node is gated only by its create and a reboot seen on a status write is not re-tainted")
         }
     }
     let hook = Arc::new(Webhook {
         rules,
         patcher,
         metrics: metrics.clone(),
-        authority: config.authority.clone(),
+        authority: authority.clone(),
     });
+    let token_task = tokio::spawn(reload_token(
+        authority,
+        config.tls_reload_interval,
+        stopped(),
+    ));
     let opts = ServeOptions {
         handshake_timeout: config.tls_handshake_timeout,
         header_read_timeout: config.header_read_timeout,
@@ -218,6 +224,7 @@ pub async fn start(
         if let Some(t) = patcher_task {
             t.abort();
         }
+        token_task.abort();
         https.context("https server")?;
         admin.context("admin server")?;
         tracing::info!("stopped");
@@ -229,6 +236,35 @@ pub async fn start(
         metrics,
         task,
     })
+}
+
+/// Reads the path token file again every `every` until `stop`, and says
+/// when what it admits changed.
+async fn reload_token(
+    file: Arc<TokenFile>,
+    every: std::time::Duration,
+    stop: impl Future<Output = ()>,
+) {
+    let reload = async {
+        loop {
+            tokio::time::sleep(every).await;
+            match file.reload() {
+                Some(Authority::Token(_)) => {
+                    tracing::info!(
+                        "path token read: only reviews posted to /mutate/<token> may write a stored Node"
+                    )
+                }
+                Some(Authority::Missing(why)) => {
+                    tracing::error!(%why, "--path-token-file unusable: no review may write a stored Node")
+                }
+                Some(Authority::Open) | None => {}
+            }
+        }
+    };
+    tokio::select! {
+        () = reload => {}
+        () = stop => {}
+    }
 }
 
 /// [`start`] from command-line arguments, then wait for shutdown to finish.

@@ -178,7 +178,8 @@ pub fn webhook_router(hook: Arc<Webhook>, limits: RequestLimits) -> Router {
     Router::new()
         .route("/mutate", post(mutate))
         .route("/mutate/{token}", post(mutate_with_token))
-        // A configuration without a path (an apply that dropped it) calls `/`.
+        // A configuration line without a path (the shipped ones: an apply
+        // would reset a patched path) calls `/`.
         .route("/", post(mutate))
         .with_state(Arc::new(route))
 }

@@ -24,8 +24,8 @@ pub enum Authority {
     Open,
     /// Only a review posted to `/mutate/<token>`.
     Token(String),
-    /// `--path-token-file` is set but unusable (the optional Secret was not
-    /// created): no review may, so a forged one never acts; why.
+    /// `--path-token-file` is set but unusable (no Secret behind it, or a
+    /// bad token): no review may, so a forged one never acts; why.
     Missing(String),
 }
 
@@ -63,9 +63,8 @@ impl Authority {
 }
 
 /// The `--path-token-file`, read again while the webhook runs
-/// ([`TokenFile::reload`]): the Pod is created before the install creates the
-/// optional Secret, so the kubelet may fill the volume only after the
-/// container started; a rotated token arrives the same way.
+/// ([`TokenFile::reload`]): a rotated token reaches the volume at the
+/// kubelet's next sync, after the container started.
 #[derive(Debug)]
 pub struct TokenFile {
     path: Option<PathBuf>,

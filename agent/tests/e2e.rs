@@ -72,7 +72,8 @@ impl Agent {
     }
 
     /// A roster publisher replica: the real `nodegate-roster` binary as the
-    /// publisher's service account, writing roster `roster` in `nodegate`
+    /// publisher's service account (the admin on a real cluster), writing
+    /// roster `roster` in `nodegate`
     /// with short lease timings so a failover takes about 2 s.
     async fn publisher(c: &Cluster, roster: &str, replica: usize, home: &Path) -> Agent {
         let bin = nodegate_e2e::process::bin_path("nodegate-roster");
@@ -86,7 +87,16 @@ impl Agent {
             .args(["--shards", &SHARDS.to_string(), "--interval", "50ms"])
             .args(["--lease-duration", "2s", "--renew-deadline", "1500ms"])
             .args(["--retry-period", "250ms", "--admin-listen", "127.0.0.1:0"]);
-        Self::spawn(c, cmd, users::ROSTER, home).await
+        // On a real cluster the installed RBAC and policies let the
+        // publisher's account write only the installed roster's names
+        // (e2e/tests/roster_writers.rs proves them); a test's own roster
+        // publishes as the admin, whom the writers' policy exempts.
+        let user = if c.is_real() {
+            users::ADMIN
+        } else {
+            users::ROSTER
+        };
+        Self::spawn(c, cmd, user, home).await
     }
 
     async fn spawn(c: &Cluster, cmd: Command, user: &str, home: &Path) -> Agent {
@@ -2059,6 +2069,16 @@ async fn beside_cilium_operator_each_owns_its_key_and_nothing_loops() {
 async fn an_upgrade_from_ciliums_key_leaves_no_stale_taint() {
     use nodegate_shared::keys::LEGACY_TAINT;
     let (c, nodes) = cluster().await;
+    // The release is opt-in (components/release-cilium-key) and so is its
+    // confinement: a real cluster runs the default install.
+    let Some(emu) = c.emulator() else {
+        eprintln!("skipped on a real cluster: needs components/release-cilium-key installed");
+        return;
+    };
+    emu.apply(include_str!(
+        "../../manifests/components/release-cilium-key/confinement.yaml"
+    ))
+    .unwrap();
     let node_a = c.node_name("upgrade-a");
     let kubelet = c.kubelet(&node_a).await.unwrap();
     kubelet.register().await.unwrap();

@@ -18,6 +18,8 @@ use rcgen::{
 };
 use time::{Duration, OffsetDateTime};
 
+pub mod trust;
+
 /// File names inside the output directory, as a `kubernetes.io/tls` Secret
 /// (plus `ca.crt`) mounts them.
 pub const CA_FILE: &str = "ca.crt";
@@ -345,6 +347,43 @@ pub fn webhook_services(webhook_config_yaml: &str) -> Result<Vec<(String, String
     Ok(out)
 }
 
+/// The path token the configuration's lines already call
+/// (`service.path` `/mutate/<token>`), so a rotation that lost its
+/// `path-token` file keeps the path the running replicas accept: `None` when
+/// no line names one (a configuration never patched); an error when lines
+/// disagree or a token is malformed, which a user must resolve.
+pub fn live_path_token(webhook_config_yaml: &str) -> Result<Option<String>, CertError> {
+    use serde_yaml::Value;
+    let mut doc: Value = serde_yaml::from_str(webhook_config_yaml)?;
+    let mut found: Option<String> = None;
+    for hook in webhooks_mut(&mut doc)?.iter() {
+        let Some(path) = hook
+            .get("clientConfig")
+            .and_then(|c| c.get("service"))
+            .and_then(|s| s.get("path"))
+            .and_then(Value::as_str)
+        else {
+            continue;
+        };
+        // A path without a token (an older release's `/mutate`) names none.
+        let Some(t) = path.strip_prefix("/mutate/") else {
+            continue;
+        };
+        let token = nodegate_shared::path_token::parse(t)
+            .map_err(|why| CertError::NotWebhookConfig(format!("a line calls {path:?}: {why}")))?
+            .to_string();
+        match &found {
+            Some(f) if *f != token => {
+                return Err(CertError::NotWebhookConfig(
+                    "its lines call different path tokens".into(),
+                ));
+            }
+            _ => found = Some(token),
+        }
+    }
+    Ok(found)
+}
+
 /// The non-empty `webhooks` list of a v1 MutatingWebhookConfiguration.
 fn webhooks_mut(doc: &mut serde_yaml::Value) -> Result<&mut Vec<serde_yaml::Value>, CertError> {
     use serde_yaml::Value;
@@ -372,6 +411,56 @@ fn webhooks_mut(doc: &mut serde_yaml::Value) -> Result<&mut Vec<serde_yaml::Valu
 
 #[cfg(test)]
 mod tests {
+
+    fn config_with_paths(paths: &[Option<&str>]) -> String {
+        let hooks: Vec<serde_json::Value> = paths
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let mut svc = serde_json::json!({"name": format!("s{i}"), "namespace": "nodegate"});
+                if let Some(p) = p {
+                    svc["path"] = serde_json::json!(p);
+                }
+                serde_json::json!({"name": format!("l{i}.nodegate.dev"), "clientConfig": {"service": svc}})
+            })
+            .collect();
+        serde_yaml::to_string(&serde_json::json!({
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "MutatingWebhookConfiguration",
+            "metadata": {"name": "nodegate"},
+            "webhooks": hooks,
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_live_path_token_is_the_one_every_line_calls() {
+        let t = "0123456789abcdef0123456789abcdef0123456789abcdef";
+        let path = format!("/mutate/{t}");
+        type Case<'a> = (&'a [Option<&'a str>], Result<Option<&'a str>, &'a str>);
+        let cases: [Case; 5] = [
+            (&[None, None], Ok(None)),
+            (&[Some(&path), Some(&path)], Ok(Some(t))),
+            (
+                &[
+                    Some(&path),
+                    Some("/mutate/0123456789abcdef0123456789abcdef0"),
+                ],
+                Err("different path tokens"),
+            ),
+            (&[Some("/mutate"), None], Ok(None)),
+            (&[Some("/mutate/NOT-A-TOKEN")], Err("a line calls")),
+        ];
+        for (paths, want) in cases {
+            let got = live_path_token(&config_with_paths(paths));
+            match (got, want) {
+                (Ok(g), Ok(w)) => assert_eq!(g.as_deref(), w, "{paths:?}"),
+                (Err(e), Err(w)) => assert!(e.to_string().contains(w), "{paths:?}: {e}"),
+                (g, w) => panic!("{paths:?}: got {g:?}, want {w:?}"),
+            }
+        }
+    }
+
     use std::sync::Arc;
 
     use rustls::client::WebPkiServerVerifier;

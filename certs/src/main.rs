@@ -7,7 +7,8 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Parser;
 use nodegate_certs::{
-    Ca, ServingRequest, ca_bundle_patch, path_token, webhook_services, write_atomic, write_files,
+    Ca, ServingRequest, ca_bundle_patch, live_path_token, path_token, trust, webhook_services,
+    write_atomic, write_files,
 };
 
 #[derive(Debug, Parser)]
@@ -41,7 +42,10 @@ struct Args {
     /// for a rotation without a fail-open call: the old install's `ca.crt`
     /// (repeatable). Then `ca-bundle-patch.yaml` trusts both, and
     /// `ca-bundle-final-patch.yaml` the new CA alone, for once every
-    /// replica serves the new certificate.
+    /// replica serves the new certificate. Only CA certificates the live
+    /// caBundle already holds are accepted, so `--webhook-config` must be
+    /// the live configuration (`kubectl get mutatingwebhookconfiguration
+    /// nodegate -o yaml`); a file with a private key is refused.
     #[arg(
         long = "also-trust",
         env = "NODEGATE_CERTS_ALSO_TRUST",
@@ -71,22 +75,22 @@ fn main() -> anyhow::Result<()> {
         .as_ref()
         .map(|p| std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display())))
         .transpose()?;
-    let mut trusted = String::new();
-    for p in &args.also_trust {
-        let pem = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
-        if !pem.contains("-----BEGIN CERTIFICATE-----") {
-            anyhow::bail!("--also-trust {}: no PEM certificate in it", p.display());
-        }
-        trusted.push_str(pem.trim_end());
-        trusted.push('\n');
-    }
-    if !trusted.is_empty() && args.webhook_config.is_none() {
-        anyhow::bail!("--also-trust only shapes the caBundle patch: give --webhook-config too");
+    if !args.also_trust.is_empty() && args.webhook_config.is_none() {
+        anyhow::bail!(
+            "--also-trust only shapes the caBundle patch: give --webhook-config too, the live configuration ({})",
+            trust::LIVE_CONFIG_COMMAND
+        );
     }
     let also_services = match (&config, &args.webhook_config) {
         (Some(config), Some(path)) => webhook_services(config)
             .with_context(|| format!("reading the Services of {}", path.display()))?,
         _ => Vec::new(),
+    };
+    let trusted = match (&config, &args.webhook_config) {
+        (Some(config), Some(path)) if !args.also_trust.is_empty() => {
+            also_trusted(&args.also_trust, config, path)?
+        }
+        _ => String::new(),
     };
     let ca = Ca::generate(args.days)?;
     let serving = ca.issue(&ServingRequest {
@@ -97,12 +101,16 @@ fn main() -> anyhow::Result<()> {
         days: args.days,
     })?;
     // With --webhook-config, every line calls /mutate/<token>. A token
-    // already in --out-dir is kept, so a certificate rotation does not
-    // change the path the running replicas accept.
+    // already in --out-dir is kept, else the one the given (live)
+    // configuration's lines call, so a certificate rotation does not change
+    // the path the running replicas accept.
     let token = match (&config, args.no_path_token) {
-        (Some(_), false) => {
-            Some(existing_token(&args.out_dir.join(TOKEN_FILE))?.unwrap_or_else(path_token))
-        }
+        (Some(config), false) => Some(match existing_token(&args.out_dir.join(TOKEN_FILE))? {
+            Some(t) => t,
+            None => live_path_token(config)
+                .context("reading the path token its lines call")?
+                .unwrap_or_else(path_token),
+        }),
         _ => None,
     };
     // Inject before writing so a bad config leaves no half-done output.
@@ -141,6 +149,39 @@ fn main() -> anyhow::Result<()> {
     }
     eprintln!("wrote {}/{{{wrote}}}", args.out_dir.display());
     Ok(())
+}
+
+/// The PEM the first patch's caBundle adds to the new CA: the certificates
+/// of every `--also-trust` file, once each, each a CA the live caBundle
+/// holds (nothing else of the files is copied). The files are vetted before
+/// the configuration, so a private key is named whatever else is wrong.
+fn also_trusted(
+    paths: &[PathBuf],
+    config: &str,
+    config_path: &std::path::Path,
+) -> anyhow::Result<String> {
+    let refused =
+        |p: &PathBuf, why: trust::Refusal| anyhow::anyhow!("--also-trust {}: {why}", p.display());
+    let mut files = Vec::new();
+    for p in paths {
+        let text = std::fs::read(p).with_context(|| format!("reading {}", p.display()))?;
+        files.push((
+            p,
+            trust::parse_ca_certs(&text).map_err(|why| refused(p, why))?,
+        ));
+    }
+    let live = trust::live_ca_bundle(config)
+        .with_context(|| format!("--webhook-config {}", config_path.display()))?;
+    let mut kept: Vec<trust::CaCert> = Vec::new();
+    for (p, certs) in files {
+        trust::keep_trusted(&certs, &live).map_err(|why| refused(p, why))?;
+        for c in certs {
+            if !kept.contains(&c) {
+                kept.push(c);
+            }
+        }
+    }
+    Ok(kept.iter().map(trust::CaCert::pem).collect())
 }
 
 /// The token a previous run left, if any; one that is not a usable token is

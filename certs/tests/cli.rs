@@ -159,54 +159,163 @@ fn the_leaf_serves_every_service_the_shipped_configuration_calls() {
     assert!(!dir.path().join("ca-bundle-final-patch.yaml").exists());
 }
 
+fn certs(args: &[&std::ffi::OsStr]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_nodegate-certs"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn succeeded(out: &std::process::Output) {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// A rotation to a new CA: the first patch trusts the old and the new CA
 /// (replicas still serving the old leaf stay verifiable), the final one the
-/// new CA alone.
+/// new CA alone. The old CA is checked against the live configuration, here
+/// what `kubectl patch` left after the install.
 #[test]
 fn also_trust_keeps_the_old_ca_until_the_final_patch() {
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("mwc.yaml");
-    std::fs::write(&config, CONFIG).unwrap();
-    let run = |out_dir: &std::path::Path, extra: &[&std::ffi::OsStr]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_nodegate-certs"))
-            .arg("--out-dir")
-            .arg(out_dir)
-            .arg("--webhook-config")
-            .arg(&config)
-            .args(extra)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
-    let (old, new) = (dir.path().join("old"), dir.path().join("new"));
-    run(&old, &[]);
-    let old_ca_path = old.join("ca.crt");
-    run(&new, &["--also-trust".as_ref(), old_ca_path.as_os_str()]);
-    let old_ca = std::fs::read_to_string(&old_ca_path).unwrap();
-    let new_ca = std::fs::read_to_string(new.join("ca.crt")).unwrap();
+    let p = |name: &str| dir.path().join(name);
+    std::fs::write(p("mwc.yaml"), CONFIG).unwrap();
+    succeeded(&certs(&[
+        "--out-dir".as_ref(),
+        p("old").as_os_str(),
+        "--webhook-config".as_ref(),
+        p("mwc.yaml").as_os_str(),
+    ]));
+    let old_ca = std::fs::read_to_string(p("old/ca.crt")).unwrap();
+    let live = nodegate_certs::inject_ca_bundle(CONFIG, &old_ca).unwrap();
+    std::fs::write(p("live.yaml"), live).unwrap();
+    let old_ca_path = p("old/ca.crt");
+    succeeded(&certs(&[
+        "--out-dir".as_ref(),
+        p("new").as_os_str(),
+        "--webhook-config".as_ref(),
+        p("live.yaml").as_os_str(),
+        "--also-trust".as_ref(),
+        old_ca_path.as_os_str(),
+    ]));
+    let new_ca = std::fs::read_to_string(p("new/ca.crt")).unwrap();
     assert_ne!(old_ca, new_ca);
-    let both = bundle_of(&new.join("ca-bundle-patch.yaml"));
-    assert!(both[0].contains(old_ca.trim()) && both[0].contains(new_ca.trim()));
-    let last = bundle_of(&new.join("ca-bundle-final-patch.yaml"));
+    let both = bundle_of(&p("new/ca-bundle-patch.yaml"));
+    assert_eq!(both[0], format!("{new_ca}{old_ca}"));
+    let last = bundle_of(&p("new/ca-bundle-final-patch.yaml"));
     assert_eq!(last[0], new_ca);
+}
 
-    // Not a certificate: refused before anything is written.
-    let junk = dir.path().join("junk.pem");
-    std::fs::write(&junk, "not a pem").unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_nodegate-certs"))
-        .arg("--out-dir")
-        .arg(dir.path().join("refused"))
-        .arg("--webhook-config")
-        .arg(&config)
-        .arg("--also-trust")
-        .arg(&junk)
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("no PEM certificate"));
-    assert!(!dir.path().join("refused").exists());
+/// Every refusal of `--also-trust` names the file and the reason, and comes
+/// before anything is written.
+#[test]
+fn also_trust_refuses_keys_leaves_garbage_and_cas_the_cluster_does_not_trust() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |name: &str| dir.path().join(name);
+    std::fs::write(p("mwc.yaml"), CONFIG).unwrap();
+    for run in ["old", "other"] {
+        succeeded(&certs(&[
+            "--out-dir".as_ref(),
+            p(run).as_os_str(),
+            "--webhook-config".as_ref(),
+            p("mwc.yaml").as_os_str(),
+        ]));
+    }
+    let read = |name: &str| std::fs::read_to_string(p(name)).unwrap();
+    let live = nodegate_certs::inject_ca_bundle(CONFIG, &read("old/ca.crt")).unwrap();
+    std::fs::write(p("live.yaml"), live).unwrap();
+    std::fs::write(p("with-key.pem"), read("old/ca.crt") + &read("old/tls.key")).unwrap();
+    std::fs::write(p("garbage.pem"), "not a pem").unwrap();
+    // (configuration, file, the reason, the file the error names)
+    let cases = [
+        (
+            "live.yaml",
+            "with-key.pem",
+            "a private key must never be passed around",
+            "with-key.pem",
+        ),
+        // The key is named first, even with the wrong configuration.
+        (
+            "mwc.yaml",
+            "with-key.pem",
+            "a private key must never be passed around",
+            "with-key.pem",
+        ),
+        (
+            "live.yaml",
+            "old/tls.crt",
+            "is not a CA certificate",
+            "old/tls.crt",
+        ),
+        ("live.yaml", "garbage.pem", "no PEM block", "garbage.pem"),
+        (
+            "live.yaml",
+            "other/ca.crt",
+            "not in the live caBundle: keeping it trusted would not keep the running replicas reachable",
+            "other/ca.crt",
+        ),
+        // The shipped file has no caBundle: not the live configuration.
+        (
+            "mwc.yaml",
+            "old/ca.crt",
+            "kubectl get mutatingwebhookconfiguration nodegate -o yaml",
+            "mwc.yaml",
+        ),
+    ];
+    for (config, file, why, named) in cases {
+        let out_dir = p("refused");
+        let out = certs(&[
+            "--out-dir".as_ref(),
+            out_dir.as_os_str(),
+            "--webhook-config".as_ref(),
+            p(config).as_os_str(),
+            "--also-trust".as_ref(),
+            p(file).as_os_str(),
+        ]);
+        assert!(!out.status.success(), "{file} accepted");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(why), "{file}: {err}");
+        assert!(
+            err.contains(named),
+            "{file}: the error does not name {named}: {err}"
+        );
+        assert!(!out_dir.exists(), "{file}: files written despite the error");
+    }
+}
+
+/// A rotation run in a fresh directory (the first run's `path-token` lost)
+/// keeps the token the live lines call: a new one would point every line at
+/// a path the running replicas refuse to act on.
+#[test]
+fn a_rotation_without_the_token_file_keeps_the_live_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let token = "0123456789abcdef0123456789abcdef0123456789abcdef";
+    let live = dir.path().join("live.yaml");
+    std::fs::write(
+        &live,
+        CONFIG.replace("path: /mutate}", &format!("path: /mutate/{token}}}")),
+    )
+    .unwrap();
+    let out_dir = dir.path().join("rotated");
+    succeeded(&certs(&[
+        "--out-dir".as_ref(),
+        out_dir.as_os_str(),
+        "--webhook-config".as_ref(),
+        live.as_os_str(),
+    ]));
+    assert_eq!(
+        std::fs::read_to_string(out_dir.join("path-token")).unwrap(),
+        token
+    );
+    let patch: serde_yaml::Value = serde_yaml::from_str(
+        &std::fs::read_to_string(out_dir.join("ca-bundle-patch.yaml")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        patch["webhooks"][0]["clientConfig"]["service"]["path"],
+        format!("/mutate/{token}").as_str()
+    );
 }

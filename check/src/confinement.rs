@@ -9,6 +9,7 @@
 use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams};
 use kube::core::GroupVersionKind;
 use kube::{Client, Config};
+use nodegate_shared::keys::EXCLUDE_LABEL;
 use serde_json::json;
 
 use crate::{Args, Report, Status};
@@ -20,6 +21,11 @@ const WEBHOOK_POLICY: &str = "nodegate-webhook-confinement";
 const NODE_CLAIM: &str = "authentication.kubernetes.io/node-name";
 const POD_NAME_CLAIM: &str = "authentication.kubernetes.io/pod-name";
 const POD_UID_CLAIM: &str = "authentication.kubernetes.io/pod-uid";
+/// The pod name and uid the probe's impersonated token carries: fixed, so
+/// the check's own Role may impersonate these claims with these values only
+/// (`manifests/components/check-rbac`); the policy requires them present,
+/// whatever their value.
+pub const PROBE_POD: &str = "nodegate-check-probe";
 
 fn resource(kind: &str, plural: &str) -> ApiResource {
     ApiResource::from_gvk_with_plural(
@@ -114,19 +120,13 @@ pub async fn check(client: &Client, config: Option<&Config>, args: &Args, report
         args.namespace
     ));
     as_agent.auth_info.impersonate_groups = None;
-    // The claims of the agent pod's own token on that node, so the policy
+    // The claims of an agent pod's token on that node, so the policy
     // judges the change, not a token it would refuse anyway.
     as_agent.auth_info.impersonate_user_extra = Some(
         [
             (NODE_CLAIM.to_string(), vec![node.clone()]),
-            (
-                POD_NAME_CLAIM.to_string(),
-                vec![format!("nodegate-agent-{node}")],
-            ),
-            (
-                POD_UID_CLAIM.to_string(),
-                vec![format!("nodegate-check-{node}")],
-            ),
+            (POD_NAME_CLAIM.to_string(), vec![PROBE_POD.to_string()]),
+            (POD_UID_CLAIM.to_string(), vec![PROBE_POD.to_string()]),
         ]
         .into_iter()
         .collect(),
@@ -144,7 +144,7 @@ pub async fn check(client: &Client, config: Option<&Config>, args: &Args, report
         ..Default::default()
     };
     // What a thief would do first: switch the gate off on its own node.
-    let forbidden = json!({"metadata": {"labels": {"nodegate.dev/exclude": "true"}}});
+    let forbidden = json!({"metadata": {"labels": {EXCLUDE_LABEL: "true"}}});
     let r = Api::<k8s_openapi::api::core::v1::Node>::all(agent)
         .patch(&node, &pp, &Patch::Merge(&forbidden))
         .await;
@@ -162,7 +162,7 @@ pub async fn check(client: &Client, config: Option<&Config>, args: &Args, report
             report.add(
                 PROBE,
                 Status::Warn,
-                format!("cannot impersonate the agent to try it (run as a cluster admin): {}", e.message),
+                format!("cannot impersonate the agent to try it (run as a cluster admin, or with the credential of manifests/components/check-rbac): {}", e.message),
             );
         }
         Err(e) => report.add(
@@ -174,7 +174,7 @@ pub async fn check(client: &Client, config: Option<&Config>, args: &Args, report
             PROBE,
             Status::Fail,
             format!(
-                "the agent's token may set nodegate.dev/exclude=true on node {node} (dry-run admitted): the confinement policy is not in force"
+                "the agent's token may set {EXCLUDE_LABEL}=true on node {node} (dry-run admitted): the confinement policy is not in force"
             ),
         ),
     }

@@ -334,12 +334,10 @@ fn pool_verdict(
     version: &Version,
 ) -> (Status, String) {
     let name = &pool.name;
-    if pool.labels.get(EXCLUDE).is_some_and(|v| v == "true") {
-        return (
-            Status::Pass,
-            format!("NodePool {name} labels its nodes {EXCLUDE}=true: nodegate leaves them alone"),
-        );
-    }
+    // A kubelet may not set the exclude label, so Karpenter adds it only after
+    // registration (Registration.syncNode): the webhook has gated the Node's
+    // create by then, and an excluded pool's nodes are gated like any other.
+    let labelled_excluded = pool.labels.get(EXCLUDE).is_some_and(|v| v == "true");
     let declared: Vec<&Gate> = gates
         .iter()
         .filter(|g| declares(&pool.startup_taints, g))
@@ -358,10 +356,17 @@ fn pool_verdict(
                 ),
             );
         }
+        let label = if labelled_excluded {
+            format!(
+                " (its label {EXCLUDE}=true reaches a Node only after registration, as no kubelet may set it: too late for the create the webhook gates)"
+            )
+        } else {
+            String::new()
+        };
         return (
             Status::Fail,
             format!(
-                "nodegate's agent cannot run on the nodes of NodePool {name} ({why}), but nodegate's webhook gates every new Node: they stay gated and take no pods; label them {EXCLUDE}=true in spec.template.metadata.labels, or let the agent run there"
+                "nodegate's agent cannot run on the nodes of NodePool {name} ({why}), but nodegate's webhook gates every new Node{label}: they stay gated and take no pods; let the agent run there"
             ),
         );
     }
@@ -853,23 +858,25 @@ spec:
         );
         assert_eq!(s, Status::Fail);
         assert!(d.contains("they stay gated"), "{d}");
-        // Excluded from nodegate: nothing to declare.
-        let excluded = "
+        // The exclude label comes after registration: no way out of the gate.
+        let excluded = format!(
+            "
 spec:
   template:
     metadata:
-      labels: {nodegate.dev/exclude: 'true'}
-    spec: {}
-";
+      labels: {{{EXCLUDE}: 'true'}}
+    spec: {{}}
+"
+        );
         assert_eq!(
             run(
-                pool(excluded),
+                pool(&excluded),
                 gates(&[GATE], &[]),
                 linux_only.clone(),
                 v("1.0.0")
             )
             .0,
-            Status::Pass
+            Status::Fail
         );
         // A pool that leaves the OS open may run the agent: the gate must be declared.
         let (s, d) = run(

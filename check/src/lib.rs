@@ -14,6 +14,8 @@
 //!   without a warning: policies cannot return one);
 //! - [`webhook_config`]: the MutatingWebhookConfiguration and its conditions;
 //! - [`serving`]: each line's caBundle against the serving certificate;
+//! - [`served_certs`]: each line's caBundle against what each of its
+//!   replicas serves, dialled directly (the service proxy verifies nothing);
 //! - [`canary`]: the dry-run create;
 //! - [`lines`]: the first line and one backup line per replica, each
 //!   replica called directly through the API server's service proxy;
@@ -47,6 +49,7 @@ pub mod namespace;
 pub mod path_token;
 pub mod released;
 pub mod report;
+pub mod served_certs;
 pub mod serving;
 pub mod strict_mode;
 pub mod webhook_config;
@@ -157,6 +160,8 @@ pub struct Args {
         default_value = "kube-system/cluster-autoscaler-status"
     )]
     pub cluster_autoscaler_status: String,
+    #[command(flatten)]
+    pub served_certs: served_certs::Args,
 }
 
 impl Args {
@@ -264,6 +269,9 @@ pub async fn run_with_client(
         Some(h) => serving::check(&client, args, h, report).await,
         None => false,
     };
+    if let Some(h) = &hook {
+        served_certs::check(&client, h, &args.served_certs, report).await;
+    }
     workloads::check_daemonset(&client, args, report).await;
     let canary = match &want {
         Some(want) => canary::check(&client, want, policy.is_none(), report).await,

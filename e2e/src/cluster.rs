@@ -49,6 +49,13 @@ fn groups(user: &str) -> Vec<String> {
 impl Cluster {
     /// A fresh emulator + webhook, or the real cluster from the env var.
     pub async fn start() -> anyhow::Result<Cluster> {
+        Self::start_with_rbac(Vec::new()).await
+    }
+
+    /// [`Cluster::start`] with `extra_rbac` (YAML of Roles, ClusterRoles and
+    /// their bindings) added to the emulator's RBAC, which it takes only at
+    /// start. A real cluster ignores it: grant the same through its API.
+    pub async fn start_with_rbac(extra_rbac: Vec<String>) -> anyhow::Result<Cluster> {
         let scratch = tempfile::tempdir()?;
         if let Some(kc) = std::env::var_os(REAL_CLUSTER_ENV) {
             return Ok(Cluster::Real {
@@ -58,9 +65,13 @@ impl Cluster {
                 created: Mutex::new(Vec::new()),
             });
         }
-        // The shipped RBAC is enforced, so a manifest that grants too little fails here.
+        // The shipped RBAC is enforced, so a manifest that grants too little
+        // fails here; the suites' own rosters get their names granted.
+        let mut rbac = crate::process::shipped_rbac()?;
+        rbac.push(crate::process::test_roster_rbac());
+        rbac.extend(extra_rbac);
         let emu = Emulator::start(EmulatorOptions {
-            rbac: Some(crate::process::shipped_rbac()?),
+            rbac: Some(rbac),
             ..Default::default()
         })
         .await?;
@@ -362,6 +373,7 @@ async fn delete_all(
     use futures::StreamExt;
     use k8s_openapi::api::coordination::v1::Lease;
     use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
+    use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
     use kube::api::{Api, DeleteParams};
 
     let kc = kube::config::Kubeconfig::read_from(kubeconfig)?;
@@ -385,6 +397,14 @@ async fn delete_all(
                         .await
                         .map(|_| ()),
                     "leases" => Api::<Lease>::namespaced(client, &ns)
+                        .delete(&name, &DeleteParams::default())
+                        .await
+                        .map(|_| ()),
+                    "roles" => Api::<Role>::namespaced(client, &ns)
+                        .delete(&name, &DeleteParams::default())
+                        .await
+                        .map(|_| ()),
+                    "rolebindings" => Api::<RoleBinding>::namespaced(client, &ns)
                         .delete(&name, &DeleteParams::default())
                         .await
                         .map(|_| ()),

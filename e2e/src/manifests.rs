@@ -17,12 +17,33 @@ pub type Objects = BTreeMap<(String, String), Value>;
 /// `manifests/components/`). The kustomization lives under `target/`, as
 /// kustomize wants the repository at a relative path.
 pub fn kustomize(base: &str, components: &[&str]) -> anyhow::Result<String> {
+    kustomize_into(None, base, components)
+}
+
+/// [`kustomize`] with kustomize's `namespace: <namespace>`, as an operator
+/// installs nodegate into a namespace of their own.
+pub fn kustomize_in_namespace(
+    namespace: &str,
+    base: &str,
+    components: &[&str],
+) -> anyhow::Result<String> {
+    kustomize_into(Some(namespace), base, components)
+}
+
+fn kustomize_into(
+    namespace: Option<&str>,
+    base: &str,
+    components: &[&str],
+) -> anyhow::Result<String> {
     let scratch = repo_dir().join("target");
     std::fs::create_dir_all(&scratch)?;
     let dir = tempfile::Builder::new()
         .prefix("kustomize-")
         .tempdir_in(&scratch)?;
     let mut k = format!("resources: [../../{base}]\n");
+    if let Some(ns) = namespace {
+        k.push_str(&format!("namespace: {ns}\n"));
+    }
     if !components.is_empty() {
         k.push_str("components:\n");
         for c in components {

@@ -57,10 +57,59 @@ pub fn shipped_confinement() -> anyhow::Result<String> {
     std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))
 }
 
-/// The pruning component's policy: only the publisher writes the roster.
+/// The pruning component's policies (only the publisher writes the roster
+/// and its Lease; the publisher writes nothing else), followed by the
+/// install's Namespace (`namespace.yaml`): the writers' policy applies only
+/// in namespaces labelled `app.kubernetes.io/part-of: nodegate`, and the
+/// emulator, unlike an API server, accepts writes in a namespace it does
+/// not store, so an emulator given the policy alone would guard nothing.
 pub fn shipped_roster_policy() -> anyhow::Result<String> {
     let p = manifests_dir().join("../components/pruning/policy.yaml");
-    std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))
+    let policy = std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?;
+    let p = manifests_dir().join("namespace.yaml");
+    let namespace =
+        std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?;
+    Ok(format!("{policy}\n---\n{namespace}"))
+}
+
+/// The shards of the suites' own rosters in the emulator: the agent's
+/// end-to-end tests run publishers of roster `roster` (`Cluster::name`
+/// there) in `nodegate` as the publisher's ServiceAccount, and the shipped
+/// writer role names only the shipped roster's shards and Lease.
+pub const TEST_ROSTER: &str = "roster";
+/// Shards of [`TEST_ROSTER`] granted by [`test_roster_rbac`].
+pub const TEST_ROSTER_SHARDS: u32 = 64;
+
+/// RBAC that lets the publisher's ServiceAccount write [`TEST_ROSTER`]
+/// (`roster-<i>` for i below [`TEST_ROSTER_SHARDS`], and the Lease
+/// `roster`) in `nodegate`, as the shipped role does for `nodegate-roster`.
+/// [`crate::cluster::Cluster`] adds it to the emulator's RBAC.
+pub fn test_roster_rbac() -> String {
+    let shards: Vec<String> = (0..TEST_ROSTER_SHARDS)
+        .map(|i| format!("{TEST_ROSTER}-{i}"))
+        .collect();
+    format!(
+        r#"apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {{name: nodegate-e2e-test-rosters, namespace: {WEBHOOK_NAMESPACE}}}
+rules:
+  - apiGroups: [""]
+    resources: [configmaps]
+    verbs: [get, update, delete]
+    resourceNames: [{shards}]
+  - apiGroups: [coordination.k8s.io]
+    resources: [leases]
+    verbs: [get, update]
+    resourceNames: [{TEST_ROSTER}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {{name: nodegate-e2e-test-rosters, namespace: {WEBHOOK_NAMESPACE}}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: nodegate-e2e-test-rosters}}
+subjects: [{{kind: ServiceAccount, name: nodegate-roster, namespace: {WEBHOOK_NAMESPACE}}}]
+"#,
+        shards = shards.join(", ")
+    )
 }
 
 /// The admission-policy overlay's MutatingAdmissionPolicy and binding.

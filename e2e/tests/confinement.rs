@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use nodegate_e2e::cluster::Cluster;
 use nodegate_emulator::users;
-use nodegate_shared::keys::READY_BOOT_ID_ANNOTATION;
+use nodegate_shared::keys::{EXCLUDE_LABEL, READY_BOOT_ID_ANNOTATION};
 use serde_json::{Value, json};
 
 const TAINT_KEY: &str = "nodegate.dev/agent-not-ready";
@@ -135,7 +135,7 @@ async fn a_stolen_agent_token_touches_nothing_but_its_own_nodes_gate() {
         ),
         (
             "switch the gate off",
-            json!({"metadata": {"labels": {"nodegate.dev/exclude": "true"}}}),
+            json!({"metadata": {"labels": {EXCLUDE_LABEL: "true"}}}),
             "metadata.labels".into(),
         ),
         (
@@ -260,14 +260,61 @@ async fn a_stolen_agent_token_touches_nothing_but_its_own_nodes_gate() {
     .unwrap();
 }
 
-/// Upgrades: the agent may remove the taint nodegate added by default before
-/// it had a key of its own, exactly as it was added (`--release-taint`), and
-/// nothing else under that key: Cilium's operator keeps its own taint there
-/// with an empty value. It may never add the old taint.
+/// Upgrades: with `components/release-cilium-key` (opt-in) the agent may
+/// remove the taint nodegate added by default before it had a key of its
+/// own, exactly as it was added (`--release-taint`), and nothing else under
+/// that key: Cilium's operator keeps its own taint there with an empty value.
+/// It may never add the old taint. Without the component (the default
+/// install) it may not even remove it: the same taint can be an admin's or an
+/// autoscaler's own gate. The opted-in half runs on the emulator, where the
+/// test may replace the installed policy.
 #[tokio::test]
 async fn a_stolen_agent_token_releases_only_the_old_default_taint() {
     let c = Cluster::start().await.unwrap();
     let a = node(&c, "conf-release").await;
+    {
+        let admin = c.client(users::ADMIN).await.unwrap();
+        let agent_a = c.agent_client(&a).await.unwrap();
+        let legacy = json!({"key": "node.cilium.io/agent-not-ready", "value": "true", "effect": "NoSchedule"});
+        json_patch(
+            &admin,
+            &a,
+            json!([{"op": "add", "path": "/spec/taints/-", "value": legacy}]),
+        )
+        .await
+        .unwrap();
+        let stored =
+            serde_json::to_value(Api::<Node>::all(admin.clone()).get(&a).await.unwrap()).unwrap();
+        let i = stored["spec"]["taints"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .position(|x| *x == legacy)
+            .unwrap();
+        assert_refused(
+            "agent of the default install removes Cilium's key",
+            json_patch(
+                &agent_a,
+                &a,
+                json!([{"op": "test", "path": format!("/spec/taints/{i}"), "value": legacy},
+                {"op": "remove", "path": format!("/spec/taints/{i}")}]),
+            )
+            .await,
+            &[AGENT_POLICY, "may change only the taints"],
+        );
+        json_patch(
+            &admin,
+            &a,
+            json!([{"op": "remove", "path": format!("/spec/taints/{i}")}]),
+        )
+        .await
+        .unwrap();
+    }
+    let Some(emu) = c.emulator() else { return };
+    emu.apply(include_str!(
+        "../../manifests/components/release-cilium-key/confinement.yaml"
+    ))
+    .unwrap();
     let admin = c.client(users::ADMIN).await.unwrap();
     let agent_a = c.agent_client(&a).await.unwrap();
     let operators = json!({"key": "node.cilium.io/agent-not-ready", "effect": "NoSchedule"});
@@ -382,7 +429,7 @@ async fn the_webhook_token_can_only_add_the_taint() {
         patch(
             &webhook,
             &a,
-            json!({"metadata": {"labels": {"nodegate.dev/exclude": "true"}}}),
+            json!({"metadata": {"labels": {EXCLUDE_LABEL: "true"}}}),
         )
         .await,
         &[webhook_policy, "may change nothing but spec.taints"],
@@ -1314,7 +1361,7 @@ subjects: [{kind: ServiceAccount, name: nodegate-agent, namespace: platform-gate
         patch(
             &agent,
             "elsewhere",
-            json!({"metadata": {"labels": {"nodegate.dev/exclude": "true"}}}),
+            json!({"metadata": {"labels": {EXCLUDE_LABEL: "true"}}}),
         )
         .await,
         &[

@@ -14,6 +14,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::Api;
 use nodegate_e2e::cluster::Cluster;
+use nodegate_e2e::forged_review::review;
 use nodegate_e2e::process::shipped_rbac;
 use nodegate_e2e::scale::metrics::parse;
 use nodegate_e2e::standin::{AgentReadiness, StandInAgent};
@@ -41,33 +42,6 @@ fn taints(n: &Node) -> Vec<String> {
                 .collect()
         })
         .unwrap_or_default()
-}
-
-/// A review as the API server would send it for `node` (the kubelet's own
-/// create, or its status write), claiming boot `boot`.
-fn review(node: &Value, boot: &str, status_write: bool) -> Value {
-    let name = node["metadata"]["name"].as_str().unwrap().to_string();
-    let mut forged = node.clone();
-    forged["status"]["nodeInfo"]["bootID"] = json!(boot);
-    let mut request = json!({
-        "uid": format!("forged-{boot}-{status_write}"),
-        "kind": {"group": "", "version": "v1", "kind": "Node"},
-        "resource": {"group": "", "version": "v1", "resource": "nodes"},
-        "requestKind": {"group": "", "version": "v1", "kind": "Node"},
-        "requestResource": {"group": "", "version": "v1", "resource": "nodes"},
-        "name": name,
-        "operation": if status_write { "UPDATE" } else { "CREATE" },
-        "userInfo": {"username": format!("system:node:{name}"), "groups": ["system:nodes", "system:authenticated"]},
-        "object": forged,
-        "oldObject": if status_write { node.clone() } else { Value::Null },
-        "dryRun": false,
-        "options": {"apiVersion": "meta.k8s.io/v1", "kind": if status_write { "UpdateOptions" } else { "CreateOptions" }},
-    });
-    if status_write {
-        request["subResource"] = json!("status");
-        request["requestSubResource"] = json!("status");
-    }
-    json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request})
 }
 
 /// A client that talks to the webhook replica itself, trusting its CA.

@@ -213,9 +213,7 @@ fn strict_mode_is_one_component_and_matches_the_generators() {
             let lines = |v: &serde_json::Value| v["webhooks"].as_array().unwrap()[1..].to_vec();
             assert_eq!(lines(got), lines(want), "{base}: backup lines");
         }
-        let release: Vec<TaintSpec> = vec![nodegate_shared::keys::LEGACY_TAINT.parse().unwrap()];
-        let mut generated =
-            by_kind_and_name(&confinement::render(&ordinary, &gate, &release)).unwrap();
+        let mut generated = by_kind_and_name(&confinement::render(&ordinary, &gate, &[])).unwrap();
         if base.ends_with("admission-policy") {
             generated.extend(
                 by_kind_and_name(&policy::render(&ordinary, &gate, policy::ApiVersion::V1))
@@ -257,10 +255,7 @@ fn key_profiles_are_one_component_each_and_match_the_generators() {
     ];
     for (component, taint) in profiles {
         let ordinary: Vec<TaintSpec> = vec![taint.parse().unwrap()];
-        let release: Vec<TaintSpec> = vec![
-            LEGACY_TAINT.parse().unwrap(),
-            DEFAULT_TAINT.parse().unwrap(),
-        ];
+        let release: Vec<TaintSpec> = vec![DEFAULT_TAINT.parse().unwrap()];
         for base in ["manifests", "manifests/overlays/admission-policy"] {
             let text = render(base, &[component]);
             assert!(
@@ -284,6 +279,10 @@ fn key_profiles_are_one_component_each_and_match_the_generators() {
                     "{component}: the agent must release {r}: {agent:?}"
                 );
             }
+            assert!(
+                !agent.contains(&format!("--release-taint={LEGACY_TAINT}")),
+                "{component}: Cilium's key is released only with release-cilium-key: {agent:?}"
+            );
             let key = ordinary[0].key();
             let tolerations = &built[&("StatefulSet".into(), "nodegate-webhook".into())]["spec"]["template"]
                 ["spec"]["tolerations"];
@@ -328,6 +327,54 @@ fn key_profiles_are_one_component_each_and_match_the_generators() {
                     squeezed(&got["spec"]),
                     squeezed(&want["spec"]),
                     "{component} on {base}: {k:?} differs from the generator's output"
+                );
+            }
+        }
+    }
+}
+
+/// Cilium's key is released only on request: the taint an older nodegate
+/// added can be an admin's or an autoscaler's own gate, which the agent must
+/// not lift. Without the component no agent flag and no confinement rule
+/// names it; with it, the agent releases it exactly and the confinement is
+/// the generator's output for that flag, under both installs.
+#[test]
+fn cilium_key_is_released_only_with_its_component() {
+    use nodegate_shared::TaintSpec;
+    use nodegate_shared::keys::{DEFAULT_TAINT, LEGACY_TAINT};
+    use nodegate_webhook::confinement;
+    let ordinary: Vec<TaintSpec> = vec![DEFAULT_TAINT.parse().unwrap()];
+    let flag = format!("--release-taint={LEGACY_TAINT}");
+    for base in ["manifests", "manifests/overlays/admission-policy"] {
+        for (components, release) in [
+            (&[][..], vec![]),
+            (
+                &["release-cilium-key"][..],
+                vec![LEGACY_TAINT.parse::<TaintSpec>().unwrap()],
+            ),
+        ] {
+            let built = by_kind_and_name(&render(base, components)).unwrap();
+            let agent = container_args(&built, "DaemonSet", "nodegate-agent");
+            let releases: Vec<&String> = agent
+                .iter()
+                .filter(|a| a.starts_with("--release-taint="))
+                .collect();
+            let want: Vec<String> = release.iter().map(|_| flag.clone()).collect();
+            assert_eq!(
+                releases,
+                want.iter().collect::<Vec<_>>(),
+                "{base} {components:?}"
+            );
+            for (key, want) in
+                by_kind_and_name(&confinement::render(&ordinary, &[], &release)).unwrap()
+            {
+                let got = built
+                    .get(&key)
+                    .unwrap_or_else(|| panic!("{base} {components:?}: {key:?} missing"));
+                assert_eq!(
+                    squeezed(&got["spec"]),
+                    squeezed(&want["spec"]),
+                    "{base} {components:?}: {key:?} differs from the generator's output"
                 );
             }
         }

@@ -28,6 +28,8 @@ use serde_json::json;
 
 #[path = "real_nodes/cilium.rs"]
 mod cilium;
+#[path = "real_nodes/forged.rs"]
+mod forged;
 #[path = "real_nodes/strict.rs"]
 mod strict;
 
@@ -774,10 +776,14 @@ async fn nodegate_on_real_nodes() {
             webhook_host_down(&c).await;
             return rollouts(&c).await;
         }
-        Some(other) => panic!("NODEGATE_REAL_NODES_ONLY={other}: strict, cilium or lines"),
+        Some("forged") => return forged::forged_reviews(&c, &c.nodes0[1], "default").await,
+        Some(other) => {
+            panic!("NODEGATE_REAL_NODES_ONLY={other}: strict, cilium, lines or forged")
+        }
         None => {}
     }
     join(&c).await;
+    forged::forged_reviews(&c, "node3", "default").await;
     crash_reboot(&c).await;
     kubelet_restart(&c).await;
     webhook_drained(&c).await;
@@ -1139,10 +1145,10 @@ async fn cert_rotation(c: &Ctx) {
         // Trusting the CA the cluster trusts now, whatever made it.
         h.sh("kubectl get mutatingwebhookconfiguration nodegate \
                 -o jsonpath='{.webhooks[0].clientConfig.caBundle}' | base64 -d > ./trusted-ca.crt
+              kubectl get mutatingwebhookconfiguration nodegate -o yaml > ./ng-live.yaml
               mkdir -p ./ng-certs-2 && cp ./ng-certs/path-token ./ng-certs-2/
               nodegate-certs --service nodegate-webhook --namespace nodegate --out-dir ./ng-certs-2 \
-                --webhook-config manifests/base/webhook/mutatingwebhookconfiguration.yaml \
-                --also-trust ./trusted-ca.crt
+                --webhook-config ./ng-live.yaml --also-trust ./trusted-ca.crt
               kubectl patch mutatingwebhookconfiguration nodegate --patch-file ./ng-certs-2/ca-bundle-patch.yaml
               kubectl -n nodegate create secret tls nodegate-webhook-tls --cert ./ng-certs-2/tls.crt \
                 --key ./ng-certs-2/tls.key --dry-run=client -o yaml | kubectl apply -f -"),
@@ -1617,7 +1623,9 @@ async fn token_confinement(h: &Harness, agent: &Pod, node: &str, other: &str) {
             .patch(
                 node,
                 &dry,
-                &Patch::Merge(json!({"metadata": {"labels": {"nodegate.dev/exclude": "true"}}})),
+                &Patch::Merge(
+                    json!({"metadata": {"labels": {nodegate_shared::keys::EXCLUDE_LABEL: "true"}}}),
+                ),
             )
             .await,
         "the agent's token labels its own node",

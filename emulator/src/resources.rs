@@ -275,6 +275,20 @@ pub const DAEMONSETS: ResourceDef = res!(
     &[]
 );
 
+/// Stored only: no endpoint controller writes them; tests store the slices
+/// of the webhook's Services (their pods run as processes on loopback).
+pub const ENDPOINT_SLICES: ResourceDef = res!(
+    "discovery.k8s.io",
+    "v1",
+    "endpointslices",
+    "endpointslice",
+    "EndpointSlice",
+    true,
+    &[],
+    &[],
+    &[]
+);
+
 /// Every served type, in discovery order.
 /// The resources served under one group-version, or `None` when it is unknown.
 pub fn in_group_version(group: &str, version: &str) -> Option<Vec<&'static ResourceDef>> {
@@ -303,6 +317,7 @@ pub const ALL: &[ResourceDef] = &[
     DEPLOYMENTS,
     STATEFULSETS,
     DAEMONSETS,
+    ENDPOINT_SLICES,
 ];
 
 /// API groups other than the core group, each with its one version.

@@ -251,11 +251,14 @@ mod tests {
     #[test]
     fn object_selector() {
         let s = LabelSelector::from_object(&json!({"matchExpressions": [
-            {"key": "nodegate.dev/exclude", "operator": "NotIn", "values": ["true"]}
+            {"key": "node-restriction.kubernetes.io/nodegate-exclude", "operator": "NotIn", "values": ["true"]}
         ]}))
         .unwrap();
         assert!(s.matches(&labels(&[])));
-        assert!(!s.matches(&labels(&[("nodegate.dev/exclude", "true")])));
+        assert!(!s.matches(&labels(&[(
+            "node-restriction.kubernetes.io/nodegate-exclude",
+            "true"
+        )])));
         assert!(
             LabelSelector::from_object(
                 &json!({"matchExpressions": [{"key": "a", "operator": "Nope"}]})

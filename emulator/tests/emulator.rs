@@ -553,7 +553,7 @@ async fn node_restriction() {
         msg.contains("is not allowed to modify labels: node-role.kubernetes.io/worker"),
         "{msg}"
     );
-    // Its own labels and nodegate's exclude label are fine.
+    // Its own labels elsewhere are fine (nodegate's former exclude label too).
     api.patch(
         "mine",
         &PatchParams::default(),
@@ -561,10 +561,79 @@ async fn node_restriction() {
     )
     .await
     .unwrap();
+    // Nothing under node-restriction.kubernetes.io, main resource or status.
+    for status in [false, true] {
+        let patch = Patch::Merge(json!({"metadata": {"labels": {RESTRICTED: "true"}}}));
+        let err = if status {
+            api.patch_status("mine", &PatchParams::default(), &patch)
+                .await
+        } else {
+            api.patch("mine", &PatchParams::default(), &patch).await
+        }
+        .unwrap_err();
+        let (code, _, msg) = api_reason(&err);
+        assert_eq!(code, 403, "status: {status}");
+        assert!(
+            msg.contains(&format!("is not allowed to modify labels: {RESTRICTED}")),
+            "{msg}"
+        );
+    }
     // Status writes and restarts are fine.
     kubelet.heartbeat().await.unwrap();
     kubelet.restart().await.unwrap();
+    // An admin's node-restriction label stays out of the kubelet's reach
+    // but does not block its writes that leave it as it is.
+    admin
+        .patch(
+            "mine",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {RESTRICTED: "true"}}})),
+        )
+        .await
+        .unwrap();
+    kubelet.heartbeat().await.unwrap();
+    kubelet.restart().await.unwrap();
+    for labels in [json!({RESTRICTED: "false"}), json!({RESTRICTED: null})] {
+        let err = api
+            .patch(
+                "mine",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"labels": labels}})),
+            )
+            .await
+            .unwrap_err();
+        let (code, _, msg) = api_reason(&err);
+        assert_eq!(code, 403, "{labels}");
+        assert!(
+            msg.contains(&format!("is not allowed to modify labels: {RESTRICTED}")),
+            "{msg}"
+        );
+    }
+    // Nor at create: a kubelet cannot register with it (`--node-labels`).
+    let err = SimKubelet::new(&emu, "optout")
+        .await
+        .unwrap()
+        .with_label(RESTRICTED, "true")
+        .register()
+        .await
+        .unwrap_err();
+    let Some(kube::Error::Api(e)) = err.downcast_ref::<kube::Error>() else {
+        panic!("{err:#}");
+    };
+    assert_eq!(e.code, 403);
+    assert!(
+        e.message.contains(&format!(
+            "node \"optout\" is not allowed to set the following labels: {RESTRICTED}"
+        )),
+        "{}",
+        e.message
+    );
+    assert!(admin.get_opt("optout").await.unwrap().is_none());
 }
+
+/// nodegate's exclude label: NodeRestriction keeps every label under this
+/// prefix out of a kubelet's reach.
+const RESTRICTED: &str = "node-restriction.kubernetes.io/nodegate-exclude";
 
 #[tokio::test]
 async fn pods_binding_status_and_field_selector() {

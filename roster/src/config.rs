@@ -35,7 +35,8 @@ pub struct Args {
 
     /// The roster's name: its shards are `<name>-<i>` labelled
     /// `nodegate.dev/roster=<name>`, and the replicas elect a leader on the
-    /// coordination.k8s.io Lease `<name>`.
+    /// coordination.k8s.io Lease `<name>`. The pruning component's RBAC and
+    /// policies allow the default only; another name needs its own.
     #[arg(long, env = "NODEGATE_ROSTER_NAME", default_value = crate::shard::DEFAULT_NAME)]
     pub name: String,
 

@@ -4,8 +4,12 @@
 /// bootID in `status.nodeInfo.bootID` means the node rebooted since.
 pub const READY_BOOT_ID_ANNOTATION: &str = "nodegate.dev/ready-boot-id";
 
-/// A Node labelled `nodegate.dev/exclude=true` is never touched.
-pub const EXCLUDE_LABEL: &str = "nodegate.dev/exclude";
+/// A Node labelled `node-restriction.kubernetes.io/nodegate-exclude=true` is
+/// never touched. NodeRestriction refuses labels under this prefix from a
+/// kubelet, at create and on update, so a node cannot opt itself out; only
+/// an admin (or a controller) can. The former `nodegate.dev/exclude` is not
+/// read: any kubelet could set it on its own Node.
+pub const EXCLUDE_LABEL: &str = "node-restriction.kubernetes.io/nodegate-exclude";
 
 /// The taint injected when none is configured. nodegate's own key: Cilium's
 /// operator removes every taint with its `node.cilium.io/agent-not-ready`

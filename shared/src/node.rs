@@ -149,7 +149,7 @@ impl NodeView {
         self.metadata.name.as_deref()
     }
 
-    /// `nodegate.dev/exclude=true` opts a node out of everything.
+    /// [`EXCLUDE_LABEL`]`=true` opts a node out of everything.
     pub fn is_excluded(&self) -> bool {
         self.metadata.labels.get(EXCLUDE_LABEL).map(String::as_str) == Some("true")
     }
@@ -314,7 +314,8 @@ mod tests {
     #[test]
     fn reads_only_what_rules_need() {
         let v: NodeView = serde_json::from_value(json!({
-            "metadata": {"name": "n1", "labels": {"nodegate.dev/exclude": "true"},
+            "metadata": {"name": "n1",
+                         "labels": {"node-restriction.kubernetes.io/nodegate-exclude": "true"},
                          "annotations": {"nodegate.dev/ready-boot-id": "b1"}},
             "spec": {"taints": [{"key": "a", "effect": "NoSchedule"}], "podCIDR": "10.0.0.0/24"},
             "status": {"nodeInfo": {"bootID": "b2"}, "images": [{"names": ["x"]}]}
@@ -325,6 +326,27 @@ mod tests {
         assert_eq!(v.ready_boot_id(), Some("b1"));
         assert_eq!(v.boot_id(), Some("b2"));
         assert_eq!(v.taints().len(), 1);
+    }
+
+    /// Only the label a kubelet cannot set on itself excludes, and only with
+    /// `true`; the former `nodegate.dev/exclude` any kubelet could set.
+    #[test]
+    fn only_the_node_restricted_label_excludes() {
+        let with = |labels: serde_json::Value| -> bool {
+            serde_json::from_value::<NodeView>(
+                json!({"metadata": {"name": "n1", "labels": labels}}),
+            )
+            .unwrap()
+            .is_excluded()
+        };
+        assert!(with(
+            json!({"node-restriction.kubernetes.io/nodegate-exclude": "true"})
+        ));
+        assert!(!with(
+            json!({"node-restriction.kubernetes.io/nodegate-exclude": "false"})
+        ));
+        assert!(!with(json!({"nodegate.dev/exclude": "true"})));
+        assert!(!with(json!({})));
     }
 
     #[test]

@@ -744,6 +744,18 @@ mod tests {
             "/../manifests/base/confinement.yaml"
         );
         let shipped = std::fs::read_to_string(path).unwrap();
+        let generated = render(&[DEFAULT_TAINT.parse().unwrap()], &[], &[]);
+        assert!(
+            shipped == generated,
+            "{path} differs from `nodegate-webhook confinement`; regenerate it:\n\
+             cargo run -p nodegate-webhook -- confinement > manifests/base/confinement.yaml"
+        );
+        // The opt-in release of Cilium's key ships its own.
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../manifests/components/release-cilium-key/confinement.yaml"
+        );
+        let shipped = std::fs::read_to_string(path).unwrap();
         let generated = render(
             &[DEFAULT_TAINT.parse().unwrap()],
             &[],
@@ -752,7 +764,7 @@ mod tests {
         assert!(
             shipped == generated,
             "{path} differs from `nodegate-webhook confinement`; regenerate it:\n\
-             cargo run -p nodegate-webhook -- confinement --release-taint={LEGACY_TAINT} > manifests/base/confinement.yaml"
+             cargo run -p nodegate-webhook -- confinement --release-taint={LEGACY_TAINT} > {path}"
         );
     }
 

@@ -220,7 +220,11 @@ pub const CILIUM: &str = "nodegate.dev/agent-not-ready";
 pub const NOT_READY: &str = "node.kubernetes.io/not-ready";
 pub const KUBELET: &str = "system:node:n1";
 pub const CONTROLLER: &str = "system:serviceaccount:kube-system:node-controller";
-const EXCLUDE: &str = "nodegate.dev/exclude";
+pub const ADMIN: &str = "kubernetes-admin";
+const EXCLUDE: &str = "node-restriction.kubernetes.io/nodegate-exclude";
+/// The exclude label before it moved under node-restriction.kubernetes.io:
+/// any kubelet could set it, so it must exclude nothing.
+const OLD_EXCLUDE: &str = "nodegate.dev/exclude";
 const READY_ANNOTATION: &str = "nodegate.dev/ready-boot-id";
 
 /// A kubelet's node after TaintNodesByCondition (not-ready) — the usual CREATE.
@@ -246,6 +250,8 @@ pub fn create_cases() -> Vec<RuleCase> {
     );
     let mut excluded = node_with_not_ready();
     excluded["metadata"]["labels"][EXCLUDE] = json!("true");
+    let mut old_label = node_with_not_ready();
+    old_label["metadata"]["labels"][OLD_EXCLUDE] = json!("true");
     let large = with_taints(
         kubelet_node("n1", "boot-1", 50),
         json!([{"key": NOT_READY, "effect": "NoSchedule"}]),
@@ -280,7 +286,17 @@ pub fn create_cases() -> Vec<RuleCase> {
             true,
             Some(vec![CILIUM, NOT_READY]),
         ),
-        case("excluded node", excluded, false, None),
+        // NodeRestriction refuses the label from a kubelet: an admin's create.
+        RuleCase {
+            user: ADMIN,
+            ..case("excluded node", excluded, false, None)
+        },
+        case(
+            "kubelet create with the old exclude label",
+            old_label,
+            false,
+            Some(vec![CILIUM, NOT_READY]),
+        ),
         case(
             "large node with 50 images",
             large,
@@ -304,6 +320,8 @@ pub fn update_cases() -> Vec<RuleCase> {
     let no_annotation = kubelet_node("n1", "boot-2", 0);
     let mut excluded = controller_write.clone();
     excluded["metadata"]["labels"][EXCLUDE] = json!("true");
+    let mut old_label = controller_write.clone();
+    old_label["metadata"]["labels"][OLD_EXCLUDE] = json!("true");
     let case = |name, user, object, old: &Value, taints_after| RuleCase {
         name,
         operation: "UPDATE",
@@ -357,6 +375,13 @@ pub fn update_cases() -> Vec<RuleCase> {
             None,
         ),
         case("excluded node", CONTROLLER, excluded, &stored, None),
+        case(
+            "old exclude label",
+            CONTROLLER,
+            old_label,
+            &stored,
+            Some(vec![CILIUM, "node.kubernetes.io/unreachable"]),
+        ),
     ]
 }
 

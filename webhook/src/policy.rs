@@ -75,6 +75,8 @@ spec:
         operations: ["CREATE", "UPDATE"]
         resources: ["nodes"]
         scope: Cluster
+    # Rule 4. NodeRestriction refuses node-restriction.kubernetes.io/ labels
+    # from kubelets, so only an admin can exclude a node, never the node.
     objectSelector:
       matchExpressions:
         - key: {exclude_key}

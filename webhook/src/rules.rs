@@ -378,12 +378,9 @@ mod tests {
             (20_000..32_000).contains(&size),
             "review is {size} bytes, want about 25 KB"
         );
-        let cases: Vec<(&str, Value, bool, Option<Vec<&str>>)> = fixtures::create_cases()
-            .into_iter()
-            .map(|c| (c.name, c.object, c.dry_run, c.taints_after))
-            .collect();
-        for (name, obj, dry_run, want) in cases {
-            let rv = review("u-1", "CREATE", None, KUBELET, obj.clone(), None, dry_run);
+        for c in fixtures::create_cases() {
+            let (name, obj, dry_run, want) = (c.name, c.object, c.dry_run, c.taints_after);
+            let rv = review("u-1", "CREATE", None, c.user, obj.clone(), None, dry_run);
             let a = answer(&r, &rv);
             match (&want, &a.patched) {
                 (None, None) => {}

@@ -89,6 +89,8 @@ webhooks:
     timeoutSeconds: {TIMEOUT_SECONDS}
     matchPolicy: Equivalent
     reinvocationPolicy: Never
+    # Rule 4. NodeRestriction refuses node-restriction.kubernetes.io/ labels
+    # from kubelets, so only an admin can exclude a node, never the node.
     objectSelector:
       matchExpressions:
         - key: {EXCLUDE_LABEL}

@@ -1,4 +1,4 @@
-//! The scale harness (issue 34): the real control plane from `KUBE_BIN_DIR`,
+//! The scale harness: the real control plane from `KUBE_BIN_DIR`,
 //! nodegate installed as it ships, and N simulated nodes, each a kubelet's
 //! API calls with its own node credential and its own nodegate-agent with a
 //! token bound to its agent Pod. See e2e/scale/README.md.

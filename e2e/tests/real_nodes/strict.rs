@@ -63,6 +63,7 @@ pub(super) async fn strict_mode(c: &Ctx) {
         "{node} is gone"
     );
     switch(c, Install::Strict).await;
+    super::forged::forged_reviews(c, node, "strict").await;
     stolen_token_cannot_evict(c, node).await;
     let (fig, _) = place_and_crash(c, node, "strict").await;
     assert_eq!(fig.started_before_ready, 0, "strict mode let pods start");

@@ -179,19 +179,7 @@ impl Admission {
                 a.name
             )));
         }
-        let empty = Value::Null;
-        let forbidden_labels = forbidden_label_changes(obj, old.unwrap_or(&empty));
-        if !forbidden_labels.is_empty() {
-            let verb = if a.operation == Operation::Create {
-                "set the following labels"
-            } else {
-                "modify labels"
-            };
-            return Err(forbidden(format!(
-                "node \"{me}\" is not allowed to {verb}: {}",
-                forbidden_labels.join(", ")
-            )));
-        }
+        // admitNode's order and messages: on update, taints before labels.
         if a.operation == Operation::Update
             && let Some(old) = old
             && taints_of(obj) != taints_of(old)
@@ -199,6 +187,21 @@ impl Admission {
             return Err(forbidden(format!(
                 "node \"{me}\" is not allowed to modify taints"
             )));
+        }
+        // Labels are judged on create (every label) and update only.
+        let before = match (a.operation, old) {
+            (Operation::Create, _) => &Value::Null,
+            (Operation::Update, Some(old)) => old,
+            _ => return Ok(()),
+        };
+        let forbidden_labels = forbidden_label_changes(obj, before);
+        if !forbidden_labels.is_empty() {
+            let labels = forbidden_labels.join(", ");
+            return Err(forbidden(if a.operation == Operation::Create {
+                format!("node \"{me}\" is not allowed to set the following labels: {labels}")
+            } else {
+                format!("is not allowed to modify labels: {labels}")
+            }));
         }
         Ok(())
     }

@@ -44,8 +44,9 @@ pub struct Args {
 
     /// A taint to remove with the ready patch when it matches exactly (key,
     /// value and effect), never to add: one an older configuration added
-    /// (the shipped DaemonSet releases the old default,
-    /// `node.cilium.io/agent-not-ready=true:NoSchedule`); repeatable.
+    /// (`components/release-cilium-key` releases the old default,
+    /// `node.cilium.io/agent-not-ready=true:NoSchedule`, for an upgrade);
+    /// repeatable.
     #[arg(
         long = "release-taint",
         env = "NODEGATE_RELEASE_TAINTS",

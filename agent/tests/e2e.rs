@@ -87,16 +87,7 @@ impl Agent {
             .args(["--shards", &SHARDS.to_string(), "--interval", "50ms"])
             .args(["--lease-duration", "2s", "--renew-deadline", "1500ms"])
             .args(["--retry-period", "250ms", "--admin-listen", "127.0.0.1:0"]);
-        // On a real cluster the installed RBAC and policies let the
-        // publisher's account write only the installed roster's names
-        // (e2e/tests/roster_writers.rs proves them); a test's own roster
-        // publishes as the admin, whom the writers' policy exempts.
-        let user = if c.is_real() {
-            users::ADMIN
-        } else {
-            users::ROSTER
-        };
-        Self::spawn(c, cmd, user, home).await
+        Self::spawn(c, cmd, roster_writer(c), home).await
     }
 
     async fn spawn(c: &Cluster, cmd: Command, user: &str, home: &Path) -> Agent {
@@ -1746,6 +1737,18 @@ async fn confirmations(agent: &Agent) -> f64 {
     n
 }
 
+/// Who writes a test's own roster: the publisher's account on the emulator;
+/// on a real cluster the installed RBAC and policies let that account write
+/// only the installed roster's names (e2e/tests/roster_writers.rs proves
+/// them), so the admin, whom the writers' policy exempts.
+fn roster_writer(c: &Cluster) -> &'static str {
+    if c.is_real() {
+        users::ADMIN
+    } else {
+        users::ROSTER
+    }
+}
+
 /// Writes `body` into shard 0 of `roster` as `user`, the way an attacker
 /// with ConfigMap write access in the namespace would (again on a conflict
 /// with the publisher).
@@ -1817,7 +1820,7 @@ async fn roster_poisoned_shard_prunes_no_live_node() {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_secs();
-    for (k, attacker) in [users::ROSTER, users::ADMIN].into_iter().enumerate() {
+    for (k, attacker) in [roster_writer(&c), users::ADMIN].into_iter().enumerate() {
         let rejected = metric("nodegate_agent_roster_shards_rejected_total").await;
         forge_shard(
             &c,
@@ -1892,7 +1895,7 @@ async fn roster_poisoned_shard_prunes_no_live_node() {
     let rejected = metric("nodegate_agent_roster_shards_rejected_total").await;
     forge_shard(
         &c,
-        users::ROSTER,
+        roster_writer(&c),
         &roster,
         r#"{"version":1,"epoch":18446744073709551615,"shard":0,"shards":1,"nodes":[]}"#,
     )
@@ -2335,7 +2338,7 @@ async fn roster_records_carrying_live_values_never_reach_the_handler() {
     let refused = metric(REFUSED).await;
     forge_shard(
         &c,
-        users::ROSTER,
+        roster_writer(&c),
         &roster,
         &shard::encode(s0.epoch, 0, s0.count, &forged),
     )

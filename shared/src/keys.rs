@@ -18,9 +18,10 @@ pub const EXCLUDE_LABEL: &str = "node-restriction.kubernetes.io/nodegate-exclude
 /// other's writes (docs/cilium.md).
 pub const DEFAULT_TAINT: &str = "nodegate.dev/agent-not-ready=true:NoSchedule";
 
-/// The taint nodegate added by default before it had a key of its own: the
-/// shipped agent releases it (exact key, value and effect) so an upgrade
-/// leaves none behind.
+/// The taint nodegate added by default before it had a key of its own: with
+/// `components/release-cilium-key` (opt-in: it can be someone else's gate)
+/// the agent releases it (exact key, value and effect) so an upgrade leaves
+/// none behind.
 pub const LEGACY_TAINT: &str = "node.cilium.io/agent-not-ready=true:NoSchedule";
 
 /// Prefix of the user name the API server gives a kubelet.

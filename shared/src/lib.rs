@@ -5,6 +5,8 @@
 #[cfg(feature = "admin")]
 pub mod admin;
 pub mod duration;
+#[cfg(feature = "cli")]
+pub mod gate_flags;
 pub mod keys;
 #[cfg(feature = "cel")]
 pub mod match_conditions;

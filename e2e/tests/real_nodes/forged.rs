@@ -48,13 +48,14 @@ fn curl(prefix: &str, file: &str, url: &str) -> String {
     )
 }
 
-/// The pid of the pause process whose network namespace holds `ip`: a
-/// process in that pod's network, as the forger's container would be.
+/// The pid of a process whose network namespace holds `ip`: the pod's
+/// sandbox or container (both run the harness's pause image, busybox
+/// `sleep`), as the forger's own process would be.
 fn pod_netns_pid(c: &Ctx, ip: &str) -> String {
     let pid = ok(
         "the forger pod's network namespace",
         c.h.sh(&format!(
-            "for p in $(pgrep -x pause); do \
+            "for p in $(pgrep -f 'sleep 2147483647'); do \
                nsenter -t $p -n ip -4 -o addr show 2>/dev/null | grep -q ' {ip}/' && echo $p && break; \
              done"
         )),

@@ -13,6 +13,7 @@
 //! - `convertCELErrorToValidationError`: a compile error is
 //!   `field.Invalid(path, expression, "compilation failed: …")`.
 //! - `validateValidationActions`: non-empty, known, unique, not Deny with Warn.
+//! - `validateResources`: a rule's resources, with their wildcard rules.
 //!
 //! Structural rules that defaulting makes unreachable (failurePolicy,
 //! matchPolicy, selectors) are not checked.
@@ -280,6 +281,66 @@ fn match_constraints(e: &mut Errors, spec: &Value, mutating: bool) {
                 "if '*' is present, must not specify other operations",
             );
         }
+        resources(
+            e,
+            &format!("spec.matchConstraints.resourceRules[{i}].resources"),
+            &rule["resources"],
+        );
+    }
+}
+
+/// `validateResources`: the wildcard rules of a rule's resources list
+/// (`*` all resources, `*/*` all resources and subresources, `x/*`, `*/x`).
+fn resources(e: &mut Errors, path: &str, list: &Value) {
+    let all: Vec<&str> = items(list).map(|(_, r)| text(r)).collect();
+    if all.is_empty() {
+        e.required(path, "");
+    }
+    let shown = serde_json::to_string(&all).unwrap_or_default();
+    let (mut wild_sub, mut wild_res) = (Vec::new(), Vec::new());
+    let (mut double, mut single, mut without_sub) = (false, false, false);
+    for (i, r) in all.iter().enumerate() {
+        if r.is_empty() {
+            e.required(format!("{path}[{i}]"), "");
+            continue;
+        }
+        double |= *r == "*/*";
+        single |= *r == "*";
+        let Some((res, sub)) = r.split_once('/') else {
+            without_sub = *r != "*";
+            continue;
+        };
+        if wild_sub.contains(&res) {
+            e.invalid(
+                format!("{path}[{i}]"),
+                r,
+                &format!("if '{res}/*' is present, must not specify {r}"),
+            );
+        }
+        if wild_res.contains(&sub) {
+            e.invalid(
+                format!("{path}[{i}]"),
+                r,
+                &format!("if '*/{sub}' is present, must not specify {r}"),
+            );
+        }
+        if sub == "*" {
+            wild_sub.push(res);
+        }
+        if res == "*" {
+            wild_res.push(sub);
+        }
+    }
+    if all.len() > 1 && double {
+        e.push(
+            path,
+            format!(
+                "Invalid value: {shown}: if '*/*' is present, must not specify other resources"
+            ),
+        );
+    }
+    if single && without_sub {
+        e.push(path, format!("Invalid value: {shown}: if '*' is present, must not specify other resources without subresources"));
     }
 }
 
@@ -491,6 +552,39 @@ mod tests {
             "variables": [{"name": "missing", "expression": variable}],
             "mutations": [{"patchType": "JSONPatch", "jsonPatch": {"expression": mutation}}],
         }})
+    }
+
+    #[test]
+    fn resource_wildcards_follow_validate_resources() {
+        let cases: [(&[&str], Option<&str>); 6] = [
+            (&["nodes", "nodes/status"], None),
+            (&["*/*"], None),
+            (
+                &["*", "*/*"],
+                Some("if '*/*' is present, must not specify other resources"),
+            ),
+            (
+                &["*", "nodes"],
+                Some("if '*' is present, must not specify other resources without subresources"),
+            ),
+            (
+                &["nodes/*", "nodes/status"],
+                Some("if 'nodes/*' is present, must not specify nodes/status"),
+            ),
+            (&[], Some("Required value")),
+        ];
+        for (list, want) in cases {
+            let mut e = Errors::default();
+            resources(&mut e, "r", &serde_json::json!(list));
+            match want {
+                None => assert!(e.0.is_empty(), "{list:?}: {:?}", e.0),
+                Some(w) => assert!(
+                    e.0.iter().any(|f| f.detail.contains(w)),
+                    "{list:?}: {:?}",
+                    e.0
+                ),
+            }
+        }
     }
 
     #[test]

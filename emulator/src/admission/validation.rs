@@ -669,7 +669,7 @@ mod tests {
     fn validating_policies_type_messages_and_see_variables_only_when_declared() {
         let vap = |variables: Value, expression: &str, message: &str| {
             json!({"spec": {
-                "matchConstraints": {"resourceRules": [{"operations": ["UPDATE"]}]},
+                "matchConstraints": {"resourceRules": [{"operations": ["UPDATE"], "resources": ["nodes"]}]},
                 "variables": variables,
                 "validations": [{"expression": expression, "messageExpression": message}],
             }})

@@ -6,11 +6,12 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use nodegate_shared::TaintSpec;
+use nodegate_shared::gate_flags::GateFlags;
 use nodegate_shared::keys::DEFAULT_TAINT;
-use nodegate_shared::taint::check_taints;
 
 use crate::limits::RequestLimits;
 use crate::patcher::PatcherOptions;
+use crate::render::command::Command;
 
 /// `nodegate-webhook` flags.
 #[derive(Debug, Clone, clap::Parser)]
@@ -42,8 +43,9 @@ pub struct Args {
         default_value = "/etc/nodegate/tls/tls.key"
     )]
     pub tls_key: PathBuf,
+    // `--taint` (nodegate's default without it) and `--boot-taint`.
     #[command(flatten)]
-    pub taints: TaintArgs,
+    pub gate: GateFlags,
     /// Fallback re-check of the certificate files, besides change events.
     #[arg(long, env = "NODEGATE_TLS_RELOAD_INTERVAL", default_value = "10s", value_parser = parse_duration)]
     pub tls_reload_interval: Duration,
@@ -110,112 +112,6 @@ pub struct Args {
     /// Without a command: serve.
     #[command(subcommand)]
     pub command: Option<Command>,
-}
-
-/// Commands besides serving.
-#[derive(Debug, Clone, clap::Subcommand)]
-pub enum Command {
-    /// Print the MutatingAdmissionPolicy and binding that taint Node creates
-    /// and updates after a reboot inside the API server (Kubernetes ≥ 1.36),
-    /// for the same taints.
-    Policy(PolicyArgs),
-    /// Print the ValidatingAdmissionPolicies that confine the agent's and the
-    /// webhook's ServiceAccounts (Kubernetes ≥ 1.32), for the same taints.
-    Confinement(ConfinementArgs),
-    /// Print the MutatingWebhookConfiguration: the first line through every
-    /// replica, then one backup line per replica, for the same taints.
-    WebhookConfig(WebhookConfigArgs),
-}
-
-/// `nodegate-webhook webhook-config` flags.
-#[derive(Debug, Clone, clap::Args)]
-pub struct WebhookConfigArgs {
-    #[command(flatten)]
-    pub taints: TaintArgs,
-    /// The StatefulSet's replicas: one backup line each.
-    #[arg(long, default_value_t = crate::webhook_config::DEFAULT_REPLICAS,
-          value_parser = clap::value_parser!(u32).range(1..=10))]
-    pub replicas: u32,
-}
-
-/// `nodegate-webhook confinement` flags: the webhook's taints and the
-/// agent's released ones.
-#[derive(Debug, Clone, clap::Args)]
-pub struct ConfinementArgs {
-    #[command(flatten)]
-    pub taints: TaintArgs,
-    /// A taint the agent removes when it matches exactly and never adds
-    /// (the agent's `--release-taint`; repeatable).
-    #[arg(
-        long = "release-taint",
-        env = "NODEGATE_RELEASE_TAINTS",
-        value_delimiter = ','
-    )]
-    pub release_taints: Vec<TaintSpec>,
-}
-
-impl ConfinementArgs {
-    pub fn validate(&self) -> anyhow::Result<()> {
-        self.taints.validate()?;
-        nodegate_shared::taint::check_release(&self.taints.all(), &self.release_taints)?;
-        Ok(())
-    }
-}
-
-/// The taints, shared by serving and `policy` so both read the same flags.
-#[derive(Debug, Clone, clap::Args)]
-pub struct TaintArgs {
-    /// Taint to add, `key[=value]:Effect` (repeatable; comma-separated in the
-    /// environment variable).
-    #[arg(
-        long = "taint",
-        env = "NODEGATE_TAINTS",
-        value_delimiter = ',',
-        default_value = DEFAULT_TAINT
-    )]
-    pub taints: Vec<TaintSpec>,
-    /// Strict mode's boot gate, `key[=value]:NoExecute` (repeatable): added
-    /// with the taints on every path the webhook taints (a new node, a
-    /// re-registration or status write showing a new boot), so the kubelet
-    /// refuses the pods already bound to a rebooted node until the agent is
-    /// ready. The confinement lets the agent add it only on a new boot.
-    #[arg(
-        long = "boot-taint",
-        env = "NODEGATE_BOOT_TAINTS",
-        value_delimiter = ','
-    )]
-    pub boot_taints: Vec<TaintSpec>,
-}
-
-impl TaintArgs {
-    /// Refuses an empty `--taint`, duplicates across both lists and a boot
-    /// taint other than NoExecute.
-    pub fn validate(&self) -> anyhow::Result<()> {
-        if self.taints.is_empty() {
-            anyhow::bail!("at least one --taint is required");
-        }
-        check_taints(&self.taints, &self.boot_taints)?;
-        Ok(())
-    }
-
-    /// Every taint the webhook adds: the ordinary ones, then the boot gate.
-    pub fn all(&self) -> Vec<TaintSpec> {
-        self.taints
-            .iter()
-            .chain(&self.boot_taints)
-            .cloned()
-            .collect()
-    }
-}
-
-/// `nodegate-webhook policy` flags.
-#[derive(Debug, Clone, clap::Args)]
-pub struct PolicyArgs {
-    #[command(flatten)]
-    pub taints: TaintArgs,
-    /// `v1` (Kubernetes ≥ 1.36) or `v1beta1` (1.34–1.35, feature gate on).
-    #[arg(long, default_value = "v1")]
-    pub api_version: crate::policy::ApiVersion,
 }
 
 /// Where the background patcher gets its client.
@@ -294,7 +190,7 @@ impl TryFrom<Args> for Config {
     type Error = anyhow::Error;
 
     fn try_from(a: Args) -> Result<Self, Self::Error> {
-        a.taints.validate()?;
+        a.gate.validate()?;
         if a.tls_reload_interval.is_zero() {
             anyhow::bail!("--tls-reload-interval must be positive");
         }
@@ -310,7 +206,7 @@ impl TryFrom<Args> for Config {
             admin_listen: bind(a.admin_listen),
             tls_cert: a.tls_cert,
             tls_key: a.tls_key,
-            taints: a.taints.all(),
+            taints: a.gate.all(),
             tls_reload_interval: a.tls_reload_interval,
             header_read_timeout: a.header_read_timeout,
             tls_handshake_timeout: a.tls_handshake_timeout,
@@ -368,9 +264,9 @@ mod tests {
         let a = Args::try_parse_from(["nodegate-webhook"]).unwrap();
         assert_eq!(a.listen.to_string(), "0.0.0.0:9443");
         assert_eq!(a.admin_listen.to_string(), "0.0.0.0:9090");
-        assert_eq!(a.taints.taints.len(), 1);
-        assert_eq!(a.taints.taints[0].to_string(), DEFAULT_TAINT);
         let c = Config::try_from(a).unwrap();
+        let shown: Vec<String> = c.taints.iter().map(ToString::to_string).collect();
+        assert_eq!(shown, [DEFAULT_TAINT]);
         assert!(matches!(c.kube, KubeMode::Infer));
         assert_eq!(c.limits.max_body_bytes, 2 * 1024 * 1024);
         assert_eq!(c.limits.body_buffer_bytes, 32 * 1024 * 1024);

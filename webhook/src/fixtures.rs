@@ -2,9 +2,12 @@
 //!
 //! Used by the tests and by the performance harness so both post
 //! the same shapes: a kubelet CREATE of about 25 KB (50 images, full status)
-//! and node-controller / kubelet UPDATEs with `oldObject`.
+//! and node-controller / kubelet UPDATEs with `oldObject`. Behind the cargo
+//! feature `fixtures`: the shipped library leaves it out.
 
 use serde_json::{Value, json};
+
+use crate::rules::Rule;
 
 /// A Node as a kubelet registers it: labels, annotations, spec without
 /// taints (TaintNodesByCondition adds `not-ready` before webhooks run, see
@@ -199,13 +202,15 @@ pub fn node_controller_update_after_reboot(uid: &str, name: &str) -> Value {
     )
 }
 
-/// One main-resource admission the rules decide (create, update after a
-/// reboot, exclusion, idempotence): the rule
-/// table the webhook's unit tests iterate and the emulator runs through the
-/// MutatingAdmissionPolicy, so both admissions are held to the same cases.
+/// One main-resource admission the rules decide ([`Rule::NodeCreate`],
+/// [`Rule::UpdateAfterReboot`], [`Rule::Excluded`], [`Rule::Idempotent`]):
+/// the rule table the webhook's tests iterate and the emulator runs through
+/// the MutatingAdmissionPolicy, so both admissions are held to the same cases.
 #[derive(Debug, Clone)]
 pub struct RuleCase {
     pub name: &'static str,
+    /// The rule that decides it.
+    pub rule: Rule,
     /// CREATE or UPDATE.
     pub operation: &'static str,
     pub user: &'static str,
@@ -235,7 +240,8 @@ pub fn node_with_not_ready() -> Value {
     )
 }
 
-/// Rules 1, 4, 5 on CREATE, for the default taint.
+/// [`Rule::NodeCreate`], [`Rule::Excluded`] and [`Rule::Idempotent`] on
+/// CREATE, for the default taint.
 pub fn create_cases() -> Vec<RuleCase> {
     let no_spec = {
         let mut n = kubelet_node("n1", "boot-1", 0);
@@ -258,6 +264,7 @@ pub fn create_cases() -> Vec<RuleCase> {
     );
     let case = |name, object, dry_run, taints_after| RuleCase {
         name,
+        rule: Rule::NodeCreate,
         operation: "CREATE",
         user: KUBELET,
         object,
@@ -279,7 +286,10 @@ pub fn create_cases() -> Vec<RuleCase> {
             false,
             Some(vec![CILIUM]),
         ),
-        case("taint already present (other value)", present, false, None),
+        RuleCase {
+            rule: Rule::Idempotent,
+            ..case("taint already present (other value)", present, false, None)
+        },
         case(
             "dry-run create is patched too",
             node_with_not_ready(),
@@ -289,6 +299,7 @@ pub fn create_cases() -> Vec<RuleCase> {
         // NodeRestriction refuses the label from a kubelet: an admin's create.
         RuleCase {
             user: ADMIN,
+            rule: Rule::Excluded,
             ..case("excluded node", excluded, false, None)
         },
         case(
@@ -306,7 +317,8 @@ pub fn create_cases() -> Vec<RuleCase> {
     ]
 }
 
-/// Rules 2, 4, 5 on an UPDATE of the main resource, for the default taint.
+/// [`Rule::UpdateAfterReboot`], [`Rule::Excluded`] and [`Rule::Idempotent`]
+/// on an UPDATE of the main resource, for the default taint.
 /// The stored node rebooted (bootID boot-2); its agent was last ready on boot-1.
 pub fn update_cases() -> Vec<RuleCase> {
     let stored = with_annotation(kubelet_node("n1", "boot-2", 50), READY_ANNOTATION, "boot-1");
@@ -324,6 +336,7 @@ pub fn update_cases() -> Vec<RuleCase> {
     old_label["metadata"]["labels"][OLD_EXCLUDE] = json!("true");
     let case = |name, user, object, old: &Value, taints_after| RuleCase {
         name,
+        rule: Rule::UpdateAfterReboot,
         operation: "UPDATE",
         user,
         object,
@@ -374,7 +387,10 @@ pub fn update_cases() -> Vec<RuleCase> {
             &no_annotation,
             None,
         ),
-        case("excluded node", CONTROLLER, excluded, &stored, None),
+        RuleCase {
+            rule: Rule::Excluded,
+            ..case("excluded node", CONTROLLER, excluded, &stored, None)
+        },
         case(
             "old exclude label",
             CONTROLLER,

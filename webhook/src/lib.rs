@@ -3,8 +3,9 @@
 //! The modules form layers; each uses only the ones above it in this list:
 //!
 //! * [`rules`]: the decision, pure (kube's `AdmissionRequest` and the shared
-//!   `NodeView` in, taints, patch and follow-up jobs out); [`caller`]: which
-//!   reviews may have those jobs done (pure).
+//!   `NodeView` in, taints, patch and follow-up jobs out), and the rules
+//!   named ([`rules::Rule`]); [`caller`]: which reviews may have those jobs
+//!   done (pure).
 //! * [`review`]: AdmissionReview bytes in (kube's types, serde) and out.
 //! * [`metrics`]: Prometheus metrics.
 //! * [`patcher`]: the background reboot patches and the re-registration check.
@@ -15,28 +16,28 @@
 //!   the TLS/HTTP stack (reused by the performance harness).
 //! * [`config`] and this crate root: flags, and starting it all.
 //!
-//! [`policy`] and [`confinement`] render manifests; [`fixtures`] holds the
-//! realistic Nodes and reviews the tests and benches share.
+//! [`render`] prints manifests instead of serving (below [`config`], which
+//! names its subcommands; it uses only [`rules`]). `fixtures` (cargo feature
+//! `fixtures`, off in the shipped build) holds the realistic Nodes and
+//! reviews the tests and benches share.
 
 pub mod admission;
 pub mod app;
 pub mod body;
 pub mod caller;
-pub mod cel;
 pub mod config;
-pub mod confinement;
+#[cfg(any(test, feature = "fixtures"))]
 pub mod fixtures;
 pub mod gate;
 pub mod limits;
 pub mod metrics;
 pub mod patcher;
-pub mod policy;
 pub mod refusal;
+pub mod render;
 pub mod review;
 pub mod rules;
 pub mod serve;
 pub mod tls;
-pub mod webhook_config;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -48,6 +49,8 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 pub use config::{Args, Config, KubeMode};
+/// The renderers at the paths other crates have always used.
+pub use render::{confinement, policy, webhook_config};
 
 use crate::admission::Webhook;
 use crate::app::{Health, admin_router, webhook_router};
@@ -99,38 +102,11 @@ pub async fn start(
     );
     let tls = tls_server_config(reloader.clone()).context("building the TLS config")?;
 
-    let listener = TcpListener::bind(config.listen)
-        .await
-        .with_context(|| format!("binding --listen {}", config.listen))?;
-    let admin = TcpListener::bind(config.admin_listen)
-        .await
-        .with_context(|| format!("binding --admin-listen {}", config.admin_listen))?;
-    for (flag, addr) in [
-        ("--listen", config.listen),
-        ("--admin-listen", config.admin_listen),
-    ] {
-        if addr.ip().is_unspecified() {
-            tracing::warn!(%addr, "{flag} binds every address of the host; set POD_IP (--bind-address) to bind only the pod's");
-        }
-    }
+    let (listener, admin) = bind(&config).await?;
     let https_addr = listener.local_addr()?;
     let admin_addr = admin.local_addr()?;
 
-    let client = match config.kube {
-        KubeMode::Disabled => {
-            tracing::warn!("reboot patches after status writes are disabled (counted as skipped)");
-            None
-        }
-        KubeMode::Client(c) => Some(c),
-        KubeMode::Infer => match kube::Client::try_default().await {
-            Ok(c) => Some(c),
-            Err(err) => {
-                tracing::warn!(%err, "no cluster credentials: reboot patches after status writes are disabled (counted as skipped)");
-                None
-            }
-        },
-    };
-    let (patcher, patcher_task) = match client {
+    let (patcher, patcher_task) = match kube_client(config.kube).await {
         Some(c) => {
             let (p, t) = RebootPatcher::spawn(c, rules.clone(), metrics.clone(), config.patcher);
             (p, Some(t))
@@ -153,17 +129,7 @@ pub async fn start(
 
     let health = Arc::new(Health::default());
     let authority = Arc::new(TokenFile::load(config.path_token_file.clone()));
-    match authority.current() {
-        Authority::Open => tracing::warn!(
-            "no --path-token-file: any review, forged ones included, may make the webhook re-taint a stored Node (docs/security.md)"
-        ),
-        Authority::Token(_) => {
-            tracing::info!("only reviews posted to /mutate/<token> may write a stored Node")
-        }
-        Authority::Missing(why) => {
-            tracing::error!(%why, "--path-token-file unusable (read again every --tls-reload-interval): no review may write a stored Node, so a re-registering node is gated only by its create and a reboot seen on a status write is not re-tainted")
-        }
-    }
+    log_authority(&authority.current());
     let hook = Arc::new(Webhook {
         rules,
         patcher,
@@ -236,6 +202,60 @@ pub async fn start(
         metrics,
         task,
     })
+}
+
+/// Binds the HTTPS and the admin listener; says when one binds every address
+/// of the host.
+async fn bind(config: &Config) -> anyhow::Result<(TcpListener, TcpListener)> {
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("binding --listen {}", config.listen))?;
+    let admin = TcpListener::bind(config.admin_listen)
+        .await
+        .with_context(|| format!("binding --admin-listen {}", config.admin_listen))?;
+    for (flag, addr) in [
+        ("--listen", config.listen),
+        ("--admin-listen", config.admin_listen),
+    ] {
+        if addr.ip().is_unspecified() {
+            tracing::warn!(%addr, "{flag} binds every address of the host; set POD_IP (--bind-address) to bind only the pod's");
+        }
+    }
+    Ok((listener, admin))
+}
+
+/// The background patcher's client; without one the patches are skipped
+/// (and counted), which is said once here.
+async fn kube_client(mode: KubeMode) -> Option<kube::Client> {
+    match mode {
+        KubeMode::Disabled => {
+            tracing::warn!("reboot patches after status writes are disabled (counted as skipped)");
+            None
+        }
+        KubeMode::Client(c) => Some(c),
+        KubeMode::Infer => match kube::Client::try_default().await {
+            Ok(c) => Some(c),
+            Err(err) => {
+                tracing::warn!(%err, "no cluster credentials: reboot patches after status writes are disabled (counted as skipped)");
+                None
+            }
+        },
+    }
+}
+
+/// Says at start which reviews may write a stored Node.
+fn log_authority(authority: &Authority) {
+    match authority {
+        Authority::Open => tracing::warn!(
+            "no --path-token-file: any review, forged ones included, may make the webhook re-taint a stored Node (docs/security.md)"
+        ),
+        Authority::Token(_) => {
+            tracing::info!("only reviews posted to /mutate/<token> may write a stored Node")
+        }
+        Authority::Missing(why) => {
+            tracing::error!(%why, "--path-token-file unusable (read again every --tls-reload-interval): no review may write a stored Node, so a re-registering node is gated only by its create and a reboot seen on a status write is not re-tainted")
+        }
+    }
 }
 
 /// Reads the path token file again every `every` until `stop`, and says

@@ -1,4 +1,5 @@
-//! `nodegate-webhook`: parse flags, set up logging, serve until SIGTERM.
+//! `nodegate-webhook`: parse flags, print a manifest or set up logging and
+//! serve until SIGTERM.
 
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
@@ -6,40 +7,8 @@ use tracing_subscriber::EnvFilter;
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = nodegate_webhook::Args::parse();
-    if let Some(nodegate_webhook::config::Command::Policy(p)) = &args.command {
-        p.taints.validate()?;
-        print!(
-            "{}",
-            nodegate_webhook::policy::render(
-                &p.taints.taints,
-                &p.taints.boot_taints,
-                p.api_version
-            )
-        );
-        return Ok(());
-    }
-    if let Some(nodegate_webhook::config::Command::Confinement(t)) = &args.command {
-        t.validate()?;
-        print!(
-            "{}",
-            nodegate_webhook::confinement::render(
-                &t.taints.taints,
-                &t.taints.boot_taints,
-                &t.release_taints
-            )
-        );
-        return Ok(());
-    }
-    if let Some(nodegate_webhook::config::Command::WebhookConfig(w)) = &args.command {
-        w.taints.validate()?;
-        print!(
-            "{}",
-            nodegate_webhook::webhook_config::render(
-                &w.taints.taints,
-                &w.taints.boot_taints,
-                w.replicas
-            )
-        );
+    if let Some(command) = &args.command {
+        print!("{}", command.render()?);
         return Ok(());
     }
     tracing_subscriber::fmt()

@@ -1,4 +1,5 @@
-//! Background reboot patches, and the re-registration check.
+//! Background reboot patches ([`Rule::StatusShowsReboot`]), and the
+//! re-registration check ([`Rule::NodeCreate`]'s look at the stored Node).
 //!
 //! A `nodes/status` write cannot carry taints (the API server keeps the
 //! stored spec), so when one shows a reboot the webhook queues the node here
@@ -23,6 +24,8 @@ use nodegate_shared::patch::{Guard, add_taints};
 use tokio::sync::{Semaphore, mpsc};
 
 use crate::metrics::{Background, Metrics};
+#[cfg(doc)]
+use crate::rules::Rule;
 use crate::rules::{Reason, RebootJob, Reregistration, Rules};
 
 /// Tuning of the background patcher.

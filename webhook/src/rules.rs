@@ -7,6 +7,9 @@
 //! adds them (shaped by `nodegate_shared::patch::add_taints`, the same builder
 //! the agent and the background patcher use), and the follow-up jobs.
 //! Nothing here knows about bytes, HTTP or metrics.
+//!
+//! [`Rule`] names the rules, as docs/webhook.md states them; the manifest
+//! renderers cite the same names.
 
 use json_patch::Patch;
 use kube::core::admission::{AdmissionRequest, Operation};
@@ -18,6 +21,74 @@ use nodegate_shared::{NodeView, TaintError, TaintSpec};
 
 /// An admission request for a Node, as kube decodes it.
 pub type Request = AdmissionRequest<NodeView>;
+
+/// The webhook's rules, as docs/webhook.md states them. Generated manifests
+/// and older texts cite them as "rule N": [`Rule::number`] is that N, so the
+/// numbers never change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Rule {
+    /// Rule 1. A Node create gets every configured taint it lacks, dry-run
+    /// too. When a kubelet re-registers (the Node exists) and the create's
+    /// boot ID shows a reboot, the stored Node is re-tainted before the
+    /// create is answered.
+    NodeCreate,
+    /// Rule 2. An update of the main resource gets the taints back when the
+    /// node rebooted since its agent was last ready (the ready-boot-id
+    /// annotation differs from the stored bootID). A kubelet's own update is
+    /// never mutated: NodeRestriction would refuse it.
+    UpdateAfterReboot,
+    /// Rule 3. A `nodes/status` write is never patched (the API server keeps
+    /// the stored spec); one that shows a reboot gets the main resource
+    /// re-tainted by a guarded background patch.
+    StatusShowsReboot,
+    /// Rule 4. Excluded Nodes (the exclude label, which only an admin can
+    /// set), other kinds, deletes and connects are left untouched.
+    Excluded,
+    /// Rule 5. Only missing taints are added (by key and effect), in front
+    /// of the others, so a second call on the mutated object adds nothing.
+    Idempotent,
+    /// Rule 6. An answer that adds taints warns once per taint, naming it and
+    /// why.
+    Warning,
+    /// Rule 7. Strict mode's boot gate (`--boot-taint`) is one more
+    /// configured taint for every rule above.
+    BootGate,
+}
+
+impl Rule {
+    /// Every rule, in order.
+    pub const ALL: [Rule; 7] = [
+        Rule::NodeCreate,
+        Rule::UpdateAfterReboot,
+        Rule::StatusShowsReboot,
+        Rule::Excluded,
+        Rule::Idempotent,
+        Rule::Warning,
+        Rule::BootGate,
+    ];
+
+    /// The number docs/webhook.md gives the rule.
+    pub const fn number(self) -> u8 {
+        match self {
+            Rule::NodeCreate => 1,
+            Rule::UpdateAfterReboot => 2,
+            Rule::StatusShowsReboot => 3,
+            Rule::Excluded => 4,
+            Rule::Idempotent => 5,
+            Rule::Warning => 6,
+            Rule::BootGate => 7,
+        }
+    }
+
+    /// The rules' numbers as prose lists them: `1`, `1 and 2`, `1, 2, 4 and 5`.
+    pub fn numbers(rules: &[Rule]) -> String {
+        let shown: Vec<String> = rules.iter().map(|r| r.number().to_string()).collect();
+        match shown.split_last() {
+            Some((last, rest)) if !rest.is_empty() => format!("{} and {last}", rest.join(", ")),
+            _ => shown.concat(),
+        }
+    }
+}
 
 /// Why taints were added; also the `reason` label of the taints metric.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,16 +169,19 @@ pub struct Decision {
     /// before the create is answered (the kubelet's status write follows the
     /// answer).
     pub reregistration: Option<Reregistration>,
+    /// The rule that decided; the answer is what it says.
+    pub rule: Rule,
     /// One short phrase for the log line.
     pub why: &'static str,
 }
 
 impl Decision {
-    fn allow(why: &'static str) -> Self {
+    fn allow(rule: Rule, why: &'static str) -> Self {
         Decision {
             added: None,
             reboot_job: None,
             reregistration: None,
+            rule,
             why,
         }
     }
@@ -147,84 +221,92 @@ impl Rules {
         let allow = Decision::allow;
         // Only core v1 Nodes are ours, whatever the configuration sends.
         if !req.kind.group.is_empty() || req.kind.version != "v1" || req.kind.kind != "Node" {
-            return allow("not a v1 Node");
+            return allow(Rule::Excluded, "not a v1 Node");
         }
         let Some(node) = req.object.as_ref() else {
-            return allow("no object");
+            return allow(Rule::Excluded, "no object");
         };
         if node.is_excluded() {
-            return allow("node excluded by label");
+            return allow(Rule::Excluded, "node excluded by label");
         }
         let sub = req.sub_resource.as_deref().unwrap_or("");
         match (&req.operation, sub) {
-            // A new node cannot have a ready agent. A pure mutation of the
-            // object under review, so a dry-run gets it too.
-            (Operation::Create, "") => {
-                let mut d = self.taint(node, Reason::Create, "create");
-                if !req.dry_run
-                    && let (Some(name), Some(boot)) = (node.name(), node.boot_id())
-                {
-                    d.reregistration = Some(Reregistration {
-                        node: name.to_owned(),
-                        boot_id: boot.to_owned(),
-                    });
-                }
-                d
-            }
-            (Operation::Update, "") => {
-                // The kubelet's own update: NodeRestriction refuses a kubelet
-                // update that changes taints, and it runs again after a
-                // mutation, so patching it would fail the kubelet's write.
-                if is_node_itself(req.user_info.username.as_deref(), node.name()) {
-                    return allow("update by the node itself");
-                }
-                // The stored object says whether the node rebooted since its
-                // agent was last ready: the update carries the taints back.
-                let old_boot = req.old_object.as_ref().and_then(NodeView::boot_id);
-                if !rebooted_since_ready(node.ready_boot_id(), old_boot) {
-                    return allow("update: no reboot since ready");
-                }
-                self.taint(node, Reason::Reboot, "update after reboot")
-            }
-            (Operation::Update, "status") => {
-                // A status write keeps the stored spec, so a patch of its
-                // taints would be dropped: fix the main resource in the
-                // background instead.
-                let old = req.old_object.as_ref();
-                let old_boot = old.and_then(NodeView::boot_id);
-                let new_boot = node.boot_id();
-                let rebooted = boot_id_changed(old_boot, new_boot)
-                    || rebooted_since_ready(node.ready_boot_id(), new_boot);
-                if !rebooted {
-                    return allow("status: no reboot");
-                }
-                // The stored spec is what a status write keeps.
-                let stored = old.filter(|o| o.has_spec()).unwrap_or(node);
-                if stored.missing(&self.taints).is_empty() {
-                    return allow("status: rebooted, taints present");
-                }
-                if req.dry_run {
-                    return allow("status: rebooted, dry-run");
-                }
-                let mut d = allow("status: rebooted, background patch");
-                d.reboot_job = node.name().map(|name| RebootJob {
-                    node: name.to_owned(),
-                    previous_boot: (old_boot != new_boot)
-                        .then(|| old_boot.unwrap_or("").to_owned()),
-                });
-                d
-            }
-            _ => allow("operation not handled"),
+            (Operation::Create, "") => self.node_create(req, node),
+            (Operation::Update, "") => self.update_after_reboot(req, node),
+            (Operation::Update, "status") => self.status_shows_reboot(req, node),
+            _ => allow(Rule::Excluded, "operation not handled"),
         }
     }
 
-    /// Adds the configured taints `node` lacks. Taints already there are
-    /// left alone, so a second call on the patched object (the API server
-    /// may reinvoke webhooks) adds nothing.
-    fn taint(&self, node: &NodeView, reason: Reason, why: &'static str) -> Decision {
+    /// [`Rule::NodeCreate`]: a new node cannot have a ready agent. A pure
+    /// mutation of the object under review, so a dry-run gets it too.
+    fn node_create(&self, req: &Request, node: &NodeView) -> Decision {
+        let mut d = self.taint(node, Rule::NodeCreate, Reason::Create, "create");
+        if !req.dry_run
+            && let (Some(name), Some(boot)) = (node.name(), node.boot_id())
+        {
+            d.reregistration = Some(Reregistration {
+                node: name.to_owned(),
+                boot_id: boot.to_owned(),
+            });
+        }
+        d
+    }
+
+    /// [`Rule::UpdateAfterReboot`]: the stored object says whether the node
+    /// rebooted since its agent was last ready.
+    fn update_after_reboot(&self, req: &Request, node: &NodeView) -> Decision {
+        let rule = Rule::UpdateAfterReboot;
+        // The kubelet's own update: NodeRestriction refuses a kubelet update
+        // that changes taints, and it runs again after a mutation, so
+        // patching it would fail the kubelet's write.
+        if is_node_itself(req.user_info.username.as_deref(), node.name()) {
+            return Decision::allow(rule, "update by the node itself");
+        }
+        let old_boot = req.old_object.as_ref().and_then(NodeView::boot_id);
+        if !rebooted_since_ready(node.ready_boot_id(), old_boot) {
+            return Decision::allow(rule, "update: no reboot since ready");
+        }
+        self.taint(node, rule, Reason::Reboot, "update after reboot")
+    }
+
+    /// [`Rule::StatusShowsReboot`]: a status write keeps the stored spec, so
+    /// a patch of its taints would be dropped: the main resource is fixed in
+    /// the background instead.
+    fn status_shows_reboot(&self, req: &Request, node: &NodeView) -> Decision {
+        let allow = |why| Decision::allow(Rule::StatusShowsReboot, why);
+        let old = req.old_object.as_ref();
+        let old_boot = old.and_then(NodeView::boot_id);
+        let new_boot = node.boot_id();
+        let rebooted = boot_id_changed(old_boot, new_boot)
+            || rebooted_since_ready(node.ready_boot_id(), new_boot);
+        if !rebooted {
+            return allow("status: no reboot");
+        }
+        // The stored spec is what a status write keeps.
+        let stored = old.filter(|o| o.has_spec()).unwrap_or(node);
+        if stored.missing(&self.taints).is_empty() {
+            return allow("status: rebooted, taints present");
+        }
+        if req.dry_run {
+            return allow("status: rebooted, dry-run");
+        }
+        let mut d = allow("status: rebooted, background patch");
+        d.reboot_job = node.name().map(|name| RebootJob {
+            node: name.to_owned(),
+            previous_boot: (old_boot != new_boot).then(|| old_boot.unwrap_or("").to_owned()),
+        });
+        d
+    }
+
+    /// Adds the configured taints `node` lacks, as `rule` decided. Taints
+    /// already there are left alone, so a second call on the patched object
+    /// (the API server may reinvoke webhooks) adds nothing: that answer is
+    /// [`Rule::Idempotent`]'s.
+    fn taint(&self, node: &NodeView, rule: Rule, reason: Reason, why: &'static str) -> Decision {
         let missing = node.missing(&self.taints);
         if missing.is_empty() {
-            return Decision::allow("taints already present");
+            return Decision::allow(Rule::Idempotent, "taints already present");
         }
         let patch = add_taints(node, &missing, Guard::None);
         Decision {
@@ -235,12 +317,13 @@ impl Rules {
             }),
             reboot_job: None,
             reregistration: None,
+            rule,
             why,
         }
     }
 
-    /// A kubelet re-registering (its create of an existing Node): the taints
-    /// the stored node needs back. The create's boot ID shows a reboot when
+    /// A kubelet re-registering (its create of an existing Node), the second
+    /// half of [`Rule::NodeCreate`]: the taints the stored node needs back. The create's boot ID shows a reboot when
     /// the agent recorded another boot as ready, or the stored node runs
     /// another boot; the same boot (a kubelet restart) changes nothing, and an
     /// excluded node stays excluded.
@@ -260,7 +343,7 @@ impl Rules {
         stored.missing(&self.taints)
     }
 
-    /// The background re-check after a status write showed a reboot, on a
+    /// The background re-check of [`Rule::StatusShowsReboot`], on a
     /// freshly read node: taints to add, or none when the node is excluded or
     /// its agent already recorded the current boot as ready.
     pub fn reboot_taints_needed<'a>(&'a self, node: &NodeView) -> Vec<&'a TaintSpec> {
@@ -277,427 +360,40 @@ impl Rules {
 
 #[cfg(test)]
 mod tests {
-    use serde_json::{Value, json};
-
-    use kube::core::admission::AdmissionReview;
-
     use super::*;
-    use crate::fixtures::{
-        self, CILIUM, KUBELET, NOT_READY, kubelet_node, node_with_not_ready, review,
-        with_annotation, with_taints,
-    };
-    use nodegate_shared::keys::{DEFAULT_TAINT, EXCLUDE_LABEL, READY_BOOT_ID_ANNOTATION as ANN};
-
-    /// (name, user, new object, old object, expected taint keys or None).
-    type UpdateCase<'a> = (&'a str, &'a str, Value, Value, Option<Vec<&'a str>>);
-
-    fn rules() -> Rules {
-        Rules::new(vec![DEFAULT_TAINT.parse().unwrap()]).unwrap()
-    }
-
-    /// The request as kube decodes the API server's AdmissionReview.
-    fn request(review: &Value) -> Request {
-        serde_json::from_value::<AdmissionReview<NodeView>>(review.clone())
-            .unwrap()
-            .request
-            .unwrap()
-    }
-
-    /// What the API server would do with the decision: the object after
-    /// applying its JSON patch, and the warnings it passes on.
-    struct Answer {
-        decision: Decision,
-        added: Option<(Reason, usize)>,
-        warnings: Vec<String>,
-        reboot_patch: Option<RebootJob>,
-        patched: Option<Value>,
-    }
-
-    fn answer(rules: &Rules, review: &Value) -> Answer {
-        let decision = rules.review(&request(review));
-        let patched = decision.added.as_ref().map(|a| {
-            let mut obj = review["request"]["object"].clone();
-            json_patch::patch(&mut obj, &a.patch).expect("patch applies to the object");
-            obj
-        });
-        Answer {
-            added: decision.added.as_ref().map(|a| (a.reason, a.taints.len())),
-            warnings: decision
-                .added
-                .as_ref()
-                .map(Added::warnings)
-                .unwrap_or_default(),
-            reboot_patch: decision.reboot_job.clone(),
-            patched,
-            decision,
-        }
-    }
-
-    fn taint_keys(obj: &Value) -> Vec<String> {
-        obj["spec"]["taints"]
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .map(|t| t["key"].as_str().unwrap().to_owned())
-                    .collect()
-            })
-            .unwrap_or_default()
-    }
-
-    /// The API server may call again with the mutated object (reinvocation).
-    fn assert_idempotent(rules: &Rules, review_json: &Value, patched: &Value) {
-        let mut again = review_json.clone();
-        again["request"]["object"] = patched.clone();
-        let a = answer(rules, &again);
-        assert!(
-            a.patched.is_none(),
-            "second call patched again: {:?}",
-            a.decision
-        );
-    }
 
     #[test]
-    fn create_table() {
-        let r = rules();
-        let large = with_taints(
-            kubelet_node("n1", "boot-1", 50),
-            json!([{"key": NOT_READY, "effect": "NoSchedule"}]),
-        );
-        let size = serde_json::to_vec(&review(
-            "u",
-            "CREATE",
-            None,
-            KUBELET,
-            large.clone(),
-            None,
-            false,
-        ))
-        .unwrap()
-        .len();
-        assert!(
-            (20_000..32_000).contains(&size),
-            "review is {size} bytes, want about 25 KB"
-        );
-        for c in fixtures::create_cases() {
-            let (name, obj, dry_run, want) = (c.name, c.object, c.dry_run, c.taints_after);
-            let rv = review("u-1", "CREATE", None, c.user, obj.clone(), None, dry_run);
-            let a = answer(&r, &rv);
-            match (&want, &a.patched) {
-                (None, None) => {}
-                (Some(keys), Some(out)) => {
-                    assert_eq!(&taint_keys(out), keys, "{name}");
-                    let added = out["spec"]["taints"]
-                        .as_array()
-                        .unwrap()
-                        .iter()
-                        .find(|t| t["key"] == CILIUM)
-                        .unwrap();
-                    assert_eq!(
-                        added,
-                        &json!({"key": CILIUM, "value": "true", "effect": "NoSchedule"})
-                    );
-                    // Nothing but spec.taints changed.
-                    let mut without = out.clone();
-                    let mut orig = obj.clone();
-                    without["spec"].as_object_mut().unwrap().remove("taints");
-                    if let Some(s) = orig.get_mut("spec") {
-                        s.as_object_mut().unwrap().remove("taints");
-                    } else {
-                        orig["spec"] = json!({});
-                    }
-                    assert_eq!(without, orig, "{name}: other fields changed");
-                    assert_eq!(a.warnings.len(), 1, "{name}");
-                    let w = &a.warnings[0];
-                    assert!(
-                        w.contains(DEFAULT_TAINT) && w.contains("new node"),
-                        "{name}: {w}"
-                    );
-                    assert_eq!(a.added, Some((Reason::Create, 1)), "{name}");
-                    assert_idempotent(&r, &rv, out);
-                }
-                _ => panic!("{name}: expected {want:?}, got {:?}", a.decision),
-            }
-            assert_eq!(a.reboot_patch, None, "{name}");
-        }
-    }
-
-    #[test]
-    fn several_taints_add_only_the_missing_ones_in_place() {
-        let r = Rules::new(vec![
-            DEFAULT_TAINT.parse().unwrap(),
-            "example.com/gate:NoExecute".parse().unwrap(),
-        ])
-        .unwrap();
-        let obj = with_taints(
-            kubelet_node("n1", "boot-1", 0),
-            json!([{"key": "a", "effect": "NoSchedule"}, {"key": CILIUM, "effect": "NoSchedule"},
-                   {"key": "b", "effect": "NoExecute"}]),
-        );
-        let rv = review("u", "CREATE", None, KUBELET, obj, None, false);
-        let a = answer(&r, &rv);
-        let out = a.patched.unwrap();
-        assert_eq!(taint_keys(&out), ["example.com/gate", "a", CILIUM, "b"]);
-        assert_eq!(a.warnings.len(), 1);
-        assert!(a.warnings[0].contains("example.com/gate:NoExecute"));
-        assert_idempotent(&r, &rv, &out);
-    }
-
-    #[test]
-    fn update_table() {
-        let r = rules();
-        let cases: Vec<UpdateCase> = fixtures::update_cases()
-            .into_iter()
-            .map(|c| {
-                (
-                    c.name,
-                    c.user,
-                    c.object,
-                    c.old_object.unwrap(),
-                    c.taints_after,
-                )
-            })
-            .collect();
-        for (name, user, new, old, want) in cases {
-            let rv = review("u-2", "UPDATE", None, user, new, Some(old), false);
-            let a = answer(&r, &rv);
-            match (&want, &a.patched) {
-                (None, None) => {}
-                (Some(keys), Some(out)) => {
-                    assert_eq!(&taint_keys(out), keys, "{name}");
-                    // The controller's own taint entry is kept byte for byte.
-                    assert_eq!(
-                        out["spec"]["taints"][1]["timeAdded"],
-                        "2025-01-01T00:01:00Z"
-                    );
-                    let w = &a.warnings[0];
-                    assert!(w.contains("rebooted"), "{name}: {w}");
-                    assert_eq!(a.added, Some((Reason::Reboot, 1)));
-                    assert_idempotent(&r, &rv, out);
-                }
-                _ => panic!("{name}: expected {want:?}, got {:?}", a.decision),
-            }
-            assert_eq!(a.reboot_patch, None, "{name}");
-        }
-    }
-
-    #[test]
-    fn status_writes_never_patch_and_queue_only_real_reboots() {
-        let r = rules();
-        let old = with_annotation(kubelet_node("n1", "boot-1", 50), ANN, "boot-1");
-        let rebooted = with_annotation(kubelet_node("n1", "boot-2", 50), ANN, "boot-1");
-        let heartbeat = old.clone();
-        let first_status = kubelet_node("n1", "boot-1", 0);
-        let unannotated_old = kubelet_node("n1", "", 0);
-        let tainted_old = with_taints(
-            old.clone(),
-            json!([{"key": CILIUM, "value": "true", "effect": "NoSchedule"}]),
-        );
-        let tainted_new = with_taints(
-            rebooted.clone(),
-            json!([{"key": CILIUM, "value": "true", "effect": "NoSchedule"}]),
-        );
-        let stale_annotation_old = with_annotation(kubelet_node("n1", "boot-2", 0), ANN, "boot-1");
-        let stale_annotation_new = stale_annotation_old.clone();
-        let unannotated_reboot_old = kubelet_node("n1", "boot-1", 0);
-        let unannotated_reboot_new = kubelet_node("n1", "boot-2", 0);
-        let mut excluded = rebooted.clone();
-        excluded["metadata"]["labels"][EXCLUDE_LABEL] = json!("true");
-        // Queued, with the bootID the write replaces (if it replaces one).
-        type Queued<'a> = Option<Option<&'a str>>;
-        let boot_1 = Some(Some("boot-1"));
-        // (name, new, old, dry_run, queued)
-        let cases: Vec<(&str, Value, Value, bool, Queued<'_>)> = vec![
-            (
-                "bootID changed",
-                rebooted.clone(),
-                old.clone(),
-                false,
-                boot_1,
-            ),
-            (
-                "bootID changed, dry-run",
-                rebooted.clone(),
-                old.clone(),
-                true,
-                None,
-            ),
-            (
-                "heartbeat, bootID unchanged",
-                heartbeat,
-                old.clone(),
-                false,
-                None,
-            ),
-            (
-                "first status after registration (old bootID empty)",
-                first_status,
-                unannotated_old,
-                false,
-                None,
-            ),
-            (
-                "bootID changed but taint present",
-                tainted_new,
-                tainted_old,
-                false,
-                None,
-            ),
-            (
-                "annotation differs from current bootID",
-                stale_annotation_new,
-                stale_annotation_old,
-                false,
-                // The write keeps the bootID: nothing to wait for.
-                Some(None),
-            ),
-            (
-                "bootID changed, never ready",
-                unannotated_reboot_new,
-                unannotated_reboot_old,
-                false,
-                boot_1,
-            ),
-            ("excluded", excluded, old, false, None),
-        ];
-        for (name, new, old, dry_run, queued) in cases {
-            let rv = review(
-                "u-3",
-                "UPDATE",
-                Some("status"),
-                KUBELET,
-                new,
-                Some(old),
-                dry_run,
-            );
-            let a = answer(&r, &rv);
-            assert!(
-                a.patched.is_none(),
-                "{name}: status write patched: {:?}",
-                a.decision
-            );
-            let want = queued.map(|prev| RebootJob {
-                node: "n1".into(),
-                previous_boot: prev.map(str::to_owned),
-            });
-            assert_eq!(a.reboot_patch, want, "{name}");
-        }
-    }
-
-    #[test]
-    fn other_kinds_operations_and_subresources_are_untouched() {
-        let r = rules();
-        let node = node_with_not_ready();
-        let mut pod = review("u", "CREATE", None, "alice", node.clone(), None, false);
-        pod["request"]["kind"] = json!({"group": "", "version": "v1", "kind": "Pod"});
-        let delete = review(
-            "u",
-            "DELETE",
-            None,
-            "alice",
-            node.clone(),
-            Some(node.clone()),
-            false,
-        );
-        let connect = review("u", "CONNECT", None, "alice", node.clone(), None, false);
-        let proxy = review(
-            "u",
-            "UPDATE",
-            Some("proxy"),
-            "alice",
-            node.clone(),
-            Some(node.clone()),
-            false,
-        );
-        let mut no_object = review("u", "CREATE", None, "alice", node, None, false);
-        no_object["request"]["object"] = Value::Null;
-        for rv in [pod, delete, connect, proxy, no_object] {
-            let a = answer(&r, &rv);
-            assert!(a.patched.is_none(), "{:?}", a.decision);
-            assert_eq!(a.added, None);
-        }
-    }
-
-    #[test]
-    fn background_recheck() {
-        let r = rules();
-        let view = |v: Value| serde_json::from_value::<NodeView>(v).unwrap();
-        let ready_now = with_annotation(kubelet_node("n1", "boot-2", 0), ANN, "boot-2");
-        assert!(r.reboot_taints_needed(&view(ready_now)).is_empty());
-        let stale = with_annotation(kubelet_node("n1", "boot-2", 0), ANN, "boot-1");
-        assert_eq!(r.reboot_taints_needed(&view(stale.clone())).len(), 1);
+    fn numbers_are_the_documented_ones_listed_as_prose() {
+        let numbers: Vec<u8> = Rule::ALL.iter().map(|r| r.number()).collect();
+        assert_eq!(numbers, [1, 2, 3, 4, 5, 6, 7]);
+        assert_eq!(Rule::numbers(&[Rule::Excluded]), "4");
         assert_eq!(
-            r.reboot_taints_needed(&view(kubelet_node("n1", "boot-2", 0)))
-                .len(),
-            1
+            Rule::numbers(&[Rule::NodeCreate, Rule::UpdateAfterReboot]),
+            "1 and 2"
         );
-        let tainted = with_taints(
-            stale.clone(),
-            json!([{"key": CILIUM, "effect": "NoSchedule"}]),
+        assert_eq!(
+            Rule::numbers(&[
+                Rule::NodeCreate,
+                Rule::UpdateAfterReboot,
+                Rule::Excluded,
+                Rule::Idempotent
+            ]),
+            "1, 2, 4 and 5"
         );
-        assert!(r.reboot_taints_needed(&view(tainted)).is_empty());
-        let mut excluded = stale;
-        excluded["metadata"]["labels"][EXCLUDE_LABEL] = json!("true");
-        assert!(r.reboot_taints_needed(&view(excluded)).is_empty());
     }
 
-    /// A kubelet's create of an existing Node: the stored node gets its
-    /// taints back only after a reboot, never for a restart on the same boot,
-    /// never when excluded or already tainted.
+    /// docs/webhook.md states each rule under its name and number.
     #[test]
-    fn reregistration_retaints_only_after_a_reboot() {
-        let r = rules();
-        let view = |v: Value| -> NodeView { serde_json::from_value(v).unwrap() };
-        let ready_on = |boot: &str| with_annotation(kubelet_node("n1", "boot-1", 1), ANN, boot);
-        let excluded = {
-            let mut n = ready_on("boot-1");
-            n["metadata"]["labels"][EXCLUDE_LABEL] = json!("true");
-            n
-        };
-        let tainted = with_taints(
-            ready_on("boot-1"),
-            json!([{"key": CILIUM, "value": "true", "effect": "NoSchedule"}]),
-        );
-        let never_ready = kubelet_node("n1", "boot-1", 1);
-        let cases: Vec<(&str, Value, &str, usize)> = vec![
-            ("reboot after ready", ready_on("boot-1"), "boot-2", 1),
-            (
-                "kubelet restart, same boot",
-                ready_on("boot-1"),
-                "boot-1",
-                0,
-            ),
-            ("create without a boot ID", ready_on("boot-1"), "", 0),
-            ("excluded node", excluded, "boot-2", 0),
-            ("taint still on", tainted, "boot-2", 0),
-            ("never ready, stored boot differs", never_ready, "boot-2", 1),
-            (
-                "agent ready on the create's boot",
-                ready_on("boot-2"),
-                "boot-2",
-                0,
-            ),
-        ];
-        for (name, stored, boot, want) in cases {
-            let got = r.reregistration_taints_needed(&view(stored), boot);
-            assert_eq!(got.len(), want, "{name}");
-        }
-    }
-
-    #[test]
-    fn only_a_real_create_asks_for_the_reregistration_check() {
-        let r = rules();
-        let node = kubelet_node("n1", "boot-2", 1);
-        for (dry_run, want) in [(false, true), (true, false)] {
-            let review =
-                fixtures::review("u", "CREATE", None, KUBELET, node.clone(), None, dry_run);
-            let d = r.review(&request(&review));
-            assert_eq!(
-                d.reregistration,
-                want.then(|| Reregistration {
-                    node: "n1".into(),
-                    boot_id: "boot-2".into()
-                }),
-                "dry-run {dry_run}"
+    fn the_docs_name_every_rule_with_its_number() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/webhook.md");
+        let docs = std::fs::read_to_string(path).unwrap();
+        for rule in Rule::ALL {
+            let item = format!("{}. ", rule.number());
+            let name = format!("`Rule::{rule:?}`");
+            assert!(
+                docs.lines()
+                    .any(|l| l.starts_with(&item) && l.contains(&name)),
+                "{path}: no item `{item}…` naming {name}"
             );
         }
     }

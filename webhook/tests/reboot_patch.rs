@@ -1,6 +1,6 @@
-//! Rule 3 end to end: a `nodes/status` write that shows a reboot is answered
-//! without a patch, and the webhook then patches the main resource through
-//! the (mocked) API server with a guarded JSON patch.
+//! `Rule::StatusShowsReboot` end to end: a `nodes/status` write that shows a
+//! reboot is answered without a patch, and the webhook then patches the main
+//! resource through the (mocked) API server with a guarded JSON patch.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;

@@ -3,8 +3,9 @@
 //! webhook does (exclusion and idempotence included), generated from
 //! the same `--taint` configuration as the webhook so the two never drift.
 //!
-//! Rule 3 (a reboot seen only on a `nodes/status` write) still needs the
-//! webhook: a status write cannot carry spec changes, for a policy either.
+//! [`Rule::StatusShowsReboot`] (a reboot seen only on a `nodes/status`
+//! write) still needs the webhook: a status write cannot carry spec changes,
+//! for a policy either, and [`Rule::Warning`] too: a policy cannot warn.
 //! Every optional field the expressions read is behind `has()`: the API
 //! server binds `object`, `oldObject` and `request` with empty `omitempty`
 //! fields absent, and an evaluation error under `failurePolicy: Ignore`
@@ -13,7 +14,17 @@
 use nodegate_shared::TaintSpec;
 use nodegate_shared::keys::EXCLUDE_LABEL;
 
-use crate::cel;
+use crate::render::cel;
+use crate::rules::Rule;
+
+/// The rules the policy carries into the API server; strict mode's boot gate
+/// ([`Rule::BootGate`]) rides along as one more taint.
+pub const RULES: [Rule; 4] = [
+    Rule::NodeCreate,
+    Rule::UpdateAfterReboot,
+    Rule::Excluded,
+    Rule::Idempotent,
+];
 
 /// `admissionregistration.k8s.io` version to render.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -49,7 +60,7 @@ pub fn render(ordinary: &[TaintSpec], boot: &[TaintSpec], version: ApiVersion) -
 # with the webhook's --taint and --boot-taint flags (a test compares this file
 # with the output).
 #
-# The webhook's rules 1, 2, 4 and 5 inside the API server: on a Node CREATE,
+# The webhook's rules {rules} inside the API server: on a Node CREATE,
 # and on an UPDATE of the main resource after the node rebooted since its
 # agent was last ready, add every configured taint that is missing (by key and
 # effect, in front of the others, never reordering or duplicating them).
@@ -75,7 +86,7 @@ spec:
         operations: ["CREATE", "UPDATE"]
         resources: ["nodes"]
         scope: Cluster
-    # Rule 4. NodeRestriction refuses node-restriction.kubernetes.io/ labels
+    # Rule {excluded}. NodeRestriction refuses node-restriction.kubernetes.io/ labels
     # from kubelets, so only an admin can exclude a node, never the node.
     objectSelector:
       matchExpressions:
@@ -83,12 +94,12 @@ spec:
           operator: NotIn
           values: ["true"]
   matchConditions:
-    # The objectSelector matches the old or the new object; rule 4 decides on
+    # The objectSelector matches the old or the new object; rule {excluded} decides on
     # the new one, like the webhook.
     - name: not-excluded
       expression: >-
         {not_excluded}
-    # Rule 1: every CREATE. Rule 2: an UPDATE by anyone but the node itself
+    # Rule {create}: every CREATE. Rule {update}: an UPDATE by anyone but the node itself
     # (NodeRestriction refuses a kubelet update that changes taints) whose
     # ready-boot-id annotation differs from the stored, non-empty bootID.
     - name: create-or-update-after-reboot
@@ -127,6 +138,10 @@ spec:
   policyName: nodegate
 "#,
         flags = flags,
+        rules = Rule::numbers(&RULES),
+        excluded = Rule::Excluded.number(),
+        create = Rule::NodeCreate.number(),
+        update = Rule::UpdateAfterReboot.number(),
         exclude_key = EXCLUDE_LABEL,
         literals = cel::taint_list(&taints),
     )

@@ -1,5 +1,6 @@
 //! CEL text shared by the generated manifests (the admission policy and the
-//! webhook configuration's backup lines), so both decide rules 1, 2 and 4
+//! webhook configuration's backup lines), so both decide
+//! [`Rule::NodeCreate`], [`Rule::UpdateAfterReboot`] and [`Rule::Excluded`]
 //! with the same expressions.
 //!
 //! Every optional field is read behind `has()`: the API server binds
@@ -11,6 +12,9 @@ use std::fmt::Write as _;
 
 use nodegate_shared::TaintSpec;
 use nodegate_shared::keys::{EXCLUDE_LABEL, NODE_USER_PREFIX, READY_BOOT_ID_ANNOTATION};
+
+#[cfg(doc)]
+use crate::rules::Rule;
 
 /// A CEL single-quoted string literal.
 pub fn string(s: &str) -> String {
@@ -37,7 +41,8 @@ pub fn taint_list(taints: &[TaintSpec]) -> String {
     format!("[{}]", literals.join(", "))
 }
 
-/// Rule 4 on the new object (an objectSelector matches the old or the new).
+/// [`Rule::Excluded`] on the new object (an objectSelector matches the old
+/// or the new).
 pub fn not_excluded() -> String {
     let exclude = string(EXCLUDE_LABEL);
     format!(
@@ -46,8 +51,9 @@ pub fn not_excluded() -> String {
     )
 }
 
-/// Rule 1 (every CREATE) or rule 2 (an UPDATE by anyone but the node itself,
-/// whose ready-boot-id annotation differs from the stored, non-empty bootID).
+/// [`Rule::NodeCreate`] (every CREATE) or [`Rule::UpdateAfterReboot`] (an
+/// UPDATE by anyone but the node itself, whose ready-boot-id annotation
+/// differs from the stored, non-empty bootID).
 pub fn create_or_update_after_reboot() -> String {
     let ready = string(READY_BOOT_ID_ANNOTATION);
     let node_user = string(NODE_USER_PREFIX);

@@ -18,7 +18,7 @@
 //!
 //! - **Field ownership**: neither may rewrite `metadata.managedFields`
 //!   beyond what the API server's field manager records for its own write
-//!   ([`ownership_variables`]), or a forged entry would let another
+//!   (`ownership.rs`), or a forged entry would let another
 //!   manager's next server-side apply delete taints and labels.
 //!
 //! Each policy is scoped by a matchCondition on the requesting user (the
@@ -29,10 +29,13 @@
 //! and compare whole maps, so a field added to Nodes later is covered
 //! without a change here.
 
-use std::collections::{BTreeMap, BTreeSet};
+mod ownership;
 
 use nodegate_shared::TaintSpec;
 use nodegate_shared::keys::READY_BOOT_ID_ANNOTATION;
+
+use self::ownership::{Touched, ownership_rule, ownership_variables};
+use crate::render::cel::string as q;
 
 /// The agent's and webhook's ServiceAccounts. The policies match them in
 /// every namespace: the namespace is the installer's choice, and confining
@@ -49,10 +52,11 @@ pub const POD_UID_CLAIM: &str = "authentication.kubernetes.io/pod-uid";
 pub const AGENT_POLICY: &str = "nodegate-agent-confinement";
 pub const WEBHOOK_POLICY: &str = "nodegate-webhook-confinement";
 
-/// A CEL single-quoted string literal.
-fn q(s: &str) -> String {
-    format!("'{}'", s.replace('\\', "\\\\").replace('\'', "\\'"))
-}
+/// `object`'s taints, `[]` when it has none.
+const NEW_TAINTS: &str = "(has(object.spec) && has(object.spec.taints) ? object.spec.taints : [])";
+/// `oldObject`'s taints, `[]` when it has none.
+const OLD_TAINTS: &str =
+    "(has(oldObject.spec) && has(oldObject.spec.taints) ? oldObject.spec.taints : [])";
 
 /// CEL: one of `clause(spec)` holds, `false` for no spec.
 fn any_of(specs: &[TaintSpec], clause: impl Fn(&TaintSpec) -> String) -> String {
@@ -169,9 +173,7 @@ fn boot_gate_rules(boot: &[TaintSpec]) -> String {
         return String::new();
     }
     let ready = q(READY_BOOT_ID_ANNOTATION);
-    let new_taints = "(has(object.spec) && has(object.spec.taints) ? object.spec.taints : [])";
-    let old_taints =
-        "(has(oldObject.spec) && has(oldObject.spec.taints) ? oldObject.spec.taints : [])";
+    let (new_taints, old_taints) = (NEW_TAINTS, OLD_TAINTS);
     let new_ann = or_empty("object.metadata", "annotations", "{}");
     let old_ann = or_empty("oldObject.metadata", "annotations", "{}");
     // A main-resource write keeps the stored status: this is the node's boot.
@@ -201,331 +203,41 @@ fn boot_gate_rules(boot: &[TaintSpec]) -> String {
     )
 }
 
-/// The manager the API server merges the oldest update entries into once an
-/// object has more than `DefaultMaxUpdateManagers` of them (apimachinery
-/// `pkg/util/managedfields/internal/capmanagers.go`, `fieldmanager.go`).
-const BUCKET_MANAGER: &str = "ancient-changes";
-const MAX_UPDATE_MANAGERS: usize = 10;
-/// Key levels of a FieldsV1 map the bucket check follows: labels,
-/// annotations, taints and every spec field are within them (a Node's
-/// deepest path, `f:status.f:conditions.k:{…}.f:reason`, has four). Deeper
-/// keys are not compared: each level is a nested comprehension, and CEL
-/// parsers recurse per level.
-const FIELDS_DEPTH: usize = 3;
-
-/// A field whose ownership a confined write may change: its FieldsV1 path,
-/// and the CEL variable that is true when this write changed the field.
-struct Touched {
-    path: Vec<String>,
-    changed: &'static str,
+/// The CEL both policies read about the configured taints.
+struct GateTerms {
+    /// `t` is a configured taint (same key and effect).
+    is_managed: String,
+    /// The configured taints, for messages.
+    managed_list: String,
+    /// The `taintsChanged` variable.
+    taints_changed: String,
+    /// The spec is unchanged but for its taints (keys added or removed too).
+    spec_kept: String,
 }
 
-/// Every FieldsV1 map on the way to a touched field (by its path from the
-/// root), with its keys that are touched or lead to one.
-fn prefixes(touched: &[Touched]) -> BTreeMap<Vec<String>, BTreeSet<String>> {
-    let mut out: BTreeMap<Vec<String>, BTreeSet<String>> = BTreeMap::new();
-    for t in touched {
-        for (i, key) in t.path.iter().enumerate() {
-            out.entry(t.path[..i].to_vec())
-                .or_default()
-                .insert(key.clone());
+impl GateTerms {
+    fn new(taints: &[TaintSpec]) -> Self {
+        let (new_spec, old_spec) = (
+            or_empty("object", "spec", "{}"),
+            or_empty("oldObject", "spec", "{}"),
+        );
+        GateTerms {
+            is_managed: managed(taints, "t"),
+            managed_list: shown(taints),
+            taints_changed: format!(
+                "    - name: taintsChanged\n      expression: >-\n        request.operation == 'UPDATE' && {NEW_TAINTS} != {OLD_TAINTS}\n"
+            ),
+            spec_kept: format!(
+                "({new_spec}.all(k, k == 'taints' || (k in {old_spec} && {old_spec}[k] == object.spec[k])) \
+                 && {old_spec}.all(k, k == 'taints' || k in {new_spec}))"
+            ),
         }
     }
-    out
 }
 
-fn quoted_list<'a>(keys: impl IntoIterator<Item = &'a String>) -> String {
-    let keys: Vec<String> = keys.into_iter().map(|k| q(k)).collect();
-    format!("[{}]", keys.join(", "))
-}
-
-/// CEL: the value at `path` of map `f` (which must have it).
-fn get(f: &str, path: &[String]) -> String {
-    let mut m = f.to_string();
-    for key in path {
-        m = format!("{m}[{}]", q(key));
-    }
-    m
-}
-
-/// CEL: map `f` has `path` (for a FieldsV1 map: owns the field, or some of
-/// its children).
-fn has_path(f: &str, path: &[String]) -> String {
-    let parts: Vec<String> = (0..path.len())
-        .map(|i| format!("{} in {}", q(&path[i]), get(f, &path[..i])))
-        .collect();
-    if parts.is_empty() {
-        return "true".into();
-    }
-    format!("({})", parts.join(" && "))
-}
-
-/// CEL: but for the touched fields, FieldsV1 map `y` owns what `x` owns,
-/// with the same subtrees. The expressions stay shallow: a CEL parser's
-/// recursion grows with nesting, not with length.
-fn kept_in(x: &str, y: &str, touched: &[Touched]) -> String {
-    let checks: Vec<String> = prefixes(touched)
-        .iter()
-        .map(|(p, keys)| {
-            let (gx, gy) = (get(x, p), get(y, p));
-            let all = format!(
-                "{gx}.all(k, k in {keys} || {hy} && k in {gy} && {gy}[k] == {gx}[k])",
-                keys = quoted_list(keys),
-                hy = has_path(y, p),
-            );
-            if p.is_empty() {
-                all
-            } else {
-                format!("(!{} || {all})", has_path(x, p))
-            }
-        })
-        .collect();
-    checks.join("\n          && ")
-}
-
-/// CEL: FieldsV1 map `x` owns nothing but (parts of) touched fields.
-fn only_touched(x: &str, touched: &[Touched]) -> String {
-    let checks: Vec<String> = prefixes(touched)
-        .iter()
-        .map(|(p, keys)| {
-            let all = format!("{}.all(k, k in {})", get(x, p), quoted_list(keys));
-            if p.is_empty() {
-                all
-            } else {
-                format!("(!{} || {all})", has_path(x, p))
-            }
-        })
-        .collect();
-    checks.join(" && ")
-}
-
-/// CEL: every path of `n` keys that FieldsV1 map `o` owns, `b` owns too,
-/// but the touched fields this write changed. A key whose value is `{}`
-/// owns its path, and so does `.` among a path's keys; at
-/// [`FIELDS_DEPTH`] a key in `b` suffices.
-fn covered_at(o: &str, b: &str, n: usize, touched: &[Touched]) -> String {
-    let k = |i: usize| format!("k{i}");
-    let at = |m: &str, upto: usize| -> String {
-        (1..=upto).fold(m.to_string(), |acc, i| format!("{acc}[{}]", k(i)))
-    };
-    let present: Vec<String> = (1..=n)
-        .map(|i| format!("{} in {}", k(i), at(b, i - 1)))
-        .collect();
-    let (vo, vb) = (at(o, n), at(b, n));
-    let present = present.join(" && ");
-    // A key with children only leads to the paths below (the next level);
-    // at the last level its presence stands for them.
-    let owned = if n == FIELDS_DEPTH {
-        present
-    } else {
-        format!("size({vo}) > 0 || {present} && (size({vb}) == 0 || '.' in {vb})")
-    };
-    let mut alternatives: Vec<String> = touched
-        .iter()
-        .filter(|t| t.path.len() == n)
-        .map(|t| {
-            let at_path: Vec<String> = t
-                .path
-                .iter()
-                .enumerate()
-                .map(|(i, key)| format!("{} == {}", k(i + 1), q(key)))
-                .collect();
-            format!("{} && variables.{}", at_path.join(" && "), t.changed)
-        })
-        .collect();
-    alternatives.push(owned);
-    let mut cel = format!(
-        "{}.all({}, {})",
-        at(o, n - 1),
-        k(n),
-        alternatives.join(" || ")
-    );
-    // Only the maps with keys below lead to level n.
-    for i in (1..n).rev() {
-        cel = format!(
-            "{}.all({}, size({}) == 0 || {cel})",
-            at(o, i - 1),
-            k(i),
-            at(o, i)
-        );
-    }
-    cel
-}
-
-/// CEL: entry `e` is an apply entry.
-fn is_apply(e: &str) -> String {
-    format!("(has({e}.operation) && {e}.operation == 'Apply')")
-}
-
-/// CEL: entries `e` and `o` are the same manager's (manager, operation,
-/// apiVersion, subresource and fieldsType; not the time or the fields).
-fn same_manager(e: &str, o: &str) -> String {
-    let fixed = "['time', 'fieldsV1']";
-    format!(
-        "{e}.all(f, f in {fixed} || f in {o} && {o}[f] == {e}[f]) \
-         && {o}.all(f, f in {fixed} || f in {e})"
-    )
-}
-
-/// CEL: entry `e` is the bucket of merged update entries.
-fn is_bucket(e: &str) -> String {
-    format!(
-        "(has({e}.manager) && {e}.manager == {} && has({e}.operation) && {e}.operation == 'Update' \
-         && !has({e}.subresource))",
-        q(BUCKET_MANAGER)
-    )
-}
-
-/// The variables behind [`ownership_rule`]: what the API server's field
-/// manager (apimachinery `managedfields/internal`, structured-merge-diff
-/// `merge/update.go` `Updater.update`) can make of `metadata.managedFields`
-/// on a write that changes only `touched`:
-///
-/// - the writer's update entry gains the touched fields it changed and
-///   loses those it removed (`Updater.Update`), with a new time;
-/// - every other entry loses the touched fields the write changed (the
-///   conflicts are forced away), and an entry left empty is dropped;
-/// - past 10 update entries the oldest are merged into `ancient-changes`
-///   (`capUpdateManagers`), which then owns all they owned;
-/// - nothing else: apply entries never gain a field on an update, and no
-///   entry changes outside the touched fields.
-///
-/// A caller may send its own managedFields (`decodeLiveOrNew` takes them
-/// over the stored ones), so anything else is a forgery: an apply entry
-/// that owns `spec.taints` alone makes that manager's next server-side
-/// apply delete every taint, and an entry dropped or narrowed lets an
-/// applier's omission prune a field others still hold.
-fn ownership_variables(touched: &[Touched]) -> String {
-    // `fieldsV1`, `apiVersion` unguarded: the API server writes them in
-    // every entry, and a forged entry without them errors, which
-    // failurePolicy Fail refuses.
-    let (fe, fo, fb) = ("e.fieldsV1", "o.fieldsV1", "variables.mfBucketFields");
-    let same = same_manager("e", "o");
-    let not_bucket = format!("!(variables.mfCapped && {})", is_bucket("e"));
-    let name = |e: &str| {
-        format!(
-            "string(has({e}.manager) ? {e}.manager : '') + ' (' + string(has({e}.operation) ? {e}.operation : '') + ')'"
-        )
-    };
-    let per_field = |f: &dyn Fn(&Touched) -> String| -> String {
-        let checks: Vec<String> = touched.iter().map(f).collect();
-        checks.join("\n          && ")
-    };
-    // An entry that existed: ownership of a touched field moves only when
-    // the write changed it, and never to an apply entry.
-    let moved = per_field(&|t| {
-        let (of, og) = (has_path(fe, &t.path), has_path(fo, &t.path));
-        format!(
-            "({of} == {og} || variables.{c} && !({apply} && {of}))",
-            c = t.changed,
-            apply = is_apply("e")
-        )
-    });
-    // A new entry: only changed touched fields, and no apply entry.
-    let gained = per_field(&|t| {
-        format!(
-            "(!{} || variables.{} && !{})",
-            has_path(fe, &t.path),
-            t.changed,
-            is_apply("e")
-        )
-    });
-    // A dropped entry: only touched fields, each changed by this write.
-    let lost = per_field(&|t| format!("(!{} || variables.{})", has_path(fo, &t.path), t.changed));
-    let covered: Vec<String> = (1..=FIELDS_DEPTH)
-        .map(|n| covered_at(fo, fb, n, touched))
-        .collect();
-    let list = |obj: &str| {
-        format!(
-            "request.operation == 'UPDATE' && has({obj}.metadata.managedFields) ? {obj}.metadata.managedFields : []"
-        )
-    };
-    // Several variables, each of them shallow: CEL parsers recurse per
-    // level of nesting.
-    format!(
-        r#"    # Field ownership before and after the write (CREATE and DELETE have none to compare).
-    - name: mfNew
-      expression: >-
-        {new}
-    - name: mfOld
-      expression: >-
-        {old}
-    # The API server has merged the oldest update entries into the bucket.
-    - name: mfCapped
-      expression: >-
-        size(variables.mfNew.filter(e, !{apply_e})) == {MAX_UPDATE_MANAGERS}
-    # New entries owning more than the touched fields this write changed.
-    - name: mfGained
-      expression: >-
-        variables.mfNew.filter(e, {not_bucket} && !variables.mfOld.exists(o, {same})
-          && !({only_e}
-          && {gained}))
-        .map(e, {name_e})
-    # Entries whose ownership changed outside the touched fields.
-    - name: mfReshaped
-      expression: >-
-        variables.mfNew.filter(e, {not_bucket} && variables.mfOld.exists(o, {same}
-          && !({kept_eo}
-          && {kept_oe})))
-        .map(e, {name_e})
-    # Entries whose ownership of a touched field moved without a change of it.
-    - name: mfMoved
-      expression: >-
-        variables.mfNew.filter(e, {not_bucket} && variables.mfOld.exists(o, {same}
-          && !({moved})))
-        .map(e, {name_e})
-    # Entries gone that owned more than the touched fields this write changed.
-    - name: mfDropped
-      expression: >-
-        variables.mfOld.filter(o, !variables.mfNew.exists(e, {same})
-          && !({only_o}
-          && {lost}))
-    # The bucket, when the API server has just filled it (one per apiVersion; Nodes have one).
-    - name: mfBucket
-      expression: >-
-        variables.mfCapped ? variables.mfNew.filter(b, {bucket_b}) : []
-    - name: mfBucketFields
-      expression: >-
-        size(variables.mfBucket) == 1 ? variables.mfBucket[0].fieldsV1 : {{}}
-    # Of the dropped entries, the ones the bucket did not take in (update entries only).
-    - name: mfUncovered
-      expression: >-
-        variables.mfDropped.filter(o, {apply_o} || size(variables.mfBucket) != 1
-          || variables.mfBucket[0].apiVersion != o.apiVersion
-          || !({covered}))
-        .map(o, {name_o})
-    # The entries the field manager could not have left so after this write.
-    - name: mfForged
-      expression: >-
-        variables.mfGained + variables.mfReshaped + variables.mfMoved + variables.mfUncovered
-"#,
-        new = list("object"),
-        old = list("oldObject"),
-        apply_e = is_apply("e"),
-        apply_o = is_apply("o"),
-        only_e = only_touched(fe, touched),
-        only_o = only_touched(fo, touched),
-        kept_eo = kept_in(fe, fo, touched),
-        kept_oe = kept_in(fo, fe, touched),
-        bucket_b = is_bucket("b"),
-        covered = covered.join("\n          && "),
-        name_e = name("e"),
-        name_o = name("o"),
-    )
-}
-
-/// The validation that refuses a forged `metadata.managedFields`;
-/// `who` is a CEL string naming the writer.
-fn ownership_rule(who: &str) -> String {
-    format!(
-        r#"    - expression: size(variables.mfForged) == 0
-      messageExpression: >-
-        {who} + " may not rewrite metadata.managedFields of node '" + request.name
-        + "' (entries of " + variables.mfForged.join(', ')
-        + "): only the API server records who owns a field"
-      reason: Forbidden
-"#
-    )
+/// The FieldsV1 path of `spec.taints`.
+fn taint_path() -> Vec<String> {
+    vec!["f:spec".to_string(), "f:taints".to_string()]
 }
 
 /// Both policies and their bindings as one YAML stream: `taints` are the
@@ -537,33 +249,56 @@ pub fn render(ordinary: &[TaintSpec], boot: &[TaintSpec], release: &[TaintSpec])
     for r in release {
         flags.push_str(&format!(" --release-taint={r}"));
     }
-    let is_released = released(release, "t");
     let taints: Vec<TaintSpec> = ordinary.iter().chain(boot).cloned().collect();
-    let taints = taints.as_slice();
-    let boot_rules = boot_gate_rules(boot);
+    let gate = GateTerms::new(&taints);
+    format!(
+        r#"# Generated by `nodegate-webhook confinement {flags}`; do not edit:
+# regenerate with the webhook's --taint and --boot-taint flags and the agent's
+# --release-taint flags (a test compares this file with the output).
+#
+# Least privilege for the credentials nodegate puts on every node and in the
+# webhook. RBAC cannot limit a DaemonSet's token to its own Node, so these
+# policies do: each matches only its own ServiceAccount (matchConditions; by
+# name, in any namespace, so kustomize's namespace: keeps them in force), so
+# nobody else's write is evaluated and failurePolicy Fail can only stop that
+# workload. Neither may rewrite metadata.managedFields beyond what the API
+# server records for its write. Needs Kubernetes >= 1.32 for the node claim
+# of pod-bound tokens; on older clusters the agent's writes are all refused
+# (see the README).
+{agent}---
+{agent_binding}---
+{webhook}---
+{webhook_binding}"#,
+        agent = agent_policy(&gate, boot, release),
+        agent_binding = binding(AGENT_POLICY),
+        webhook = webhook_policy(&gate),
+        webhook_binding = binding(WEBHOOK_POLICY),
+    )
+}
+
+/// The agent's policy: its own Node only, with a pod-bound token, and only
+/// the configured taints and the ready annotation.
+fn agent_policy(gate: &GateTerms, boot: &[TaintSpec], release: &[TaintSpec]) -> String {
+    format!(
+        "{head}  variables:\n{variables}  validations:\n{validations}",
+        head = policy_head(AGENT_POLICY, "nodegate-agent", AGENT_SA),
+        variables = agent_variables(gate),
+        validations = agent_validations(gate, boot, release),
+    )
+}
+
+/// The agent's variables: who it is (the claims of its token), what its
+/// write changed, and the field ownership before and after.
+fn agent_variables(gate: &GateTerms) -> String {
     let ready = q(READY_BOOT_ID_ANNOTATION);
     let claim = q(NODE_CLAIM);
-    let is_managed = managed(taints, "t");
-    let new_taints = "(has(object.spec) && has(object.spec.taints) ? object.spec.taints : [])";
-    let old_taints =
-        "(has(oldObject.spec) && has(oldObject.spec.taints) ? oldObject.spec.taints : [])";
-    let new_spec = or_empty("object", "spec", "{}");
-    let old_spec = or_empty("oldObject", "spec", "{}");
-    let new_labels = or_empty("object.metadata", "labels", "{}");
-    let old_labels = or_empty("oldObject.metadata", "labels", "{}");
     let new_ann = or_empty("object.metadata", "annotations", "{}");
     let old_ann = or_empty("oldObject.metadata", "annotations", "{}");
-    // Written by the API server on every update (managedFields by its field
-    // manager, checked on their own), or checked above.
-    let server_meta = "['labels', 'annotations', 'managedFields', 'resourceVersion', 'generation']";
-    let taints_changed = format!(
-        "    - name: taintsChanged\n      expression: >-\n        request.operation == 'UPDATE' && {new_taints} != {old_taints}\n"
-    );
     let changed = format!(
-        "{taints_changed}    - name: readyChanged\n      expression: >-\n        request.operation == 'UPDATE'\n        && ({ready} in {new_ann} ? !({ready} in {old_ann}) || {old_ann}[{ready}] != object.metadata.annotations[{ready}]\n           : {ready} in {old_ann})\n    # The annotations map itself appeared or went away.\n    - name: annotationsChanged\n      expression: >-\n        request.operation == 'UPDATE'\n        && has(object.metadata.annotations) != has(oldObject.metadata.annotations)\n"
+        "{taints_changed}    - name: readyChanged\n      expression: >-\n        request.operation == 'UPDATE'\n        && ({ready} in {new_ann} ? !({ready} in {old_ann}) || {old_ann}[{ready}] != object.metadata.annotations[{ready}]\n           : {ready} in {old_ann})\n    # The annotations map itself appeared or went away.\n    - name: annotationsChanged\n      expression: >-\n        request.operation == 'UPDATE'\n        && has(object.metadata.annotations) != has(oldObject.metadata.annotations)\n",
+        taints_changed = gate.taints_changed,
     );
-    let taint_path = || vec!["f:spec".to_string(), "f:taints".to_string()];
-    let agent_touched = [
+    let touched = [
         Touched {
             path: taint_path(),
             changed: "taintsChanged",
@@ -581,32 +316,8 @@ pub fn render(ordinary: &[TaintSpec], boot: &[TaintSpec], release: &[TaintSpec])
             changed: "annotationsChanged",
         },
     ];
-    let webhook_touched = [Touched {
-        path: taint_path(),
-        changed: "taintsChanged",
-    }];
-    let managed_list = shown(taints);
-    // The spec is unchanged but for its taints (keys added or removed too).
-    let spec_kept = format!(
-        "({new_spec}.all(k, k == 'taints' || (k in {old_spec} && {old_spec}[k] == object.spec[k])) \
-         && {old_spec}.all(k, k == 'taints' || k in {new_spec}))"
-    );
     format!(
-        r#"# Generated by `nodegate-webhook confinement {flags}`; do not edit:
-# regenerate with the webhook's --taint and --boot-taint flags and the agent's
-# --release-taint flags (a test compares this file with the output).
-#
-# Least privilege for the credentials nodegate puts on every node and in the
-# webhook. RBAC cannot limit a DaemonSet's token to its own Node, so these
-# policies do: each matches only its own ServiceAccount (matchConditions; by
-# name, in any namespace, so kustomize's namespace: keeps them in force), so
-# nobody else's write is evaluated and failurePolicy Fail can only stop that
-# workload. Neither may rewrite metadata.managedFields beyond what the API
-# server records for its write. Needs Kubernetes >= 1.32 for the node claim
-# of pod-bound tokens; on older clusters the agent's writes are all refused
-# (see the README).
-{agent_head}  variables:
-    # The node in the token ('' without a node claim).
+        r#"    # The node in the token ('' without a node claim).
     - name: nodeClaim
       expression: >-
         has(request.userInfo.extra) && {claim} in request.userInfo.extra
@@ -625,8 +336,38 @@ pub fn render(ordinary: &[TaintSpec], boot: &[TaintSpec], release: &[TaintSpec])
         variables.claim != '' ? "nodegate-agent of node '" + variables.claim + "'"
         : variables.nodeClaim != '' ? "nodegate-agent (token of node '" + variables.nodeClaim + "' without a pod claim)"
         : 'nodegate-agent (token without a node claim)'
-{changed}{agent_ownership}  validations:
-    - expression: variables.claim != ''
+{changed}{ownership}"#,
+        ownership = ownership_variables(&touched),
+        pod_name = q(POD_NAME_CLAIM),
+        pod_uid = q(POD_UID_CLAIM),
+    )
+}
+
+/// The agent's validations: the token's node, an UPDATE of the main
+/// resource, and nothing changed but the configured (and released) taints
+/// and the ready annotation.
+fn agent_validations(gate: &GateTerms, boot: &[TaintSpec], release: &[TaintSpec]) -> String {
+    let GateTerms {
+        is_managed,
+        managed_list,
+        spec_kept,
+        ..
+    } = gate;
+    let (new_taints, old_taints) = (NEW_TAINTS, OLD_TAINTS);
+    let is_released = released(release, "t");
+    let boot_rules = boot_gate_rules(boot);
+    let ready = q(READY_BOOT_ID_ANNOTATION);
+    let new_spec = or_empty("object", "spec", "{}");
+    let old_spec = or_empty("oldObject", "spec", "{}");
+    let new_labels = or_empty("object.metadata", "labels", "{}");
+    let old_labels = or_empty("oldObject.metadata", "labels", "{}");
+    let new_ann = or_empty("object.metadata", "annotations", "{}");
+    let old_ann = or_empty("oldObject.metadata", "annotations", "{}");
+    // Written by the API server on every update (managedFields by its field
+    // manager, checked on their own), or checked above.
+    let server_meta = "['labels', 'annotations', 'managedFields', 'resourceVersion', 'generation']";
+    format!(
+        r#"    - expression: variables.claim != ''
       messageExpression: >-
         variables.who + ' may not write node ' + request.name
         + ': use the token of a pod on a node (authentication.kubernetes.io/pod-name and node-name)'
@@ -683,10 +424,32 @@ pub fn render(ordinary: &[TaintSpec], boot: &[TaintSpec], release: &[TaintSpec])
           + oldObject.metadata.filter(k, !(k in {server_meta}) && !(k in object.metadata))).join(', metadata.')
         + " of node '" + request.name + "'"
       reason: Forbidden
-{agent_ownership_rule}---
-{agent_binding}---
-{webhook_head}  variables:
-{taints_changed}{webhook_ownership}  validations:
+{ownership_rule}"#,
+        ownership_rule = ownership_rule("variables.who"),
+        release_note = if release.is_empty() {
+            String::new()
+        } else {
+            format!(" (and remove {})", shown_exact(release))
+        },
+    )
+}
+
+/// The webhook's policy: it may only add configured taints to a Node.
+fn webhook_policy(gate: &GateTerms) -> String {
+    let GateTerms {
+        is_managed,
+        managed_list,
+        taints_changed,
+        spec_kept,
+    } = gate;
+    let (new_taints, old_taints) = (NEW_TAINTS, OLD_TAINTS);
+    let touched = [Touched {
+        path: taint_path(),
+        changed: "taintsChanged",
+    }];
+    format!(
+        r#"{head}  variables:
+{taints_changed}{ownership}  validations:
     - expression: request.operation == 'UPDATE' && !has(request.subResource)
       messageExpression: >-
         'nodegate-webhook may only add taints to a node, not ' + request.operation
@@ -708,24 +471,10 @@ pub fn render(ordinary: &[TaintSpec], boot: &[TaintSpec], release: &[TaintSpec])
       messageExpression: >-
         "nodegate-webhook may change nothing but spec.taints of node '" + request.name + "'"
       reason: Forbidden
-{webhook_ownership_rule}---
-{webhook_binding}"#,
-        flags = flags,
-        agent_head = policy_head(AGENT_POLICY, "nodegate-agent", AGENT_SA),
-        webhook_head = policy_head(WEBHOOK_POLICY, "nodegate-webhook", WEBHOOK_SA),
-        agent_binding = binding(AGENT_POLICY),
-        agent_ownership = ownership_variables(&agent_touched),
-        agent_ownership_rule = ownership_rule("variables.who"),
-        webhook_ownership = ownership_variables(&webhook_touched),
-        webhook_ownership_rule = ownership_rule("'nodegate-webhook'"),
-        pod_name = q(POD_NAME_CLAIM),
-        pod_uid = q(POD_UID_CLAIM),
-        release_note = if release.is_empty() {
-            String::new()
-        } else {
-            format!(" (and remove {})", shown_exact(release))
-        },
-        webhook_binding = binding(WEBHOOK_POLICY),
+{ownership_rule}"#,
+        head = policy_head(WEBHOOK_POLICY, "nodegate-webhook", WEBHOOK_SA),
+        ownership = ownership_variables(&touched),
+        ownership_rule = ownership_rule("'nodegate-webhook'"),
     )
 }
 

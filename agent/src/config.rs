@@ -6,11 +6,12 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{ArgAction, Parser};
-use nodegate_shared::keys::DEFAULT_TAINT;
-use nodegate_shared::taint::{TaintSpec, check_release, check_taints};
+use nodegate_shared::gate_flags::{GateFlags, ReleaseFlags};
 
+use crate::gate::GateConfig;
 use crate::probe::{ProbeSpec, ProbeSpecError};
 use crate::readiness::Thresholds;
+use crate::taint_set::TaintSet;
 
 /// One parser for every nodegate binary's durations.
 pub use nodegate_shared::duration::parse as parse_duration;
@@ -27,32 +28,14 @@ pub struct Args {
     #[arg(long, env = "NODE_NAME")]
     pub node_name: String,
 
-    /// Taint managed by the agent, `key[=value]:Effect`; repeatable. Must match the webhook's.
-    #[arg(long = "taint", env = "NODEGATE_TAINTS", value_delimiter = ',', default_value = DEFAULT_TAINT)]
-    pub taints: Vec<TaintSpec>,
+    // `--taint` and `--boot-taint`, declared once for every binary: the
+    // agent removes what the webhook adds, so both must name the same.
+    #[command(flatten)]
+    pub gate: GateFlags,
 
-    /// Strict mode's boot gate, `key[=value]:NoExecute`; repeatable. Removed
-    /// with the taints when ready; added only by the start-up safety net on a
-    /// boot other than the one recorded as ready, never on shutdown. Must
-    /// match the webhook's.
-    #[arg(
-        long = "boot-taint",
-        env = "NODEGATE_BOOT_TAINTS",
-        value_delimiter = ','
-    )]
-    pub boot_taints: Vec<TaintSpec>,
-
-    /// A taint to remove with the ready patch when it matches exactly (key,
-    /// value and effect), never to add: one an older configuration added
-    /// (`components/release-cilium-key` releases the old default,
-    /// `node.cilium.io/agent-not-ready=true:NoSchedule`, for an upgrade);
-    /// repeatable.
-    #[arg(
-        long = "release-taint",
-        env = "NODEGATE_RELEASE_TAINTS",
-        value_delimiter = ','
-    )]
-    pub release_taints: Vec<TaintSpec>,
+    // `--release-taint`: removed with the ready patch, never added.
+    #[command(flatten)]
+    pub release: ReleaseFlags,
 
     /// HTTP GET that must answer 2xx; repeatable.
     #[arg(long, env = "NODEGATE_PROBE_HTTP", value_delimiter = ',')]
@@ -232,14 +215,8 @@ impl Args {
         if self.node_name.trim().is_empty() {
             return Err(ConfigError::NodeName);
         }
-        check_taints(&self.taints, &self.boot_taints)?;
-        let managed: Vec<TaintSpec> = self
-            .taints
-            .iter()
-            .chain(&self.boot_taints)
-            .cloned()
-            .collect();
-        check_release(&managed, &self.release_taints)?;
+        self.gate.validate()?;
+        self.release.validate(&self.gate)?;
         self.probe_specs()?;
         // A zero period would run probe rounds back to back.
         if self.probe_period.min(self.pending_probe_period) < Duration::from_millis(1) {
@@ -250,6 +227,28 @@ impl Args {
             return Err(ConfigError::Prune);
         }
         Ok(())
+    }
+
+    /// The taints to manage (the default one without `--taint`), the boot
+    /// gate and the released ones.
+    pub fn taint_set(&self) -> TaintSet {
+        TaintSet::new(
+            self.gate.ordinary(),
+            self.gate.boot_taints.clone(),
+            self.release.release_taints.clone(),
+        )
+    }
+
+    /// The gate's timing and modes.
+    pub fn gate_config(&self) -> GateConfig {
+        GateConfig {
+            period: self.probe_period,
+            pending_period: self.pending_probe_period,
+            timeout: self.probe_timeout,
+            thresholds: self.thresholds(),
+            continuous: self.continuous,
+            taint_on_shutdown: self.taint_on_shutdown.then_some(self.shutdown_deadline),
+        }
     }
 
     pub fn confirm(&self) -> crate::confirm::ConfirmConfig {
@@ -271,6 +270,7 @@ impl Args {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use nodegate_shared::keys::DEFAULT_TAINT;
 
     #[test]
     fn defaults_and_repeatable_flags() {
@@ -287,10 +287,11 @@ mod tests {
             "--taint-on-shutdown=false",
         ])
         .unwrap();
-        assert_eq!(a.taints.len(), 1);
-        assert_eq!(a.taints[0].to_string(), DEFAULT_TAINT);
+        let taints = a.taint_set();
+        assert_eq!(taints.managed().len(), 1);
+        assert_eq!(taints.managed()[0].to_string(), DEFAULT_TAINT);
         assert!(
-            a.release_taints.is_empty(),
+            taints.release().is_empty(),
             "the flag's default releases nothing"
         );
         assert_eq!(a.pending_probe_period, Duration::from_millis(20));

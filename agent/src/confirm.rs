@@ -37,11 +37,11 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
+use nodegate_roster::record::NodeRecord;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use crate::deletion::{DeleteSource, Deletion, key};
-use crate::record::NodeRecord;
 
 /// Confirmation GETs an agent may make back to back before the pace applies.
 pub const BURST: f64 = 5.0;
@@ -781,7 +781,7 @@ mod tests {
             uid: uid.into(),
             addresses: addrs
                 .iter()
-                .map(|(k, a)| crate::record::NodeAddress {
+                .map(|(k, a)| nodegate_roster::record::NodeAddress {
                     kind: (*k).into(),
                     address: (*a).into(),
                 })
@@ -793,12 +793,9 @@ mod tests {
         }
     }
 
-    /// What a record shares with the live nodes, by field: IPs and CIDRs by
-    /// what they address (overlap, any spelling), names and DNS addresses
-    /// case-insensitively, the record itself (its uid) never.
-    #[test]
-    fn conflict_table() {
-        let live = [
+    /// The live nodes of the conflict table.
+    fn live_pair() -> [NodeRecord; 2] {
+        [
             NodeRecord {
                 provider_id: Some("aws:///i-1".into()),
                 ..node(
@@ -818,12 +815,20 @@ mod tests {
                 &[("InternalIP", "10.0.0.2"), ("ExternalIP", "203.0.113.2")],
                 &["10.244.2.0/24"],
             ),
-        ];
-        let h = Holders::new(&live);
-        let ghost = |addrs: &[(&str, &str)], cidrs: &[&str]| node("ghost", "g", addrs, cidrs);
-        /// The field, the record's value and who may be named as holder.
-        type Want<'a> = Option<(Field, &'a str, &'a [&'a str])>;
-        let table: Vec<(&str, NodeRecord, Want)> = vec![
+        ]
+    }
+
+    /// A node the API server never had.
+    fn ghost(addrs: &[(&str, &str)], cidrs: &[&str]) -> NodeRecord {
+        node("ghost", "g", addrs, cidrs)
+    }
+
+    /// The field, the record's value and who may be named as holder.
+    type Want = Option<(Field, &'static str, &'static [&'static str])>;
+
+    /// Records sharing an address (or none) with [`live_pair`].
+    fn address_cases() -> Vec<(&'static str, NodeRecord, Want)> {
+        vec![
             (
                 "nothing shared",
                 ghost(&[("InternalIP", "10.0.9.9")], &["10.244.9.0/24"]),
@@ -859,6 +864,13 @@ mod tests {
                 ghost(&[("Hostname", "LIVE-2")], &[]),
                 Some((Field::Address, "LIVE-2", &["live-2"])),
             ),
+        ]
+    }
+
+    /// Records sharing a podCIDR, a name or a providerID with `live`, and
+    /// the live node's own record.
+    fn cidr_and_identity_cases(live: &[NodeRecord; 2]) -> Vec<(&'static str, NodeRecord, Want)> {
+        vec![
             (
                 "a live podCIDR",
                 ghost(&[], &["10.244.2.0/24"]),
@@ -928,7 +940,18 @@ mod tests {
                 },
                 Some((Field::Address, "10.0.0.2", &["live-2"])),
             ),
-        ];
+        ]
+    }
+
+    /// What a record shares with the live nodes, by field: IPs and CIDRs by
+    /// what they address (overlap, any spelling), names and DNS addresses
+    /// case-insensitively, the record itself (its uid) never.
+    #[test]
+    fn conflict_table() {
+        let live = live_pair();
+        let h = Holders::new(&live);
+        let mut table = address_cases();
+        table.extend(cidr_and_identity_cases(&live));
         for (what, r, want) in table {
             let got = h.conflict(&r);
             match (want, got) {

@@ -4,7 +4,7 @@
 
 use std::fmt;
 
-use crate::record::NodeRecord;
+use nodegate_roster::record::NodeRecord;
 
 /// A deleted node and how its deletion was learned.
 pub type Deletion = (NodeRecord, DeleteSource);

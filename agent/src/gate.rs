@@ -8,6 +8,7 @@
 //! "not ready" until the probes pass again. With `continuous`, probes
 //! failing past the failure threshold put the taint back.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use nodegate_shared::node::older_version;
@@ -19,6 +20,7 @@ use crate::node_patch::{
     AddReason, Added, EventType, MarkReady, Origin, ReadyOutcome, needs_ready_patch,
 };
 use crate::readiness::{Readiness, Thresholds, Transition};
+use crate::taint_set::TaintSet;
 
 /// Reason of the Warning Event the safety net leaves on the Node.
 pub const WEBHOOK_MISSED_REASON: &str = "NodegateWebhookMissed";
@@ -37,8 +39,6 @@ pub struct GateConfig {
     pub period: Duration,
     /// Time between probe rounds while not ready: the node is gated.
     pub pending_period: Duration,
-    /// Taints the ready patch also removes, matched exactly, never added.
-    pub release: Vec<TaintSpec>,
     pub timeout: Duration,
     pub thresholds: Thresholds,
     pub continuous: bool,
@@ -113,7 +113,8 @@ pub enum Action {
 #[derive(Debug)]
 pub struct State {
     name: String,
-    specs: Vec<TaintSpec>,
+    /// The writer's set: what the ready patch removes, what counts as ours.
+    taints: Arc<TaintSet>,
     cfg: GateConfig,
     /// How many probes a round runs (for the ready Event's text).
     probes: usize,
@@ -145,14 +146,14 @@ const STALE_WINDOW: Duration = Duration::from_secs(30);
 impl State {
     pub fn new(
         name: impl Into<String>,
-        specs: Vec<TaintSpec>,
+        taints: Arc<TaintSet>,
         cfg: GateConfig,
         probes: usize,
         started: Instant,
     ) -> Self {
         Self {
             name: name.into(),
-            specs,
+            taints,
             readiness: Readiness::new(cfg.thresholds),
             cfg,
             probes,
@@ -291,7 +292,7 @@ impl State {
             if self
                 .view
                 .as_ref()
-                .is_none_or(|v| needs_ready_patch(v, &self.specs, &self.cfg.release))
+                .is_none_or(|v| needs_ready_patch(v, &self.taints))
             {
                 out.push(Action::RemoveTaints {
                     boot: self.boot.clone(),
@@ -336,7 +337,8 @@ impl State {
             return false;
         };
         let boot = view.boot_id();
-        let ours = view.missing(&self.specs).len() < self.specs.len();
+        let managed = self.taints.managed();
+        let ours = view.missing(managed).len() < managed.len();
         let recorded = boot.is_some() && view.ready_boot_id() == boot;
         let announced = self.announced_boot.as_ref().map(Option::as_deref) == Some(boot);
         if !(self.readiness.is_ready() && ours && recorded && announced) {
@@ -404,7 +406,8 @@ impl State {
     /// untaint is the normal path and is not on that version.
     fn undeclared(&mut self, out_: &ReadyOutcome, latest: &NodeView) -> Vec<Action> {
         let gates: Vec<&TaintSpec> = self
-            .specs
+            .taints
+            .managed()
             .iter()
             .filter(|s| s.is_in(&out_.removed))
             .collect();
@@ -546,11 +549,19 @@ mod tests {
         }
     }
 
+    /// The default gate alone.
+    fn default_gate() -> Arc<TaintSet> {
+        Arc::new(TaintSet::new(
+            vec![TAINT.parse().unwrap()],
+            Vec::new(),
+            Vec::new(),
+        ))
+    }
+
     fn cfg(success: u32, failure: u32, continuous: bool) -> GateConfig {
         GateConfig {
             period: Duration::from_secs(1),
             pending_period: Duration::from_millis(50),
-            release: Vec::new(),
             timeout: Duration::from_secs(1),
             thresholds: Thresholds { success, failure },
             continuous,
@@ -585,7 +596,7 @@ mod tests {
     /// each step happens one second after the previous one.
     fn run(name: &str, cfg: GateConfig, steps: Vec<(Event, &[&str])>) {
         let t0 = Instant::now();
-        let mut g = State::new("n1", vec![TAINT.parse().unwrap()], cfg, 2, t0);
+        let mut g = State::new("n1", default_gate(), cfg, 2, t0);
         for (i, (event, want)) in steps.into_iter().enumerate() {
             let shown = format!("{event:?}");
             let got: Vec<String> = g
@@ -602,7 +613,7 @@ mod tests {
     #[test]
     fn rounds_are_short_only_while_the_node_waits() {
         let t0 = Instant::now();
-        let mut g = State::new("n1", vec![TAINT.parse().unwrap()], cfg(1, 1, false), 1, t0);
+        let mut g = State::new("n1", default_gate(), cfg(1, 1, false), 1, t0);
         assert_eq!(g.period(), Duration::from_millis(50));
         g.on(Event::NodeChanged(node("b1", true)), t0);
         g.on(Event::Probed(true), t0);
@@ -655,7 +666,7 @@ mod tests {
     fn versions_older_than_the_ready_patch_are_not_acted_on() {
         let t0 = Instant::now();
         let s = Duration::from_secs;
-        let mut g = State::new("n1", vec![TAINT.parse().unwrap()], cfg(1, 1, false), 1, t0);
+        let mut g = State::new("n1", default_gate(), cfg(1, 1, false), 1, t0);
         g.on(Event::NodeChanged(at(node("b1", true), "7")), t0);
         let acts = |a: Vec<Action>| a.iter().map(brief).collect::<Vec<_>>();
         assert_eq!(
@@ -681,7 +692,7 @@ mod tests {
 
         // Past the window an older version counts again (after an etcd
         // restore versions go back): at worst one failed `test` and a read.
-        let mut g = State::new("n1", vec![TAINT.parse().unwrap()], cfg(1, 1, false), 1, t0);
+        let mut g = State::new("n1", default_gate(), cfg(1, 1, false), 1, t0);
         g.on(Event::NodeChanged(at(node("b1", true), "7")), t0);
         g.on(Event::Probed(true), t0);
         g.on(patched_at("10"), t0);
@@ -1146,7 +1157,7 @@ mod tests {
     #[test]
     fn the_warning_names_the_gate_and_the_fix() {
         let t0 = Instant::now();
-        let mut g = State::new("n1", vec![TAINT.parse().unwrap()], cfg(1, 1, false), 1, t0);
+        let mut g = State::new("n1", default_gate(), cfg(1, 1, false), 1, t0);
         g.on(Event::Probed(true), t0);
         let acts = g.on(initialized("b1", true, None), t0);
         let warning = acts.iter().find_map(|a| match a {

@@ -35,7 +35,7 @@ impl Gate {
     pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
         let mut state = State::new(
             self.writer.name.clone(),
-            self.writer.specs.clone(),
+            self.writer.taints.clone(),
             self.cfg.clone(),
             self.probes.len(),
             self.started,

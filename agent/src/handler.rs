@@ -14,13 +14,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
+use nodegate_roster::record::NodeRecord;
 use tokio::io::AsyncWriteExt;
 use tokio::process::Command;
 use tokio::sync::mpsc;
 
 pub use crate::deletion::DeleteSource;
 use crate::metrics::{HandlerLabels, Metrics, Source};
-use crate::record::NodeRecord;
 
 #[derive(Debug, thiserror::Error)]
 pub enum HandlerError {
@@ -179,7 +179,7 @@ impl Dispatcher {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::record::NodeAddress;
+    use nodegate_roster::record::NodeAddress;
 
     fn rec() -> NodeRecord {
         NodeRecord {

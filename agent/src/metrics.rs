@@ -131,6 +131,16 @@ impl Metrics {
     /// `roster_complete 0` would look like a roster that never completes.
     pub fn registry_for(&self, roster: bool) -> Registry {
         let mut r = Registry::with_prefix("nodegate_agent");
+        self.register_gate(&mut r);
+        self.register_prune(&mut r);
+        if roster {
+            self.register_roster(&mut r);
+        }
+        r
+    }
+
+    /// The readiness gate's metrics.
+    fn register_gate(&self, r: &mut Registry) {
         r.register(
             "probe_results",
             "Probe rounds by probe (kind, index among the flags of that kind) and result (ok|fail)",
@@ -172,6 +182,11 @@ impl Metrics {
                 autoscaler: a.as_str(),
             });
         }
+    }
+
+    /// Pruning's metrics, whatever its source: the snapshot, the handlers
+    /// and the confirmations.
+    fn register_prune(&self, r: &mut Registry) {
         r.register(
             "pruned_nodes",
             "Node deletions dispatched to handlers, by source (watch|snapshot)",
@@ -242,9 +257,10 @@ impl Metrics {
                 .prune_confirmations
                 .get_or_create(&ResultLabel { result: res });
         }
-        if !roster {
-            return r;
-        }
+    }
+
+    /// The roster's gauges (`--prune-source=roster` only).
+    fn register_roster(&self, r: &mut Registry) {
         r.register(
             "roster_complete",
             "1 while the roster's shards form a complete set (--prune-source=roster); pruning waits while 0",
@@ -260,6 +276,5 @@ impl Metrics {
             "Roster shard versions refused as corrupt, misplaced or of an unknown format",
             self.roster_rejected.clone(),
         );
-        r
     }
 }

@@ -10,12 +10,7 @@ use nodegate_shared::node::rebooted_since_ready;
 use nodegate_shared::{NodeView, TaintSpec};
 use serde_json::{Value, json};
 
-/// True when the ready patch removes `taint`: one the agent manages (by key
-/// and effect), or one it releases (exactly: key, value and effect, so a
-/// taint another writer keeps under the same key stays).
-pub fn removes(taint: &Value, specs: &[TaintSpec], release: &[TaintSpec]) -> bool {
-    specs.iter().any(|s| s.matches(taint)) || release.iter().any(|r| r.matches_exactly(taint))
-}
+use crate::taint_set::TaintSet;
 
 /// The one patch that makes the node schedulable: for each configured or
 /// released taint present, `test` the entry at its index then `remove` it
@@ -25,10 +20,10 @@ pub fn removes(taint: &Value, specs: &[TaintSpec], release: &[TaintSpec]) -> boo
 ///
 /// The `test`s make the patch fail (HTTP 422) if the taint list moved since
 /// it was read; other taints are never touched.
-pub fn ready_patch(node: &NodeView, specs: &[TaintSpec], release: &[TaintSpec]) -> Option<Patch> {
+pub fn ready_patch(node: &NodeView, taints: &TaintSet) -> Option<Patch> {
     let mut ops = Vec::new();
     for (i, taint) in node.taints().iter().enumerate().rev() {
-        if removes(taint, specs, release) {
+        if taints.removes(taint) {
             let path =
                 PointerBuf::from_tokens(["spec".to_string(), "taints".into(), i.to_string()]);
             ops.push(PatchOperation::Test(TestOperation {
@@ -70,8 +65,8 @@ pub fn ready_patch(node: &NodeView, specs: &[TaintSpec], release: &[TaintSpec]) 
 
 /// True when the node carries any configured or released taint or has not
 /// recorded its current bootID as ready: the ready patch has work to do.
-pub fn needs_ready_patch(node: &NodeView, specs: &[TaintSpec], release: &[TaintSpec]) -> bool {
-    ready_patch(node, specs, release).is_some()
+pub fn needs_ready_patch(node: &NodeView, taints: &TaintSet) -> bool {
+    ready_patch(node, taints).is_some()
 }
 
 /// Why the agent adds its taint back.
@@ -97,8 +92,8 @@ impl AddReason {
 }
 
 /// The safety-net rule, evaluated on a fresh read.
-pub fn safety_net_applies(node: &NodeView, specs: &[TaintSpec]) -> bool {
-    !node.missing(specs).is_empty() && node.ready_boot_id() != node.boot_id()
+pub fn safety_net_applies(node: &NodeView, taints: &TaintSet) -> bool {
+    !node.missing(taints.managed()).is_empty() && node.ready_boot_id() != node.boot_id()
 }
 
 /// Who put on the taint a ready patch removes: the label of
@@ -132,21 +127,20 @@ impl Origin {
 }
 
 /// The taints the agent adds for `reason` to `node` as freshly read, out of
-/// `specs` (every taint it manages; `boot` is strict mode's boot gate among
-/// them). The safety net acts only when the webhook missed this boot; the
-/// shutdown and continuous re-taints always. The boot gate evicts, so it
-/// comes only with a boot other than the one the node recorded as ready:
-/// never on the same boot (an agent rollout or a probe failure), and never
-/// on a node without a recorded boot (nodegate installed on a running
-/// cluster), where it would evict what already runs there.
+/// the ones it manages. The safety net acts only when the webhook missed
+/// this boot; the shutdown and continuous re-taints always. The boot gate
+/// evicts, so it comes only with a boot other than the one the node
+/// recorded as ready: never on the same boot (an agent rollout or a probe
+/// failure), and never on a node without a recorded boot (nodegate
+/// installed on a running cluster), where it would evict what already runs
+/// there.
 pub fn taints_to_add<'a>(
     reason: AddReason,
     node: &NodeView,
-    specs: &'a [TaintSpec],
-    boot: &[TaintSpec],
+    taints: &'a TaintSet,
 ) -> Vec<&'a TaintSpec> {
     let applies = match reason {
-        AddReason::SafetyNet => safety_net_applies(node, specs),
+        AddReason::SafetyNet => safety_net_applies(node, taints),
         AddReason::Shutdown | AddReason::Continuous => true,
     };
     if !applies {
@@ -154,9 +148,9 @@ pub fn taints_to_add<'a>(
     }
     let new_boot = reason == AddReason::SafetyNet
         && rebooted_since_ready(node.ready_boot_id(), node.boot_id());
-    node.missing(specs)
+    node.missing(taints.managed())
         .into_iter()
-        .filter(|s| new_boot || !boot.contains(s))
+        .filter(|s| new_boot || !taints.boot().contains(s))
         .collect()
 }
 
@@ -211,6 +205,11 @@ mod tests {
         ]
     }
 
+    /// The default gate, releasing `release`.
+    fn taints(release: &[TaintSpec]) -> TaintSet {
+        TaintSet::new(specs(), Vec::new(), release.to_vec())
+    }
+
     fn view(v: Value) -> NodeView {
         serde_json::from_value(v).unwrap()
     }
@@ -237,8 +236,8 @@ mod tests {
             "spec": {"taints": [not_ready]},
             "status": {"nodeInfo": {"bootID": "boot-1"}}
         });
-        let spec = specs();
-        let missing: Vec<&TaintSpec> = spec.iter().collect();
+        let spec = taints(&[]);
+        let missing: Vec<&TaintSpec> = spec.managed().iter().collect();
         let gate = nodegate_shared::patch::add_taints(
             &view(created.clone()),
             &missing,
@@ -246,7 +245,7 @@ mod tests {
         );
         let mut watched = created;
         json_patch::patch(&mut watched, &gate).unwrap();
-        let patch = ready_patch(&view(watched.clone()), &spec, &[]).unwrap();
+        let patch = ready_patch(&view(watched.clone()), &spec).unwrap();
         // The controller's write lands first.
         let mut stored = watched.clone();
         stored["spec"]["taints"]
@@ -262,7 +261,7 @@ mod tests {
         // Behind it, the same race fails the `test`.
         let mut behind = watched;
         behind["spec"]["taints"] = json!([not_ready, ours()]);
-        let late = ready_patch(&view(behind.clone()), &spec, &[]).unwrap();
+        let late = ready_patch(&view(behind.clone()), &spec).unwrap();
         behind["spec"]["taints"] = json!([ours()]);
         assert!(json_patch::patch(&mut behind, &late).is_err());
     }
@@ -275,7 +274,7 @@ mod tests {
             "spec": {"taints": [other, ours()]},
             "status": {"nodeInfo": {"bootID": "boot-1"}}
         });
-        let patch = ready_patch(&view(node.clone()), &specs(), &[]).unwrap();
+        let patch = ready_patch(&view(node.clone()), &taints(&[])).unwrap();
         assert_eq!(
             serde_json::to_value(&patch).unwrap(),
             json!([
@@ -293,7 +292,7 @@ mod tests {
         );
         assert_eq!(doc["metadata"]["annotations"]["a"], "b");
         // Applied once, nothing is left to do.
-        assert!(ready_patch(&view(doc), &specs(), &[]).is_none());
+        assert!(ready_patch(&view(doc), &taints(&[])).is_none());
     }
 
     /// Upgrades: the old default taint goes with the ready patch, matched
@@ -310,15 +309,15 @@ mod tests {
             "spec": {"taints": [operators, old, registered]},
             "status": {"nodeInfo": {"bootID": "b"}}
         });
-        let release = std::slice::from_ref(&legacy);
-        assert!(needs_ready_patch(&view(node.clone()), &specs(), release));
-        let patch = ready_patch(&view(node.clone()), &specs(), release).unwrap();
+        let release = taints(std::slice::from_ref(&legacy));
+        assert!(needs_ready_patch(&view(node.clone()), &release));
+        let patch = ready_patch(&view(node.clone()), &release).unwrap();
         let mut doc = node.clone();
         json_patch::patch(&mut doc, &patch).unwrap();
         assert_eq!(doc["spec"]["taints"], json!([operators, registered]));
-        assert!(!needs_ready_patch(&view(doc), &specs(), release));
+        assert!(!needs_ready_patch(&view(doc), &release));
         // Without the flag nothing of another key is touched.
-        assert!(ready_patch(&view(node), &specs(), &[]).is_none());
+        assert!(ready_patch(&view(node), &taints(&[])).is_none());
     }
 
     #[test]
@@ -326,7 +325,7 @@ mod tests {
         let node = json!({"metadata": {"name": "n", "resourceVersion": "3"},
                           "spec": {"taints": [ours()]},
                           "status": {"nodeInfo": {"bootID": "b"}}});
-        let patch = ready_patch(&view(node.clone()), &specs(), &[]).unwrap();
+        let patch = ready_patch(&view(node.clone()), &taints(&[])).unwrap();
         let mut doc = node;
         json_patch::patch(&mut doc, &patch).unwrap();
         assert_eq!(doc["spec"]["taints"], json!([]));
@@ -340,7 +339,7 @@ mod tests {
     fn ready_patch_fails_when_taints_moved() {
         let read = view(json!({"metadata": {"annotations": {"x": "y"}},
                                "spec": {"taints": [ours()]}}));
-        let patch = ready_patch(&read, &specs(), &[]).unwrap();
+        let patch = ready_patch(&read, &taints(&[])).unwrap();
         let mut moved = json!({"metadata": {"annotations": {"x": "y"}},
             "spec": {"taints": [{"key": "k", "effect": "NoSchedule"}, ours()]}});
         assert!(json_patch::patch(&mut moved, &patch).is_err());
@@ -348,17 +347,14 @@ mod tests {
 
     #[test]
     fn only_the_safety_net_depends_on_the_node() {
-        let s = specs();
+        let s = taints(&[]);
         let ready = view(
             json!({"metadata": {"annotations": {"nodegate.dev/ready-boot-id": "b"}},
                                 "status": {"nodeInfo": {"bootID": "b"}}}),
         );
-        assert!(taints_to_add(AddReason::SafetyNet, &ready, &s, &[]).is_empty());
-        assert_eq!(taints_to_add(AddReason::Shutdown, &ready, &s, &[]).len(), 1);
-        assert_eq!(
-            taints_to_add(AddReason::Continuous, &ready, &s, &[]).len(),
-            1
-        );
+        assert!(taints_to_add(AddReason::SafetyNet, &ready, &s).is_empty());
+        assert_eq!(taints_to_add(AddReason::Shutdown, &ready, &s).len(), 1);
+        assert_eq!(taints_to_add(AddReason::Continuous, &ready, &s).len(), 1);
     }
 
     /// Strict mode: the boot gate comes only with a new boot, from the
@@ -368,8 +364,7 @@ mod tests {
         let gate: TaintSpec = "nodegate.dev/agent-not-ready=true:NoExecute"
             .parse()
             .unwrap();
-        let all = vec![specs()[0].clone(), gate.clone()];
-        let boot = std::slice::from_ref(&gate);
+        let all = TaintSet::new(specs(), vec![gate], Vec::new());
         let on = |ready: Option<&str>| {
             let ann = ready.map_or(json!({}), |r| json!({"nodegate.dev/ready-boot-id": r}));
             view(
@@ -391,14 +386,14 @@ mod tests {
             (AddReason::Continuous, Some("b2"), &["NoSchedule"]),
         ];
         for (reason, ready, want) in cases {
-            let got = shown(taints_to_add(reason, &on(ready), &all, boot));
+            let got = shown(taints_to_add(reason, &on(ready), &all));
             assert_eq!(got, want, "{reason:?} with ready boot {ready:?}");
         }
     }
 
     #[test]
     fn safety_net_rule() {
-        let s = specs();
+        let s = taints(&[]);
         // No taint, no annotation: webhook missed it.
         assert!(safety_net_applies(
             &view(json!({"status": {"nodeInfo": {"bootID": "b"}}})),

@@ -2,6 +2,7 @@
 //! [`crate::node_patch`] builds, sent with re-reads on conflicts and failed
 //! `test`s until a deadline, and the Events that tell humans.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use json_patch::Patch;
@@ -10,14 +11,15 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 use kube::api::{Patch as KubePatch, PatchParams, PostParams};
+use nodegate_shared::NodeView;
 use nodegate_shared::patch::{Guard, add_taints};
-use nodegate_shared::{NodeView, TaintSpec};
 use tokio::time::Instant;
 
 use crate::metrics::{Metrics, Reason};
 use crate::node_patch::{
-    AddReason, Added, EventType, MarkReady, ReadyOutcome, ready_patch, removes, taints_to_add,
+    AddReason, Added, EventType, MarkReady, ReadyOutcome, ready_patch, taints_to_add,
 };
+use crate::taint_set::TaintSet;
 
 #[derive(Debug, thiserror::Error)]
 pub enum WriteError {
@@ -35,13 +37,8 @@ pub enum WriteError {
 pub struct NodeWriter {
     pub api: Api<Node>,
     pub name: String,
-    /// Every taint the agent manages (and removes when ready).
-    pub specs: Vec<TaintSpec>,
-    /// Strict mode's boot gate among them, added only on a new boot.
-    pub boot_specs: Vec<TaintSpec>,
-    /// Taints the ready patch also removes when they match exactly (an
-    /// older configuration's), never added.
-    pub release: Vec<TaintSpec>,
+    /// What to remove and add; the gate's rules read the same set.
+    pub taints: Arc<TaintSet>,
     pub metrics: Metrics,
 }
 
@@ -153,8 +150,7 @@ impl NodeWriter {
         expected_boot: Option<&str>,
         seen: Option<NodeView>,
     ) -> Result<MarkReady, WriteError> {
-        let specs = self.specs.clone();
-        let release = self.release.clone();
+        let taints = &*self.taints;
         let (out, latest) = self
             .patch_loop(deadline, seen, |view| {
                 if let (Some(want), Some(now)) = (expected_boot, view.boot_id())
@@ -162,11 +158,11 @@ impl NodeWriter {
                 {
                     return None;
                 }
-                let patch = ready_patch(view, &specs, &release)?;
+                let patch = ready_patch(view, taints)?;
                 let removed = view
                     .taints()
                     .iter()
-                    .filter(|t| removes(t, &specs, &release))
+                    .filter(|t| taints.removes(t))
                     .cloned()
                     .collect();
                 Some((
@@ -207,11 +203,10 @@ impl NodeWriter {
         reason: AddReason,
         deadline: Instant,
     ) -> Result<Added, WriteError> {
-        let specs = self.specs.clone();
-        let boot = self.boot_specs.clone();
+        let set = &*self.taints;
         let (taints, latest) = self
             .patch_loop(deadline, None, |view| {
-                let missing = taints_to_add(reason, view, &specs, &boot);
+                let missing = taints_to_add(reason, view, set);
                 if missing.is_empty() {
                     return None;
                 }

@@ -14,13 +14,13 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
+use nodegate_roster::record::NodeRecord;
 use nodegate_roster::view::Membership;
 pub use nodegate_roster::view::NodeEvents;
 
 use crate::confirm::{Confirmer, Conflict, Field, Holders, Lookup, Outcome};
 use crate::deletion::DeleteSource;
 pub use crate::deletion::{Deletion, key};
-use crate::record::NodeRecord;
 
 /// Nodes of `snapshot` that are not live now, compared by name AND uid: a
 /// node re-created under the same name is a different node, so the old one
@@ -1243,7 +1243,7 @@ mod tests {
     /// A record with an InternalIP (and a podCIDR of its own unless given).
     fn with(name: &str, uid: &str, ip: &str, pod_cidr: Option<&str>) -> NodeRecord {
         NodeRecord {
-            addresses: vec![crate::record::NodeAddress {
+            addresses: vec![nodegate_roster::record::NodeAddress {
                 kind: "InternalIP".into(),
                 address: ip.into(),
             }],

@@ -13,6 +13,7 @@ use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use kube::Api;
 use kube::runtime::{WatchStreamExt, watcher};
+use nodegate_roster::record::NodeRecord;
 use nodegate_roster::shard;
 use nodegate_roster::view::{Membership, NodeEvents, RosterView};
 use nodegate_shared::NodeResource;
@@ -23,7 +24,6 @@ use crate::confirm::{ConfirmConfig, Confirmer, Field, Lookup};
 use crate::deletion::{Deletion, key};
 use crate::metrics::{Metrics, ResultLabel};
 use crate::prune::{Action, Event, Pruner, State};
-use crate::record::NodeRecord;
 use crate::snapshot;
 
 /// Everything the prune loop needs besides the source.

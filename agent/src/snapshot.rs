@@ -17,9 +17,8 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use nodegate_roster::record::NodeRecord;
 use serde::{Deserialize, Serialize};
-
-use crate::record::NodeRecord;
 
 pub const FILE_NAME: &str = "nodes.json";
 /// The only format version this agent reads and writes.
@@ -234,7 +233,7 @@ pub fn write_atomic(dir: &Path, bytes: &[u8]) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::record::NodeAddress;
+    use nodegate_roster::record::NodeAddress;
 
     fn rec(name: &str, uid: &str) -> NodeRecord {
         NodeRecord {

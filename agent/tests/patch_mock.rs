@@ -2,6 +2,7 @@
 //! exact request bodies, and re-reading after a conflict or failed `test`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::{Method, Request, Response};
@@ -11,6 +12,7 @@ use kube::{Api, Client};
 use nodegate_agent::metrics::Metrics;
 use nodegate_agent::node_patch::AddReason;
 use nodegate_agent::node_writer::NodeWriter;
+use nodegate_agent::taint_set::TaintSet;
 use serde_json::{Value, json};
 use tokio::time::Instant;
 use tower_test::mock::{self, Handle, SendResponse};
@@ -40,9 +42,11 @@ fn setup() -> (NodeWriter, MockHandle, Metrics) {
     let t = NodeWriter {
         api: Api::<Node>::all(client),
         name: "n1".into(),
-        specs: vec![TAINT.parse().unwrap()],
-        boot_specs: Vec::new(),
-        release: Vec::new(),
+        taints: Arc::new(TaintSet::new(
+            vec![TAINT.parse().unwrap()],
+            Vec::new(),
+            Vec::new(),
+        )),
         metrics: metrics.clone(),
     };
     (t, handle, metrics)

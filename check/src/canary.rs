@@ -3,7 +3,10 @@
 //! the webhook call) and stores nothing. Every configured taint, strict
 //! mode's boot gate when configured, and the webhook's warning for each must
 //! come back.
+//!
+//! [`create`] sends the dry-run; [`verdict`] judges what came back.
 
+use http::StatusCode;
 use http_body_util::BodyExt;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::PostParams;
@@ -12,7 +15,8 @@ use nodegate_shared::TaintSpec;
 use serde_json::{Value, json};
 
 use crate::container_flags::Flags;
-use crate::{Report, Status};
+use crate::expected::NOTHING_TO_EXPECT;
+use crate::report::{Report, Status};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
@@ -34,26 +38,160 @@ pub fn canary_node(name: &str) -> Value {
            "status": {"nodeInfo": {"bootID": "nodegate-check"}}})
 }
 
-/// `want`: the taints and boot gate the create must come back with.
-/// `want_warning`: the webhook admits creates (it warns); with the admission
-/// policy no warning can come back.
-pub async fn check(
-    client: &Client,
-    want: &Flags,
-    want_warning: bool,
-    report: &mut Report,
-) -> Outcome {
-    let name = format!("nodegate-check-{:08x}", rand::random::<u32>());
+/// How the dry-run create went.
+#[derive(Debug, Clone)]
+pub enum Sent {
+    /// The request could not be built.
+    Unbuilt(String),
+    /// No answer (transport error).
+    Failed(String),
+    Answered {
+        status: StatusCode,
+        /// The `Warning` headers.
+        warnings: Vec<String>,
+        /// The answer's body (`Null` when not JSON).
+        body: Value,
+        /// The dry-run stored the Node after all (it was deleted again).
+        stored: bool,
+    },
+}
+
+/// What the check expects of the canary.
+#[derive(Debug, Clone, Copy)]
+pub struct Expected<'a> {
+    /// The taints and boot gate the create must come back with.
+    pub want: &'a Flags,
+    /// The webhook admits creates (it warns); with the admission policy no
+    /// warning can come back.
+    pub want_warning: bool,
+}
+
+/// `key:effect` of each taint in a Node's `spec.taints`.
+fn shown(taints: &[Value]) -> Vec<String> {
+    taints
+        .iter()
+        .map(|t| {
+            let k = t.get("key").and_then(Value::as_str).unwrap_or_default();
+            let e = t.get("effect").and_then(Value::as_str).unwrap_or_default();
+            format!("{k}:{e}")
+        })
+        .collect()
+}
+
+/// The line for an admitted, unstored canary that came back with `got`
+/// and `warnings`.
+fn admitted(
+    name: &str,
+    expected: &Expected,
+    got: &[Value],
+    warnings: &[String],
+) -> (Status, String, Outcome) {
+    let want = expected.want;
+    let absent = |taints: &[TaintSpec]| -> Vec<String> {
+        taints
+            .iter()
+            .filter(|t| !t.is_in(got))
+            .map(ToString::to_string)
+            .collect()
+    };
+    let (missing, missing_gate) = (absent(&want.taints), absent(&want.boot));
+    let taints: Vec<&TaintSpec> = want.taints.iter().chain(&want.boot).collect();
+    // The gate shares its key with a taint: a warning counts for the key and
+    // effect it names.
+    let unwarned: Vec<String> = taints
+        .iter()
+        .filter(|t| {
+            t.is_in(got)
+                && !warnings
+                    .iter()
+                    .any(|w| w.contains(t.key()) && w.contains(t.effect().as_str()))
+        })
+        .map(|t| format!("{}:{}", t.key(), t.effect()))
+        .collect();
+    let shown = shown(got);
+    let missed = |detail: String| (Status::Fail, detail, Outcome::Missing);
+    if !missing.is_empty() {
+        let missing: Vec<String> = missing.into_iter().chain(missing_gate).collect();
+        return missed(format!(
+            "Node {name} was admitted WITHOUT {missing:?} (it came back with {shown:?}): new nodes are schedulable before their network agent is ready"
+        ));
+    }
+    if !missing_gate.is_empty() {
+        return missed(format!(
+            "Node {name} was admitted WITHOUT the boot gate {missing_gate:?} (it came back with {shown:?}): strict mode is configured but not applied, so pods bound to a new or rebooted node run before its network agent is ready"
+        ));
+    }
+    if expected.want_warning && !unwarned.is_empty() {
+        return missed(format!(
+            "Node {name} came back tainted but without the webhook's warning for {unwarned:?} (warnings: {warnings:?})"
+        ));
+    }
+    // With the admission-policy install the webhook still sees Node creates
+    // (for re-registrations) and taints what the policy left untainted: its
+    // warning on every taint means the policy did not apply.
+    if !expected.want_warning && !warnings.is_empty() && unwarned.is_empty() {
+        return missed(format!(
+            "Node {name} came back tainted by the webhook, not the admission policy (warnings: {warnings:?}): the policy did not apply, so new nodes depend on the webhook again"
+        ));
+    }
+    let keys: Vec<String> = taints.iter().map(ToString::to_string).collect();
+    let gate = if want.boot.is_empty() {
+        ""
+    } else {
+        " (strict mode's boot gate included)"
+    };
+    let by = if expected.want_warning {
+        "and the webhook's warning"
+    } else {
+        "from the admission policy"
+    };
+    (
+        Status::Pass,
+        format!("Node {name} came back with {keys:?}{gate} {by}; nothing stored"),
+        Outcome::Tainted,
+    )
+}
+
+/// The line for the canary Node `name`.
+pub fn verdict(name: &str, expected: &Expected, sent: &Sent) -> (Status, String, Outcome) {
+    let error = |detail: String| (Status::Fail, detail, Outcome::Error);
+    match sent {
+        Sent::Unbuilt(e) => error(e.clone()),
+        Sent::Failed(e) => error(format!("dry-run create of Node {name} failed: {e}")),
+        Sent::Answered { status, body, .. } if status.as_u16() != 201 => {
+            let msg = body
+                .get("message")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            error(format!(
+                "dry-run create of Node {name} answered {status}: {msg}"
+            ))
+        }
+        // Dry-run must store nothing; a stored canary would be a fake node.
+        Sent::Answered { stored: true, .. } => {
+            error(format!("the dry-run stored Node {name} (deleted it again)"))
+        }
+        Sent::Answered { warnings, body, .. } => {
+            let got: Vec<Value> = body
+                .pointer("/spec/taints")
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default();
+            admitted(name, expected, &got, warnings)
+        }
+    }
+}
+
+/// The dry-run create of the canary `name`, and whether it was stored
+/// anyway (then deleted again: a stored canary would be a fake node).
+pub async fn create(client: &Client, name: &str) -> Sent {
     let pp = PostParams {
         dry_run: true,
         field_manager: Some("nodegate-check".into()),
     };
-    let body = match serde_json::to_vec(&canary_node(&name)) {
+    let body = match serde_json::to_vec(&canary_node(name)) {
         Ok(b) => b,
-        Err(e) => {
-            report.add(CHECK, Status::Fail, e.to_string());
-            return Outcome::Error;
-        }
+        Err(e) => return Sent::Unbuilt(e.to_string()),
     };
     let sent = async {
         let req = kube::core::Request::new("/api/v1/nodes")
@@ -80,124 +218,135 @@ pub async fn check(
     };
     let (status, warnings, bytes) = match sent.await {
         Ok(r) => r,
-        Err(e) => {
-            report.add(
-                CHECK,
-                Status::Fail,
-                format!("dry-run create of Node {name} failed: {e}"),
-            );
-            return Outcome::Error;
+        Err(e) => return Sent::Failed(e),
+    };
+    let mut stored = false;
+    if status.as_u16() == 201 {
+        let nodes: Api<Node> = Api::all(client.clone());
+        if let Ok(Some(_)) = nodes.get_opt(name).await {
+            let _ = nodes.delete(name, &Default::default()).await;
+            stored = true;
         }
-    };
-    let answer: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-    if status.as_u16() != 201 {
-        let msg = answer
-            .get("message")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
-        report.add(
-            CHECK,
-            Status::Fail,
-            format!("dry-run create of Node {name} answered {status}: {msg}"),
-        );
-        return Outcome::Error;
     }
-    let got: Vec<Value> = answer
-        .pointer("/spec/taints")
-        .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default();
-    let absent = |taints: &[TaintSpec]| -> Vec<String> {
-        taints
+    Sent::Answered {
+        status,
+        warnings,
+        body: serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+        stored,
+    }
+}
+
+/// Sends a canary of a random name and reports [`verdict`]; skipped when
+/// there is nothing to expect of it (`None`: nodegate-check's own taint
+/// flags are invalid).
+pub async fn check(
+    client: &Client,
+    expected: Option<&Expected<'_>>,
+    report: &mut Report,
+) -> Outcome {
+    let Some(expected) = expected else {
+        report.add(CHECK, Status::Skip, NOTHING_TO_EXPECT);
+        return Outcome::Error;
+    };
+    let name = format!("nodegate-check-{:08x}", rand::random::<u32>());
+    let (status, detail, outcome) = verdict(&name, expected, &create(client, &name).await);
+    report.add(CHECK, status, detail);
+    outcome
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nodegate_shared::keys::DEFAULT_TAINT;
+
+    const GATE: &str = "nodegate.dev/agent-not-ready=true:NoExecute";
+
+    fn answered(taints: &[&str], warnings: &[&str]) -> Sent {
+        // As JSON: the kubelet's own not-ready taint is no TaintSpec.
+        let taints: Vec<Value> = taints
             .iter()
-            .filter(|t| !t.is_in(&got))
-            .map(ToString::to_string)
-            .collect()
-    };
-    let (missing, missing_gate) = (absent(&want.taints), absent(&want.boot));
-    let taints: Vec<&TaintSpec> = want.taints.iter().chain(&want.boot).collect();
-    // The gate shares its key with a taint: a warning counts for the key and
-    // effect it names.
-    let unwarned: Vec<String> = taints
-        .iter()
-        .filter(|t| {
-            t.is_in(&got)
-                && !warnings
-                    .iter()
-                    .any(|w| w.contains(t.key()) && w.contains(t.effect().as_str()))
-        })
-        .map(|t| format!("{}:{}", t.key(), t.effect()))
-        .collect();
-    // Dry-run must store nothing; a stored canary would be a fake node.
-    let nodes: Api<Node> = Api::all(client.clone());
-    if let Ok(Some(_)) = nodes.get_opt(&name).await {
-        let _ = nodes.delete(&name, &Default::default()).await;
-        report.add(
-            CHECK,
-            Status::Fail,
-            format!("the dry-run stored Node {name} (deleted it again)"),
-        );
-        return Outcome::Error;
+            .map(|t| {
+                let (key_value, effect) = t.rsplit_once(':').unwrap();
+                let (key, value) = key_value.split_once('=').unwrap_or((key_value, ""));
+                json!({"key": key, "value": value, "effect": effect})
+            })
+            .collect();
+        Sent::Answered {
+            status: StatusCode::CREATED,
+            warnings: warnings.iter().map(ToString::to_string).collect(),
+            body: json!({"spec": {"taints": taints}}),
+            stored: false,
+        }
     }
-    let shown: Vec<String> = got
-        .iter()
-        .map(|t| {
-            let k = t.get("key").and_then(Value::as_str).unwrap_or_default();
-            let e = t.get("effect").and_then(Value::as_str).unwrap_or_default();
-            format!("{k}:{e}")
-        })
-        .collect();
-    if !missing.is_empty() {
-        let missing: Vec<String> = missing.into_iter().chain(missing_gate).collect();
-        report.add(
-            CHECK,
-            Status::Fail,
-            format!("Node {name} was admitted WITHOUT {missing:?} (it came back with {shown:?}): new nodes are schedulable before their network agent is ready"),
-        );
-        return Outcome::Missing;
+
+    /// A webhook's warning for `taint`, as it words it.
+    fn warning(taint: &str) -> String {
+        let t: TaintSpec = taint.parse().unwrap();
+        format!("299 - \"nodegate: added taint {}:{}\"", t.key(), t.effect())
     }
-    if !missing_gate.is_empty() {
-        report.add(
-            CHECK,
-            Status::Fail,
-            format!("Node {name} was admitted WITHOUT the boot gate {missing_gate:?} (it came back with {shown:?}): strict mode is configured but not applied, so pods bound to a new or rebooted node run before its network agent is ready"),
-        );
-        return Outcome::Missing;
+
+    #[test]
+    fn verdicts() {
+        let plain = Flags::of(&[DEFAULT_TAINT], &[]);
+        let strict = Flags::of(&[DEFAULT_TAINT], &[GATE]);
+        let (w, wg) = (warning(DEFAULT_TAINT), warning(GATE));
+        let webhook = |want| Expected {
+            want,
+            want_warning: true,
+        };
+        let policy = |want| Expected {
+            want,
+            want_warning: false,
+        };
+        let rejected = Sent::Answered {
+            status: StatusCode::FORBIDDEN,
+            warnings: Vec::new(),
+            body: json!({"message": "nodes is forbidden"}),
+            stored: false,
+        };
+        let stored = match answered(&[DEFAULT_TAINT], &[&w]) {
+            Sent::Answered {
+                status,
+                warnings,
+                body,
+                ..
+            } => Sent::Answered {
+                status,
+                warnings,
+                body,
+                stored: true,
+            },
+            other => other,
+        };
+        let rows: Vec<(&str, Expected, Sent, Status, Outcome, String)> = vec![
+            ("tainted and warned", webhook(&plain), answered(&[DEFAULT_TAINT], &[&w]), Status::Pass, Outcome::Tainted,
+                format!("Node n came back with [\"{DEFAULT_TAINT}\"] and the webhook's warning; nothing stored")),
+            ("strict mode", webhook(&strict), answered(&[DEFAULT_TAINT, GATE], &[&w, &wg]), Status::Pass, Outcome::Tainted,
+                format!("Node n came back with [\"{DEFAULT_TAINT}\", \"{GATE}\"] (strict mode's boot gate included) and the webhook's warning")),
+            ("by the policy", policy(&plain), answered(&[DEFAULT_TAINT], &[]), Status::Pass, Outcome::Tainted,
+                format!("[\"{DEFAULT_TAINT}\"] from the admission policy; nothing stored")),
+            ("unbuilt", webhook(&plain), Sent::Unbuilt("bad".into()), Status::Fail, Outcome::Error, "bad".into()),
+            ("no answer", webhook(&plain), Sent::Failed("reset".into()), Status::Fail, Outcome::Error,
+                "dry-run create of Node n failed: reset".into()),
+            ("refused", webhook(&plain), rejected, Status::Fail, Outcome::Error,
+                "dry-run create of Node n answered 403 Forbidden: nodes is forbidden".into()),
+            ("stored", webhook(&plain), stored, Status::Fail, Outcome::Error,
+                "the dry-run stored Node n (deleted it again)".into()),
+            ("untainted", webhook(&strict), answered(&["node.kubernetes.io/not-ready:NoSchedule"], &[]), Status::Fail, Outcome::Missing,
+                format!("Node n was admitted WITHOUT [\"{DEFAULT_TAINT}\", \"{GATE}\"] (it came back with [\"node.kubernetes.io/not-ready:NoSchedule\"]): new nodes are schedulable")),
+            ("without the gate", webhook(&strict), answered(&[DEFAULT_TAINT], &[&w]), Status::Fail, Outcome::Missing,
+                format!("Node n was admitted WITHOUT the boot gate [\"{GATE}\"] (it came back with [\"nodegate.dev/agent-not-ready:NoSchedule\"]): strict mode is configured but not applied")),
+            ("without the warning", webhook(&strict), answered(&[DEFAULT_TAINT, GATE], &[&w]), Status::Fail, Outcome::Missing,
+                "came back tainted but without the webhook's warning for [\"nodegate.dev/agent-not-ready:NoExecute\"]".into()),
+            ("the webhook, not the policy", policy(&plain), answered(&[DEFAULT_TAINT], &[&w]), Status::Fail, Outcome::Missing,
+                "came back tainted by the webhook, not the admission policy".into()),
+            ("the policy, some warning", policy(&strict), answered(&[DEFAULT_TAINT, GATE], &[&wg]), Status::Pass, Outcome::Tainted,
+                "(strict mode's boot gate included) from the admission policy".into()),
+        ];
+        for (name, expected, sent, status, outcome, part) in rows {
+            let (s, detail, o) = verdict("n", &expected, &sent);
+            assert_eq!((s, o), (status, outcome), "{name}: {detail}");
+            assert!(detail.contains(&part), "{name}: {detail:?} lacks {part:?}");
+        }
     }
-    if want_warning && !unwarned.is_empty() {
-        report.add(
-            CHECK,
-            Status::Fail,
-            format!("Node {name} came back tainted but without the webhook's warning for {unwarned:?} (warnings: {warnings:?})"),
-        );
-        return Outcome::Missing;
-    }
-    // With the admission-policy install the webhook still sees Node creates
-    // (for re-registrations) and taints what the policy left untainted: its
-    // warning on every taint means the policy did not apply.
-    if !want_warning && !warnings.is_empty() && unwarned.is_empty() {
-        report.add(
-            CHECK,
-            Status::Fail,
-            format!("Node {name} came back tainted by the webhook, not the admission policy (warnings: {warnings:?}): the policy did not apply, so new nodes depend on the webhook again"),
-        );
-        return Outcome::Missing;
-    }
-    let keys: Vec<String> = taints.iter().map(ToString::to_string).collect();
-    let gate = if want.boot.is_empty() {
-        ""
-    } else {
-        " (strict mode's boot gate included)"
-    };
-    let by = if want_warning {
-        "and the webhook's warning"
-    } else {
-        "from the admission policy"
-    };
-    report.add(
-        CHECK,
-        Status::Pass,
-        format!("Node {name} came back with {keys:?}{gate} {by}; nothing stored"),
-    );
-    Outcome::Tainted
 }

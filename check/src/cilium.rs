@@ -28,7 +28,7 @@ use nodegate_shared::taint::Effect;
 
 use crate::container_flags::{Flags, flags};
 use crate::installed::{Installed, Workload};
-use crate::{Args, Report, Status};
+use crate::report::{Report, Status};
 
 pub const CHECK: &str = "cilium operator";
 /// The label of Cilium's agent pods (the operator's `cilium-pod-labels`
@@ -396,12 +396,21 @@ async fn pods(client: &Client, ns: &str) -> Pods {
     }
 }
 
+/// Where Cilium keeps its operator's options.
+#[derive(Debug, Clone, Copy)]
+pub struct Where<'a> {
+    /// The namespace of its ConfigMap and agent pods (`k8s-app=cilium`).
+    pub namespace: &'a str,
+    /// The ConfigMap its operator reads its options from.
+    pub config: &'a str,
+}
+
 /// Reads the ConfigMap (and, without it, whether Cilium's pods run), the
 /// webhook's and the agent's flags, and reports [`verdict`].
-pub async fn check(client: &Client, args: &Args, installed: &Installed, report: &mut Report) {
-    let ns = &args.cilium_namespace;
+pub async fn check(client: &Client, at: &Where<'_>, installed: &Installed, report: &mut Report) {
+    let ns = at.namespace;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
-    let config = match cms.get_opt(&args.cilium_config).await {
+    let config = match cms.get_opt(at.config).await {
         Ok(Some(cm)) => Config::Data(cm.data.unwrap_or_default()),
         Ok(None) => Config::Missing(pods(client, ns).await),
         Err(e) => Config::Unreadable(e.to_string(), pods(client, ns).await),
@@ -411,8 +420,8 @@ pub async fn check(client: &Client, args: &Args, installed: &Installed, report: 
     let webhook = read(&installed.webhook);
     let agent = read(&installed.agent);
     let inputs = Inputs {
-        namespace: ns.clone(),
-        name: args.cilium_config.clone(),
+        namespace: ns.to_string(),
+        name: at.config.to_string(),
         config,
         webhook,
         agent,
@@ -520,32 +529,49 @@ mod tests {
         assert!(!op.remove && !op.remove_absent);
     }
 
-    #[test]
-    fn verdicts() {
-        let own_key = DEFAULT_TAINT
+    type Case = (&'static str, Inputs, Status, Vec<String>);
+
+    /// Each case's verdict has its status and every part of its detail.
+    fn assert_cases(cases: Vec<Case>) {
+        for (name, inputs, status, want) in cases {
+            let (got, detail) = verdict(&inputs);
+            assert_eq!(got, status, "{name}: {detail}");
+            for w in want {
+                assert!(detail.contains(&w), "{name}: {detail:?} lacks {w:?}");
+            }
+        }
+    }
+
+    /// nodegate's own key.
+    fn own_key() -> String {
+        DEFAULT_TAINT
             .parse::<TaintSpec>()
             .unwrap()
             .key()
-            .to_string();
+            .to_string()
+    }
+
+    /// The pass of two keys, two owners.
+    fn owns() -> String {
+        format!(
+            "Cilium's operator owns {OPERATOR_DEFAULT_KEY} (removes it when the node's Cilium pod is Ready, sets it while not); nodegate owns {}; a node takes pods when both are gone",
+            own_key()
+        )
+    }
+
+    /// Which of the two manages which key, by the operator's options and
+    /// nodegate's flags.
+    #[test]
+    fn verdicts_on_who_owns_which_key() {
+        let own_key = own_key();
         let gate = crate::container_flags::default_gate();
         let legacy_gate = with_effect(LEGACY_TAINT, Effect::NoExecute);
-        let operators_own = format!("{OPERATOR_DEFAULT_KEY}:NoSchedule");
         let fix_helm = "operator.removeNodeTaints=false, operator.setNodeTaints=false and extraConfig.remove-cilium-node-taints=\"false\"";
-        let owns = format!(
-            "Cilium's operator owns {OPERATOR_DEFAULT_KEY} (removes it when the node's Cilium pod is Ready, sets it while not); nodegate owns {own_key}; a node takes pods when both are gone"
-        );
+        let owns = owns();
         let mut only_webhook = configured(helm_defaults(), &[LEGACY_TAINT], &[]);
         only_webhook.agent = Some(flags(&[DEFAULT_TAINT], &[], &[]));
-        let mut releases_operators_own = shipped(helm_defaults());
-        releases_operators_own.agent = Some(flags(&[DEFAULT_TAINT], &[], &[&operators_own]));
-        let mut unknown_flags = shipped(helm_defaults());
-        unknown_flags.webhook = None;
-        unknown_flags.agent = None;
-        let mut agent_unknown = shipped(helm_defaults());
-        agent_unknown.agent = None;
-        let pod = || Pods::Found("cilium-abcde".into());
+        assert_cases(vec![
 
-        let cases: Vec<(&str, Inputs, Status, Vec<String>)> = vec![
             (
                 "Helm defaults, nodegate as shipped",
                 shipped(helm_defaults()),
@@ -632,6 +658,25 @@ mod tests {
                 Status::Pass,
                 vec!["its node-taint controller does not run".into()],
             ),
+        ]);
+    }
+
+    /// Releases of the operator's own taint, values that are not booleans,
+    /// and what cannot be read.
+    #[test]
+    fn verdicts_on_releases_values_and_reads() {
+        let owns = owns();
+        let operators_own = format!("{OPERATOR_DEFAULT_KEY}:NoSchedule");
+        let mut releases_operators_own = shipped(helm_defaults());
+        releases_operators_own.agent = Some(flags(&[DEFAULT_TAINT], &[], &[&operators_own]));
+        let mut unknown_flags = shipped(helm_defaults());
+        unknown_flags.webhook = None;
+        unknown_flags.agent = None;
+        let mut agent_unknown = shipped(helm_defaults());
+        agent_unknown.agent = None;
+        let pod = || Pods::Found("cilium-abcde".into());
+        assert_cases(vec![
+
             (
                 "operator sets but never removes",
                 shipped(data(&[(REMOVE, "False"), (SET, "1")])),
@@ -713,14 +758,7 @@ mod tests {
                 Status::Warn,
                 vec!["ConfigMap kube-system/cilium-config not found, and the pods of kube-system cannot be listed (timeout)".into()],
             ),
-        ];
-        for (name, inputs, status, want) in cases {
-            let (got, detail) = verdict(&inputs);
-            assert_eq!(got, status, "{name}: {detail}");
-            for w in want {
-                assert!(detail.contains(&w), "{name}: {detail:?} lacks {w:?}");
-            }
-        }
+        ]);
     }
 
     fn helm_defaults_with_key(key: &str) -> Config {

@@ -28,7 +28,7 @@ use kube::api::{Api, ListParams};
 use crate::cilium::OPERATOR_DEFAULT_KEY as CILIUM_KEY;
 use crate::gates::{Gate, image_name, image_version, keys};
 use crate::installed::Installed;
-use crate::{Args, Report, Status};
+use crate::report::{Report, Status};
 
 pub const CHECK: &str = "cluster autoscaler";
 pub const STARTUP_PREFIX: &str = "startup-taint.cluster-autoscaler.kubernetes.io/";
@@ -305,12 +305,13 @@ async fn read(client: &Client, status_cm: &str) -> Found {
     }
 }
 
-/// Reads CA's Deployments (or its status ConfigMap) and reports [`verdict`].
-pub async fn check(client: &Client, args: &Args, installed: &Installed, report: &mut Report) {
+/// Reads CA's Deployments (or its status ConfigMap, `status_cm`:
+/// `namespace/name`) and reports [`verdict`].
+pub async fn check(client: &Client, status_cm: &str, installed: &Installed, report: &mut Report) {
     let inputs = Inputs {
-        found: read(client, &args.cluster_autoscaler_status).await,
+        found: read(client, status_cm).await,
         gates: crate::gates::installed(installed),
-        status_config_map: args.cluster_autoscaler_status.clone(),
+        status_config_map: status_cm.to_string(),
     };
     let (status, detail) = verdict(&inputs);
     report.add(CHECK, status, detail);

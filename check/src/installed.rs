@@ -10,8 +10,8 @@ use k8s_openapi::api::core::v1::{Container, NodeSelectorTerm, PodSpec, Toleratio
 use kube::Client;
 use kube::api::Api;
 
-use crate::Args;
-use crate::workloads::{Read, read_webhook};
+use crate::read::Read;
+use crate::workloads::read_webhook;
 
 /// One workload as read.
 #[derive(Debug, Clone)]
@@ -76,10 +76,10 @@ fn first_container(spec: Option<PodSpec>) -> Workload {
     }
 }
 
-/// One GET of each.
-pub async fn read(client: &Client, args: &Args) -> Installed {
-    let ns = &args.namespace;
-    let webhook = match read_webhook(client, args).await {
+/// One GET of each: the webhook's workload `ns/webhook` and the agent's
+/// DaemonSet `ns/daemonset`.
+pub async fn read(client: &Client, ns: &str, webhook: &str, daemonset: &str) -> Installed {
+    let webhook = match read_webhook(client, ns, webhook).await {
         Read::Found(w) => match w.containers.into_iter().next() {
             Some(c) => Workload::Container(Box::new(c)),
             None => Workload::Missing,
@@ -88,17 +88,14 @@ pub async fn read(client: &Client, args: &Args) -> Installed {
         Read::Unreadable(e) => Workload::Unreadable(e),
     };
     let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), ns);
-    let (agent, agent_placement) = match daemonsets.get_opt(&args.daemonset).await {
+    let (agent, agent_placement) = match daemonsets.get_opt(daemonset).await {
         Ok(d) => {
             let spec = d.and_then(|d| d.spec?.template.spec);
             let placement = spec.as_ref().map(AgentPlacement::of);
             (first_container(spec), placement)
         }
         Err(e) => (
-            Workload::Unreadable(format!(
-                "cannot read DaemonSet {ns}/{}: {e}",
-                args.daemonset
-            )),
+            Workload::Unreadable(format!("cannot read DaemonSet {ns}/{daemonset}: {e}")),
             None,
         ),
     };

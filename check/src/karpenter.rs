@@ -36,7 +36,7 @@ use serde_json::json;
 use crate::cilium::OPERATOR_DEFAULT_KEY as CILIUM_KEY;
 use crate::gates::{Gate, image_version};
 use crate::installed::{AgentPlacement, Installed};
-use crate::{Args, Report, Status};
+use crate::report::{Report, Status};
 
 pub const CHECK: &str = "karpenter";
 /// The label every Karpenter node gets with its pool's name.
@@ -326,6 +326,80 @@ fn list(gates: &[&Gate]) -> String {
         .join(", ")
 }
 
+/// The line of a pool whose nodes nodegate's agent cannot run on (`why`):
+/// they stay gated, and a gate declared in startupTaints keeps them from
+/// ever initializing.
+fn agent_cannot_run(pool: &Pool, declared: &[&Gate], why: &str) -> (Status, String) {
+    let name = &pool.name;
+    // A kubelet may not set the exclude label, so Karpenter adds it only after
+    // registration (Registration.syncNode): the webhook has gated the Node's
+    // create by then, and an excluded pool's nodes are gated like any other.
+    let labelled_excluded = pool.labels.get(EXCLUDE).is_some_and(|v| v == "true");
+    if !declared.is_empty() {
+        return (
+            Status::Fail,
+            format!(
+                "NodePool {name} declares nodegate's gate {} in startupTaints, but nodegate's agent cannot run on its nodes ({why}): Karpenter adds the taint itself at registration and nothing removes it, so the nodes never initialize and take no pods (Karpenter has no initialization timeout); remove it from spec.template.spec.startupTaints, or let the agent run there",
+                list(declared)
+            ),
+        );
+    }
+    let label = if labelled_excluded {
+        format!(
+            " (its label {EXCLUDE}=true reaches a Node only after registration, as no kubelet may set it: too late for the create the webhook gates)"
+        )
+    } else {
+        String::new()
+    };
+    (
+        Status::Fail,
+        format!(
+            "nodegate's agent cannot run on the nodes of NodePool {name} ({why}), but nodegate's webhook gates every new Node{label}: they stay gated and take no pods; let the agent run there"
+        ),
+    )
+}
+
+/// The line of a pool that does not declare the gates `missing` (those in
+/// `unknown_version` maybe known to a Karpenter of unknown version).
+fn undeclared(
+    pool: &Pool,
+    gates: &[Gate],
+    missing: &[&Gate],
+    unknown_version: &[&Gate],
+    may: &str,
+    version: &Version,
+) -> (Status, String) {
+    let name = &pool.name;
+    let mut why = vec![format!(
+        "NodePool {name} does not declare nodegate's gate {} in startupTaints{may}: Karpenter counts a registered, gated node as one the pending pods do not fit, so each 10 s pass until the agent's ready patch launches more nodes (duplicates), and it marks the node initialized while gated",
+        list(missing)
+    )];
+    let cilium: Vec<&Taint> = pool
+        .startup_taints
+        .iter()
+        .filter(|t| t.key == CILIUM_KEY)
+        .collect();
+    if !cilium.is_empty() && !gates.iter().any(|g| g.taint.key() == CILIUM_KEY) {
+        why.push(format!(
+            "it declares Cilium's key {CILIUM_KEY}, as Karpenter's docs tell Cilium users, but nodegate gates with its own key"
+        ));
+    }
+    if !unknown_version.is_empty() {
+        let v = match version {
+            Version::Unknown(w) => w.clone(),
+            Version::Known(_) => String::new(),
+        };
+        why.push(format!(
+            "Karpenter ≥ 1.13.0 knows every key under {READINESS_PREFIX}, but its version is unknown ({v}): pass --karpenter-version"
+        ));
+    }
+    why.push(format!(
+        "fix: {}; applying it changes the pool's template hash, so Karpenter drifts and replaces every node of the pool (at its disruption budget, 10 % of nodes at a time by default); or use a key Karpenter knows (docs/autoscalers.md)",
+        patch(pool, missing)
+    ));
+    (Status::Fail, why.join("; "))
+}
+
 /// One pool's line.
 fn pool_verdict(
     pool: &Pool,
@@ -334,10 +408,6 @@ fn pool_verdict(
     version: &Version,
 ) -> (Status, String) {
     let name = &pool.name;
-    // A kubelet may not set the exclude label, so Karpenter adds it only after
-    // registration (Registration.syncNode): the webhook has gated the Node's
-    // create by then, and an excluded pool's nodes are gated like any other.
-    let labelled_excluded = pool.labels.get(EXCLUDE).is_some_and(|v| v == "true");
     let declared: Vec<&Gate> = gates
         .iter()
         .filter(|g| declares(&pool.startup_taints, g))
@@ -347,28 +417,7 @@ fn pool_verdict(
         None => Fit::Maybe("the agent DaemonSet could not be read".into()),
     };
     if let Fit::No(why) = &fit {
-        if !declared.is_empty() {
-            return (
-                Status::Fail,
-                format!(
-                    "NodePool {name} declares nodegate's gate {} in startupTaints, but nodegate's agent cannot run on its nodes ({why}): Karpenter adds the taint itself at registration and nothing removes it, so the nodes never initialize and take no pods (Karpenter has no initialization timeout); remove it from spec.template.spec.startupTaints, or let the agent run there",
-                    list(&declared)
-                ),
-            );
-        }
-        let label = if labelled_excluded {
-            format!(
-                " (its label {EXCLUDE}=true reaches a Node only after registration, as no kubelet may set it: too late for the create the webhook gates)"
-            )
-        } else {
-            String::new()
-        };
-        return (
-            Status::Fail,
-            format!(
-                "nodegate's agent cannot run on the nodes of NodePool {name} ({why}), but nodegate's webhook gates every new Node{label}: they stay gated and take no pods; let the agent run there"
-            ),
-        );
+        return agent_cannot_run(pool, &declared, why);
     }
     let in_taints: Vec<&Gate> = gates
         .iter()
@@ -426,34 +475,7 @@ fn pool_verdict(
             ),
         );
     }
-    let mut why = vec![format!(
-        "NodePool {name} does not declare nodegate's gate {} in startupTaints{may}: Karpenter counts a registered, gated node as one the pending pods do not fit, so each 10 s pass until the agent's ready patch launches more nodes (duplicates), and it marks the node initialized while gated",
-        list(&missing)
-    )];
-    let cilium: Vec<&Taint> = pool
-        .startup_taints
-        .iter()
-        .filter(|t| t.key == CILIUM_KEY)
-        .collect();
-    if !cilium.is_empty() && !gates.iter().any(|g| g.taint.key() == CILIUM_KEY) {
-        why.push(format!(
-            "it declares Cilium's key {CILIUM_KEY}, as Karpenter's docs tell Cilium users, but nodegate gates with its own key"
-        ));
-    }
-    if !unknown_version.is_empty() {
-        let v = match version {
-            Version::Unknown(w) => w.clone(),
-            Version::Known(_) => String::new(),
-        };
-        why.push(format!(
-            "Karpenter ≥ 1.13.0 knows every key under {READINESS_PREFIX}, but its version is unknown ({v}): pass --karpenter-version"
-        ));
-    }
-    why.push(format!(
-        "fix: {}; applying it changes the pool's template hash, so Karpenter drifts and replaces every node of the pool (at its disruption budget, 10 % of nodes at a time by default); or use a key Karpenter knows (docs/autoscalers.md)",
-        patch(pool, &missing)
-    ));
-    (Status::Fail, why.join("; "))
+    undeclared(pool, gates, &missing, &unknown_version, &may, version)
 }
 
 /// The lines: one per NodePool, or one saying why there are none.
@@ -550,10 +572,11 @@ async fn read_pools(client: &Client) -> Pools {
     }
 }
 
-/// The controller's release: the chart's Deployment (label
-/// `app.kubernetes.io/name=karpenter`), its `controller` image's tag.
-async fn read_version(client: &Client, args: &Args) -> Version {
-    if let Some(v) = &args.karpenter_version {
+/// The controller's release: `given` (`--karpenter-version`), else the
+/// chart's Deployment's (label `app.kubernetes.io/name=karpenter`)
+/// `controller` image's tag.
+async fn read_version(client: &Client, given: Option<&str>) -> Version {
+    if let Some(v) = given {
         return match image_version(&format!("x:{v}")) {
             Some(v) => Version::Known(v),
             None => Version::Unknown(format!(
@@ -588,12 +611,17 @@ async fn read_version(client: &Client, args: &Args) -> Version {
     }
 }
 
-/// Reads the NodePools and Karpenter's version (only when there are pools),
-/// and reports [`verdict`].
-pub async fn check(client: &Client, args: &Args, installed: &Installed, report: &mut Report) {
+/// Reads the NodePools and Karpenter's version (only when there are pools;
+/// `version`: `--karpenter-version`), and reports [`verdict`].
+pub async fn check(
+    client: &Client,
+    version: Option<&str>,
+    installed: &Installed,
+    report: &mut Report,
+) {
     let pools = read_pools(client).await;
     let version = match &pools {
-        Pools::Listed(p) if !p.is_empty() => read_version(client, args).await,
+        Pools::Listed(p) if !p.is_empty() => read_version(client, version).await,
         _ => Version::Unknown("not read".into()),
     };
     let inputs = Inputs {

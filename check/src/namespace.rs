@@ -21,7 +21,7 @@ use nodegate_webhook::confinement::{
 };
 use serde_json::Value;
 
-use crate::{Args, Report, Status};
+use crate::report::{Report, Status};
 
 pub const CHECK: &str = "confinement namespace";
 
@@ -113,9 +113,42 @@ pub fn applies(
     }
 }
 
-/// Reads both policies and reports whether each confines its workload's
-/// ServiceAccount in `--namespace`.
-pub async fn check(client: &Client, args: &Args, report: &mut Report) {
+/// Both policies as read (`None`: missing), or the first read's error.
+pub type Policies = Result<[Option<Value>; 2], (&'static str, String)>;
+
+/// The line: whether each policy confines its workload's ServiceAccount
+/// in `namespace`.
+pub fn verdict(policies: &Policies, namespace: &str) -> (Status, String) {
+    let policies = match policies {
+        Ok(p) => p,
+        Err((name, e)) => return (Status::Skip, format!("cannot read {name}: {e}")),
+    };
+    let (mut confined, mut failed, mut skipped) = (Vec::new(), Vec::new(), Vec::new());
+    let accounts = [(AGENT_POLICY, AGENT_SA), (WEBHOOK_POLICY, WEBHOOK_SA)];
+    for ((name, sa), policy) in accounts.into_iter().zip(policies) {
+        match applies(policy.as_ref(), name, namespace, sa) {
+            Ok(user) => confined.push(user),
+            Err((Status::Fail, why)) => failed.push(why),
+            Err((_, why)) => skipped.push(why),
+        }
+    }
+    if !failed.is_empty() {
+        (Status::Fail, failed.join("; "))
+    } else if !skipped.is_empty() {
+        (Status::Skip, skipped.join("; "))
+    } else {
+        (
+            Status::Pass,
+            format!(
+                "the policies confine {} (namespace {namespace})",
+                confined.join(" and ")
+            ),
+        )
+    }
+}
+
+/// Reads the agent's, then the webhook's policy; stops at the first error.
+pub async fn read(client: &Client) -> Policies {
     let api: Api<DynamicObject> = Api::all_with(
         client.clone(),
         &ApiResource::from_gvk_with_plural(
@@ -127,36 +160,21 @@ pub async fn check(client: &Client, args: &Args, report: &mut Report) {
             "validatingadmissionpolicies",
         ),
     );
-    let (mut confined, mut failed, mut skipped) = (Vec::new(), Vec::new(), Vec::new());
-    for (name, sa) in [(AGENT_POLICY, AGENT_SA), (WEBHOOK_POLICY, WEBHOOK_SA)] {
-        let policy = match api.get_opt(name).await {
-            Ok(p) => p.map(|p| serde_json::to_value(p).unwrap_or(Value::Null)),
-            Err(e) => {
-                report.add(CHECK, Status::Skip, format!("cannot read {name}: {e}"));
-                return;
-            }
-        };
-        match applies(policy.as_ref(), name, &args.namespace, sa) {
-            Ok(user) => confined.push(user),
-            Err((Status::Fail, why)) => failed.push(why),
-            Err((_, why)) => skipped.push(why),
+    let mut out = [None, None];
+    for (slot, name) in out.iter_mut().zip([AGENT_POLICY, WEBHOOK_POLICY]) {
+        match api.get_opt(name).await {
+            Ok(p) => *slot = p.map(|p| serde_json::to_value(p).unwrap_or(Value::Null)),
+            Err(e) => return Err((name, e.to_string())),
         }
     }
-    if !failed.is_empty() {
-        report.add(CHECK, Status::Fail, failed.join("; "));
-    } else if !skipped.is_empty() {
-        report.add(CHECK, Status::Skip, skipped.join("; "));
-    } else {
-        report.add(
-            CHECK,
-            Status::Pass,
-            format!(
-                "the policies confine {} (namespace {})",
-                confined.join(" and "),
-                args.namespace
-            ),
-        );
-    }
+    Ok(out)
+}
+
+/// Reads both policies and reports [`verdict`] for `namespace`, the one
+/// nodegate runs in.
+pub async fn check(client: &Client, namespace: &str, report: &mut Report) {
+    let (status, detail) = verdict(&read(client).await, namespace);
+    report.add(CHECK, status, detail);
 }
 
 #[cfg(test)]
@@ -247,6 +265,46 @@ mod tests {
         let g = generated();
         for sa in ["nodegate-agent-x", "x-nodegate-agent"] {
             assert!(applies(Some(&g[AGENT_POLICY]), AGENT_POLICY, "nodegate", sa).is_err());
+        }
+    }
+
+    #[test]
+    fn both_policies_make_one_line() {
+        let g = generated();
+        let both = Ok([
+            Some(g[AGENT_POLICY].clone()),
+            Some(g[WEBHOOK_POLICY].clone()),
+        ]);
+        let rows = [
+            (
+                both.clone(),
+                "nodegate",
+                Status::Pass,
+                "the policies confine system:serviceaccount:nodegate:nodegate-agent and system:serviceaccount:nodegate:nodegate-webhook (namespace nodegate)",
+            ),
+            (
+                Ok([Some(pinned("nodegate", AGENT_SA)), None]),
+                "other",
+                Status::Fail,
+                "does not apply to system:serviceaccount:other:nodegate-agent",
+            ),
+            (
+                Ok([Some(g[AGENT_POLICY].clone()), None]),
+                "nodegate",
+                Status::Skip,
+                "nodegate-webhook-confinement is missing (see credential confinement)",
+            ),
+            (
+                Err((WEBHOOK_POLICY, "403".to_string())),
+                "nodegate",
+                Status::Skip,
+                "cannot read nodegate-webhook-confinement: 403",
+            ),
+        ];
+        for (policies, namespace, status, part) in rows {
+            let (got, detail) = verdict(&policies, namespace);
+            assert_eq!(got, status, "{detail}");
+            assert!(detail.contains(part), "{detail:?} lacks {part:?}");
         }
     }
 }

@@ -16,8 +16,8 @@ use nodegate_shared::path_token::{PATH_PREFIX, parse};
 
 use crate::container_flags::container_flag;
 use crate::installed::Installed;
+use crate::report::{Report, Status};
 use crate::webhook_config::Hook;
-use crate::{Args, Report, Status};
 
 pub const CHECK: &str = "forged reviews";
 /// The Secret the shipped StatefulSet mounts the token from.
@@ -133,10 +133,11 @@ async fn secret(client: &Client, ns: &str) -> Result<String, String> {
 
 /// Reads the lines' paths, the webhook's flag and the Secret; reports
 /// [`verdict`]. Skipped when the configuration or the webhook could not be
-/// read (other lines say why).
+/// read (other lines say why). `namespace`: the webhook's, where its
+/// Secret is.
 pub async fn check(
     client: &Client,
-    args: &Args,
+    namespace: &str,
     hook: Option<&Hook>,
     installed: &Installed,
     strict: bool,
@@ -156,7 +157,7 @@ pub async fn check(
     let inputs = Inputs {
         paths: paths(&hook.entries),
         secret: if flag.is_some() {
-            secret(client, &args.namespace).await
+            secret(client, namespace).await
         } else {
             Err("not read".into())
         },

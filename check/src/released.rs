@@ -16,7 +16,7 @@ use nodegate_shared::keys::READY_BOOT_ID_ANNOTATION;
 
 use crate::container_flags::flags;
 use crate::installed::Installed;
-use crate::{Report, Status};
+use crate::report::{Report, Status};
 
 pub const CHECK: &str = "released taints";
 

@@ -24,13 +24,23 @@ impl Status {
     }
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Line {
     /// The check's name; per-line checks carry the webhook entry's
     /// (`line <entry>`), hence owned.
     pub check: String,
     pub status: Status,
     pub detail: String,
+}
+
+impl Line {
+    pub fn new(check: impl Into<String>, status: Status, detail: impl Into<String>) -> Line {
+        Line {
+            check: check.into(),
+            status,
+            detail: detail.into(),
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -40,11 +50,12 @@ pub struct Report {
 
 impl Report {
     pub fn add(&mut self, check: impl Into<String>, status: Status, detail: impl Into<String>) {
-        self.lines.push(Line {
-            check: check.into(),
-            status,
-            detail: detail.into(),
-        });
+        self.lines.push(Line::new(check, status, detail));
+    }
+
+    /// The lines of a verdict, in its order.
+    pub fn extend(&mut self, lines: impl IntoIterator<Item = Line>) {
+        self.lines.extend(lines);
     }
 
     pub fn count(&self, status: Status) -> usize {

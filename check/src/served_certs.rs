@@ -28,8 +28,8 @@ use rustls::{CertificateError, DigitallySignedStruct, SignatureScheme};
 use tokio::task::JoinSet;
 
 use crate::lines::{ServiceRef, lines};
+use crate::report::{Report, Status};
 use crate::webhook_config::Hook;
-use crate::{Report, Status};
 
 /// Every report line of this check starts with it: `served cert <entry>`,
 /// then the replica (`served cert <entry> <pod>`).
@@ -637,29 +637,69 @@ mod tests {
         UnixTime::since_unix_epoch(now + Duration::from_secs(days * 86_400))
     }
 
+    // (what was read, when, expected (check suffix, status, detail part) per report line)
+    type Row<'a> = (Line, UnixTime, Vec<(&'a str, Status, &'a str)>);
+
+    fn listed(rs: Vec<Replica>) -> Endpoints {
+        Endpoints::Listed {
+            replicas: rs,
+            not_ready: 0,
+        }
+    }
+
+    /// Each row's lines, in order, have the check, the status and the part
+    /// of the detail it names.
+    fn assert_rows(table: Vec<Row>) {
+        for (i, (l, now, want)) in table.into_iter().enumerate() {
+            let got = verdict(&l, now);
+            assert_eq!(got.len(), want.len(), "row {i}: {got:?}");
+            for (g, (suffix, status, part)) in got.iter().zip(want) {
+                assert_eq!(
+                    g.check,
+                    format!("{CHECK} replica-0.nodes.nodegate.dev{suffix}"),
+                    "row {i}"
+                );
+                assert_eq!(g.status, status, "row {i}: {}", g.detail);
+                assert!(
+                    g.detail.contains(part),
+                    "row {i}: {:?} lacks {part:?}",
+                    g.detail
+                );
+            }
+        }
+    }
+
+    /// What a replica serves: a chain its line's caBundle verifies for the
+    /// line's name, or not, or no longer.
     #[test]
-    fn verdicts() {
+    fn verdicts_on_what_a_replica_serves() {
         let ca = Ca::generate(30).unwrap();
         let other = Ca::generate(30).unwrap();
         let good = chain(&ca, "nodegate-webhook-0", 10);
-        let listed = |rs: Vec<Replica>| Endpoints::Listed {
-            replicas: rs,
-            not_ready: 0,
-        };
-        // (what was read, when, expected (check suffix, status, detail part) per report line)
-        type Row<'a> = (Line, UnixTime, Vec<(&'a str, Status, &'a str)>);
-        let table: Vec<Row> = vec![
+        assert_rows(vec![
             (
-                line(&ca, listed(vec![replica("nodegate-webhook-0", Served::Chain(good.clone()))])),
+                line(
+                    &ca,
+                    listed(vec![replica(
+                        "nodegate-webhook-0",
+                        Served::Chain(good.clone()),
+                    )]),
+                ),
                 now_plus(0),
                 vec![(
                     " nodegate-webhook-0",
                     Status::Pass,
                     "10.0.0.7:9443 (node node-a) serves a chain replica-0.nodes.nodegate.dev's caBundle verifies for nodegate-webhook-0.nodegate.svc: CN=nodegate-webhook-0.nodegate.svc",
-                ),],
+                )],
             ),
             (
-                line(&ca, listed(vec![replica("nodegate-webhook-0", Served::Chain(good.clone()))])),
+                line(
+                    &ca,
+                    listed(vec![replica(
+                        "nodegate-webhook-0",
+                        Served::Chain(good.clone()),
+                    )]),
+                ),
                 now_plus(0),
                 vec![(
                     " nodegate-webhook-0",
@@ -707,10 +747,30 @@ mod tests {
                 )],
             ),
             (
-                line(&ca, listed(vec![replica("nodegate-webhook-0", Served::Chain(good.clone()))])),
+                line(
+                    &ca,
+                    listed(vec![replica(
+                        "nodegate-webhook-0",
+                        Served::Chain(good.clone()),
+                    )]),
+                ),
                 now_plus(11),
-                vec![(" nodegate-webhook-0", Status::Fail, ": expired — the API server fails")],
+                vec![(
+                    " nodegate-webhook-0",
+                    Status::Fail,
+                    ": expired — the API server fails",
+                )],
             ),
+        ]);
+    }
+
+    /// Replicas that do not finish a handshake or cannot be reached, lines
+    /// without endpoints, and a caBundle that verifies nothing.
+    #[test]
+    fn verdicts_on_reaching_the_replicas() {
+        let ca = Ca::generate(30).unwrap();
+        let good = chain(&ca, "nodegate-webhook-0", 10);
+        assert_rows(vec![
             (
                 line(
                     &ca,
@@ -789,41 +849,7 @@ mod tests {
                 now_plus(0),
                 vec![(" nodegate-webhook-0", Status::Fail, "the caBundle holds no certificate")],
             ),
-        ];
-        for (i, (l, now, want)) in table.into_iter().enumerate() {
-            let got = verdict(&l, now);
-            assert_eq!(got.len(), want.len(), "row {i}: {got:?}");
-            for (g, (suffix, status, part)) in got.iter().zip(want) {
-                assert_eq!(
-                    g.check,
-                    format!("{CHECK} replica-0.nodes.nodegate.dev{suffix}"),
-                    "row {i}"
-                );
-                assert_eq!(g.status, status, "row {i}: {}", g.detail);
-                assert!(
-                    g.detail.contains(part),
-                    "row {i}: {:?} lacks {part:?}",
-                    g.detail
-                );
-            }
-        }
-    }
-
-    /// The flags parse beside the others, from the flag and from env.
-    #[test]
-    fn flags() {
-        use clap::{CommandFactory, Parser};
-        crate::Args::command().debug_assert();
-        let a = crate::Args::try_parse_from(["nodegate-check"]).unwrap();
-        assert_eq!(a.served_certs.connect_timeout, Duration::from_secs(3));
-        let a =
-            crate::Args::try_parse_from(["nodegate-check", "--replica-connect-timeout", "500ms"])
-                .unwrap();
-        assert_eq!(a.served_certs.connect_timeout, Duration::from_millis(500));
-        assert!(
-            crate::Args::try_parse_from(["nodegate-check", "--replica-connect-timeout", "x"])
-                .is_err()
-        );
+        ]);
     }
 
     /// The handshake against a local TLS server: the chain it sends comes

@@ -16,7 +16,7 @@ use serde_json::Value;
 
 use crate::container_flags::{Flags, flags};
 use crate::installed::{Installed, Workload};
-use crate::{Args, Report, Status};
+use crate::report::{Report, Status};
 
 pub const CHECK: &str = "strict mode";
 const AGENT_POLICY: &str = "nodegate-agent-confinement";
@@ -281,27 +281,23 @@ async fn spec_of(client: &Client, res: &ApiResource, name: &str) -> Option<Value
     Some(obj.data.get("spec").cloned().unwrap_or(Value::Null))
 }
 
-/// Compares the webhook's and the agent's container 0 (read once, in
-/// `installed`), the confinement policies and the admission policy, and
-/// reports [`verdict`].
-pub async fn check(client: &Client, args: &Args, installed: &Installed, report: &mut Report) {
+/// The webhook's and the agent's flags, from their container 0 (read
+/// once, in `installed`), or the line saying why they cannot be compared.
+pub fn installed_flags(installed: &Installed) -> Result<(Flags, Flags), (Status, String)> {
     for w in [&installed.webhook, &installed.agent] {
         if let Workload::Unreadable(e) = w {
-            report.add(CHECK, Status::Skip, e.clone());
-            return;
+            return Err((Status::Skip, e.clone()));
         }
     }
     let (Some(webhook), Some(agent)) = (installed.webhook.container(), installed.agent.container())
     else {
-        report.add(
-            CHECK,
+        return Err((
             Status::Skip,
-            "the webhook StatefulSet or the agent DaemonSet (or its container) is missing",
-        );
-        return;
+            "the webhook StatefulSet or the agent DaemonSet (or its container) is missing".into(),
+        ));
     };
-    let (webhook, agent) = match (flags(webhook), flags(agent)) {
-        (Ok(w), Ok(a)) => (w, a),
+    match (flags(webhook), flags(agent)) {
+        (Ok(w), Ok(a)) => Ok((w, a)),
         (w, a) => {
             let mut why = Vec::new();
             if let Err(e) = w {
@@ -314,7 +310,20 @@ pub async fn check(client: &Client, args: &Args, installed: &Installed, report: 
                     "nodegate-agent refuses to start with the DaemonSet's flags: {e}"
                 ));
             }
-            report.add(CHECK, Status::Fail, why.join("; "));
+            Err((Status::Fail, why.join("; ")))
+        }
+    }
+}
+
+/// Compares the webhook's and the agent's flags ([`installed_flags`]), the
+/// confinement policies and the admission policy (`policy`: the
+/// MutatingAdmissionPolicy of the admission-policy install), and reports
+/// [`verdict`].
+pub async fn check(client: &Client, policy: &str, installed: &Installed, report: &mut Report) {
+    let (webhook, agent) = match installed_flags(installed) {
+        Ok(f) => f,
+        Err((status, detail)) => {
+            report.add(CHECK, status, detail);
             return;
         }
     };
@@ -325,9 +334,9 @@ pub async fn check(client: &Client, args: &Args, installed: &Installed, report: 
         agent,
         agent_policy: spec_of(client, &vap, AGENT_POLICY).await,
         webhook_policy: spec_of(client, &vap, WEBHOOK_POLICY).await,
-        admission_policy: spec_of(client, &map, &args.policy)
+        admission_policy: spec_of(client, &map, policy)
             .await
-            .map(|s| (args.policy.clone(), s)),
+            .map(|s| (policy.to_string(), s)),
     };
     let (status, detail) = verdict(&inputs);
     report.add(CHECK, status, detail);
@@ -367,8 +376,23 @@ mod tests {
         }
     }
 
+    type Case<'a> = (&'a str, Inputs, Status, Vec<&'a str>);
+
+    /// Each case's verdict has its status and every part of its detail.
+    fn assert_cases(cases: Vec<Case>) {
+        for (name, inputs, status, want) in cases {
+            let (got, detail) = verdict(&inputs);
+            assert_eq!(got, status, "{name}: {detail}");
+            for w in want {
+                assert!(detail.contains(w), "{name}: {detail:?} lacks {w:?}");
+            }
+        }
+    }
+
+    /// The webhook's and the agent's flags: off, on, and each way they
+    /// differ.
     #[test]
-    fn verdicts() {
+    fn verdicts_on_the_flags() {
         let gate = crate::container_flags::default_gate();
         let gate = gate.as_str();
         let on_gate = format!("on (boot gate {gate}): ");
@@ -379,8 +403,6 @@ mod tests {
         let off_other_taints_line = format!(
             "off, but the webhook adds the taints {DEFAULT_TAINT} while the agent removes example.com/x:NoSchedule"
         );
-        let regenerate =
-            format!("nodegate-webhook confinement --taint={DEFAULT_TAINT} --boot-taint={gate}");
         let gate_only_on = |webhook: bool| {
             let mut i = installed(&[DEFAULT_TAINT], &[gate], false);
             if webhook {
@@ -399,23 +421,6 @@ mod tests {
             .push(t("example.com/x:NoSchedule"));
         let mut off_other_taints = installed(&[DEFAULT_TAINT], &[], false);
         off_other_taints.agent.taints = vec![t("example.com/x:NoSchedule")];
-        let old_confinement = |agent: bool| {
-            let mut i = installed(&[DEFAULT_TAINT], &[gate], false);
-            let plain = installed(&[DEFAULT_TAINT], &[], false);
-            if agent {
-                i.agent_policy = plain.agent_policy;
-            } else {
-                i.webhook_policy = plain.webhook_policy;
-            }
-            i
-        };
-        let mut foreign_confinement = installed(&[DEFAULT_TAINT], &[gate], false);
-        foreign_confinement.agent_policy =
-            installed(&["example.com/x:NoSchedule"], &[gate], false).agent_policy;
-        let mut old_policy = installed(&[DEFAULT_TAINT], &[gate], false);
-        old_policy.admission_policy = installed(&[DEFAULT_TAINT], &[], true).admission_policy;
-        let mut no_confinement = installed(&[DEFAULT_TAINT], &[gate], false);
-        no_confinement.agent_policy = None;
         // kustomize re-folds multi-line scalars.
         let mut refolded = installed(&[DEFAULT_TAINT], &[gate], true);
         for v in refolded.agent_policy.as_mut().unwrap()["validations"]
@@ -426,7 +431,7 @@ mod tests {
             v["expression"] = json!(e);
         }
 
-        let cases: Vec<(&str, Inputs, Status, Vec<&str>)> = vec![
+        assert_cases(vec![
             (
                 "default install",
                 installed(&[DEFAULT_TAINT], &[], false),
@@ -492,6 +497,35 @@ mod tests {
                 Status::Fail,
                 vec![off_other_taints_line.as_str()],
             ),
+        ]);
+    }
+
+    /// The confinement and the admission policy generated for the flags.
+    #[test]
+    fn verdicts_on_the_policies() {
+        let gate = crate::container_flags::default_gate();
+        let gate = gate.as_str();
+        let regenerate =
+            format!("nodegate-webhook confinement --taint={DEFAULT_TAINT} --boot-taint={gate}");
+        let old_confinement = |agent: bool| {
+            let mut i = installed(&[DEFAULT_TAINT], &[gate], false);
+            let plain = installed(&[DEFAULT_TAINT], &[], false);
+            if agent {
+                i.agent_policy = plain.agent_policy;
+            } else {
+                i.webhook_policy = plain.webhook_policy;
+            }
+            i
+        };
+        let mut foreign_confinement = installed(&[DEFAULT_TAINT], &[gate], false);
+        foreign_confinement.agent_policy =
+            installed(&["example.com/x:NoSchedule"], &[gate], false).agent_policy;
+        let mut old_policy = installed(&[DEFAULT_TAINT], &[gate], false);
+        old_policy.admission_policy = installed(&[DEFAULT_TAINT], &[], true).admission_policy;
+        let mut no_confinement = installed(&[DEFAULT_TAINT], &[gate], false);
+        no_confinement.agent_policy = None;
+
+        assert_cases(vec![
             (
                 "agent confinement not regenerated",
                 old_confinement(true),
@@ -532,13 +566,57 @@ mod tests {
                 Status::Pass,
                 vec!["nodegate-agent-confinement not installed (see credential confinement)"],
             ),
+        ]);
+    }
+
+    /// The flags are compared only when both workloads' containers are
+    /// read and both binaries would start with them.
+    #[test]
+    fn installed_flags_or_why_not() {
+        let container = |args: &[&str]| {
+            Workload::Container(Box::new(
+                serde_json::from_value(json!({"name": "c", "args": args})).unwrap(),
+            ))
+        };
+        let both = |webhook, agent| Installed {
+            webhook,
+            agent,
+            agent_placement: None,
+        };
+        let ok = installed_flags(&both(container(&[]), container(&[]))).unwrap();
+        assert_eq!(ok.0, ok.1);
+        let rows = [
+            (
+                both(Workload::Unreadable("403".into()), container(&[])),
+                Status::Skip,
+                "403",
+            ),
+            (
+                both(container(&[]), Workload::Missing),
+                Status::Skip,
+                "the webhook StatefulSet or the agent DaemonSet (or its container) is missing",
+            ),
+            (
+                both(
+                    container(&["--boot-taint=a.dev/x:NoSchedule"]),
+                    container(&["--taint=bad"]),
+                ),
+                Status::Fail,
+                "nodegate-webhook refuses to start with the StatefulSet's flags: ",
+            ),
+            (
+                both(container(&[]), container(&["--taint=bad"])),
+                Status::Fail,
+                "nodegate-agent refuses to start with the DaemonSet's flags: --taint=bad",
+            ),
         ];
-        for (name, inputs, status, want) in cases {
-            let (got, detail) = verdict(&inputs);
-            assert_eq!(got, status, "{name}: {detail}");
-            for w in want {
-                assert!(detail.contains(w), "{name}: {detail:?} lacks {w:?}");
-            }
+        for (installed, status, part) in rows {
+            let (got, detail) = installed_flags(&installed).unwrap_err();
+            assert_eq!(got, status, "{detail}");
+            assert!(
+                detail.starts_with(part),
+                "{detail:?} does not start with {part:?}"
+            );
         }
     }
 }

@@ -1,19 +1,23 @@
-//! What runs the webhook and the agent: the webhook's Service (and port),
-//! its StatefulSet (available replicas, and the `--taint` and `--boot-taint`
-//! flags it runs with; a Deployment of that name when an install from before
-//! the per-replica lines has no StatefulSet), and the agent DaemonSet.
+//! What runs the webhook: its StatefulSet (available replicas, and the
+//! `--taint` and `--boot-taint` flags it runs with; a Deployment of that name
+//! when an install from before the per-replica lines has no StatefulSet).
+//!
+//! [`read_webhook`] gets it; [`verdict`] judges it into the `webhook
+//! statefulset` (or `webhook deployment`) line, a `configured taints` line
+//! per invalid flag value, and the [`WebhookInfo`] the canary, the lines and
+//! the diagnosis read.
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
-use k8s_openapi::api::core::v1::{Container, Service};
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::core::v1::Container;
 use kube::{Api, Client};
 use nodegate_shared::TaintSpec;
 use nodegate_shared::keys::DEFAULT_TAINT;
 
 use crate::container_flags::{Flags, container_flag};
-use crate::webhook_config::Hook;
-use crate::{Args, Report, Status};
+use crate::read::Read;
+use crate::report::{Line, Report, Status};
 
 /// What runs the webhook.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,15 +70,6 @@ impl WebhookWorkload {
     }
 }
 
-/// The webhook workload, or why there is none.
-#[derive(Debug, Clone)]
-pub enum Read {
-    Found(Box<WebhookWorkload>),
-    Missing,
-    /// The error, naming the object.
-    Unreadable(String),
-}
-
 fn from_statefulset(s: StatefulSet, ns: &str, name: &str, leftover: bool) -> WebhookWorkload {
     let spec = s.spec.unwrap_or_default();
     let status = s.status.unwrap_or_default();
@@ -119,25 +114,6 @@ fn from_deployment(d: Deployment, ns: &str, name: &str) -> WebhookWorkload {
     }
 }
 
-/// The StatefulSet `--statefulset`, else a Deployment of that name.
-pub async fn read_webhook(client: &Client, args: &Args) -> Read {
-    let (ns, name) = (&args.namespace, args.webhook_workload());
-    let sets: Api<StatefulSet> = Api::namespaced(client.clone(), ns);
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
-    match sets.get_opt(name).await {
-        Ok(Some(s)) => {
-            let leftover = matches!(deployments.get_opt(name).await, Ok(Some(_)));
-            Read::Found(Box::new(from_statefulset(s, ns, name, leftover)))
-        }
-        Ok(None) => match deployments.get_opt(name).await {
-            Ok(Some(d)) => Read::Found(Box::new(from_deployment(d, ns, name))),
-            Ok(None) => Read::Missing,
-            Err(e) => Read::Unreadable(format!("cannot read Deployment {ns}/{name}: {e}")),
-        },
-        Err(e) => Read::Unreadable(format!("cannot read StatefulSet {ns}/{name}: {e}")),
-    }
-}
-
 /// What the canary, the lines and the diagnosis need from the workload.
 #[derive(Debug, Clone, Default)]
 pub struct WebhookInfo {
@@ -157,113 +133,51 @@ pub fn container_taints(c: &Container) -> Vec<String> {
     container_flag(c, "--taint", "NODEGATE_TAINTS")
 }
 
-pub async fn check_service(client: &Client, hook: &Hook, report: &mut Report) -> bool {
-    const CHECK: &str = "webhook service";
-    let Some((ns, name, port)) = &hook.service else {
-        return true;
-    };
-    let api: Api<Service> = Api::namespaced(client.clone(), ns);
-    match api.get_opt(name).await {
-        Ok(Some(svc)) => {
-            let ports: Vec<i32> = svc
-                .spec
-                .iter()
-                .flat_map(|s| s.ports.iter().flatten())
-                .map(|p| p.port)
-                .collect();
-            if ports.contains(port) {
-                report.add(
-                    CHECK,
-                    Status::Pass,
-                    format!("{ns}/{name} serves port {port}"),
-                );
-                true
-            } else {
-                report.add(
-                    CHECK,
-                    Status::Fail,
-                    format!("{ns}/{name} has ports {ports:?}, the configuration calls {port}"),
-                );
-                false
-            }
-        }
-        Ok(None) => {
-            report.add(
-                CHECK,
-                Status::Fail,
-                format!("Service {ns}/{name} not found: the API server cannot reach the webhook"),
-            );
-            false
-        }
-        Err(e) => {
-            report.add(
-                CHECK,
-                Status::Skip,
-                format!("cannot read Service {ns}/{name}: {e}"),
-            );
-            true
-        }
-    }
-}
-
-/// The webhook workload's line (`webhook statefulset`, or `webhook
-/// deployment` for an install from before) and the flags it runs with.
-pub async fn check_webhook(client: &Client, args: &Args, report: &mut Report) -> WebhookInfo {
-    let default = || Flags {
+fn default_flags() -> Flags {
+    Flags {
         taints: DEFAULT_TAINT.parse::<TaintSpec>().into_iter().collect(),
         boot: Vec::new(),
         release: Vec::new(),
-    };
-    let (ns, name) = (&args.namespace, args.webhook_workload());
-    let w = match read_webhook(client, args).await {
-        Read::Found(w) => *w,
-        Read::Missing => {
-            report.add(
-                "webhook statefulset",
-                Status::Fail,
-                format!("StatefulSet {ns}/{name} not found (nor a Deployment of that name)"),
-            );
-            return WebhookInfo {
-                workload: None,
-                available: Some(0),
-                flags: default(),
-            };
-        }
-        Read::Unreadable(e) => {
-            report.add("webhook statefulset", Status::Skip, e);
-            return WebhookInfo {
-                workload: None,
-                available: None,
-                flags: default(),
-            };
-        }
-    };
+    }
+}
+
+/// The workload's line: available replicas, and an older install's
+/// Deployment left beside the StatefulSet.
+fn availability(w: &WebhookWorkload) -> Line {
     let check = match w.kind {
         Kind::StatefulSet => "webhook statefulset",
         Kind::Deployment => "webhook deployment",
     };
+    let (ns, name) = (&w.namespace, &w.name);
     let (available, want) = (w.available, w.replicas);
     let what = format!("{ns}/{name}: {available}/{want} available");
     if available == 0 || !w.available_condition {
-        report.add(check, Status::Fail, format!("{what}: the webhook is down"));
+        Line::new(check, Status::Fail, format!("{what}: the webhook is down"))
     } else if available < want {
-        report.add(
+        Line::new(
             check,
             Status::Warn,
             format!("{what}: one more failure and the webhook is down"),
-        );
+        )
     } else if w.leftover_deployment {
-        report.add(
+        Line::new(
             check,
             Status::Warn,
-            format!("{what}; the Deployment {ns}/{name} of an older install is still there: delete it (its Pods take the webhook's host port and anti-affinity from the StatefulSet's)"),
-        );
+            format!(
+                "{what}; the Deployment {ns}/{name} of an older install is still there: delete it (its Pods take the webhook's host port and anti-affinity from the StatefulSet's)"
+            ),
+        )
     } else {
-        report.add(check, Status::Pass, what);
+        Line::new(check, Status::Pass, what)
     }
-    // Each invalid value gets its own line; the valid ones are still
-    // expected of the canary.
+}
+
+/// The taint flags the workload's containers run with, and a `configured
+/// taints` line for each invalid value (the valid ones are still expected
+/// of the canary).
+fn running_flags(w: &WebhookWorkload) -> (Flags, Vec<Line>) {
     let kind = w.kind.as_str();
+    let mut lines = Vec::new();
     let mut read = |flag: &str, env: &str| -> (bool, Vec<TaintSpec>) {
         let raw: Vec<String> = w
             .containers
@@ -274,74 +188,106 @@ pub async fn check_webhook(client: &Client, args: &Args, report: &mut Report) ->
         for t in &raw {
             match t.parse::<TaintSpec>() {
                 Ok(t) => taints.push(t),
-                Err(e) => report.add(
+                Err(e) => lines.push(Line::new(
                     "configured taints",
                     Status::Fail,
                     format!("the {kind}'s {flag} {t:?} is invalid: {e}"),
-                ),
+                )),
             }
         }
         (raw.is_empty(), taints)
     };
     let (unset, mut taints) = read("--taint", "NODEGATE_TAINTS");
     if unset {
-        taints = default().taints;
+        taints = default_flags().taints;
     }
     let (_, boot) = read("--boot-taint", "NODEGATE_BOOT_TAINTS");
-    WebhookInfo {
-        available: Some(available),
-        workload: Some(w),
-        flags: Flags {
-            taints,
-            boot,
-            release: Vec::new(),
+    let flags = Flags {
+        taints,
+        boot,
+        release: Vec::new(),
+    };
+    (flags, lines)
+}
+
+/// The lines for the webhook workload `ns/name` as read, and what the later
+/// checks need of it.
+pub fn verdict(
+    ns: &str,
+    name: &str,
+    read: &Read<Box<WebhookWorkload>>,
+) -> (Vec<Line>, WebhookInfo) {
+    const CHECK: &str = "webhook statefulset";
+    let w = match read {
+        Read::Found(w) => w,
+        Read::Missing => {
+            let line = Line::new(
+                CHECK,
+                Status::Fail,
+                format!("StatefulSet {ns}/{name} not found (nor a Deployment of that name)"),
+            );
+            let info = WebhookInfo {
+                workload: None,
+                available: Some(0),
+                flags: default_flags(),
+            };
+            return (vec![line], info);
+        }
+        Read::Unreadable(e) => {
+            let info = WebhookInfo {
+                workload: None,
+                available: None,
+                flags: default_flags(),
+            };
+            return (vec![Line::new(CHECK, Status::Skip, e.clone())], info);
+        }
+    };
+    let mut lines = vec![availability(w)];
+    let (flags, invalid) = running_flags(w);
+    lines.extend(invalid);
+    let info = WebhookInfo {
+        available: Some(w.available),
+        workload: Some(w.as_ref().clone()),
+        flags,
+    };
+    (lines, info)
+}
+
+/// The StatefulSet `ns/name`, else a Deployment of that name; an error
+/// names the object it was reading.
+pub async fn read_webhook(client: &Client, ns: &str, name: &str) -> Read<Box<WebhookWorkload>> {
+    let sets: Api<StatefulSet> = Api::namespaced(client.clone(), ns);
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    match sets.get_opt(name).await {
+        Ok(Some(s)) => {
+            let leftover = matches!(deployments.get_opt(name).await, Ok(Some(_)));
+            Read::Found(Box::new(from_statefulset(s, ns, name, leftover)))
+        }
+        Ok(None) => match deployments.get_opt(name).await {
+            Ok(Some(d)) => Read::Found(Box::new(from_deployment(d, ns, name))),
+            Ok(None) => Read::Missing,
+            Err(e) => Read::Unreadable(format!("cannot read Deployment {ns}/{name}: {e}")),
         },
+        Err(e) => Read::Unreadable(format!("cannot read StatefulSet {ns}/{name}: {e}")),
     }
 }
 
-pub async fn check_daemonset(client: &Client, args: &Args, report: &mut Report) {
-    const CHECK: &str = "agent daemonset";
-    let api: Api<DaemonSet> = Api::namespaced(client.clone(), &args.namespace);
-    let ds = match api.get_opt(&args.daemonset).await {
-        Ok(Some(d)) => d,
-        Ok(None) => {
-            report.add(CHECK, Status::Fail, format!("DaemonSet {}/{} not found: nothing removes the taint, nodes stay unschedulable", args.namespace, args.daemonset));
-            return;
-        }
-        Err(e) => {
-            report.add(
-                CHECK,
-                Status::Skip,
-                format!(
-                    "cannot read DaemonSet {}/{}: {e}",
-                    args.namespace, args.daemonset
-                ),
-            );
-            return;
-        }
-    };
-    let s = ds.status.unwrap_or_default();
-    let (desired, available) = (s.desired_number_scheduled, s.number_available.unwrap_or(0));
-    let what = format!(
-        "{}/{}: {available}/{desired} available",
-        args.namespace, args.daemonset
-    );
-    if desired == 0 {
-        report.add(CHECK, Status::Warn, format!("{what}: scheduled on no node"));
-    } else if available < desired {
-        report.add(
-            CHECK,
-            Status::Warn,
-            format!("{what}: nodes without a ready agent keep the taint (check tolerations and the agent's logs)"),
-        );
-    } else {
-        report.add(CHECK, Status::Pass, what);
-    }
+/// Reads the webhook workload `ns/name` and reports [`verdict`].
+pub async fn check_webhook(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    report: &mut Report,
+) -> WebhookInfo {
+    let (lines, info) = verdict(ns, name, &read_webhook(client, ns, name).await);
+    report.extend(lines);
+    info
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn taints_from_args_or_env() {
@@ -361,5 +307,152 @@ mod tests {
             container_taints(&c),
             vec!["a.io/x:NoSchedule", "b.io/y:NoSchedule"]
         );
+    }
+
+    fn sts(available: i32, args: &[&str]) -> Read<Box<WebhookWorkload>> {
+        Read::Found(Box::new(WebhookWorkload {
+            kind: Kind::StatefulSet,
+            namespace: "nodegate".into(),
+            name: "nodegate-webhook".into(),
+            replicas: 2,
+            available,
+            available_condition: available > 0,
+            template_labels: BTreeMap::new(),
+            containers: vec![serde_json::from_value(json!({"name": "w", "args": args})).unwrap()],
+            leftover_deployment: false,
+        }))
+    }
+
+    fn edited(
+        read: Read<Box<WebhookWorkload>>,
+        edit: impl FnOnce(&mut WebhookWorkload),
+    ) -> Read<Box<WebhookWorkload>> {
+        read.map(|mut w| {
+            edit(&mut w);
+            w
+        })
+    }
+
+    /// Each row: the read, then (check, status, detail) of every line, and
+    /// the available replicas and taint flags handed on.
+    #[test]
+    fn verdicts() {
+        type Row<'a> = (
+            Read<Box<WebhookWorkload>>,
+            Vec<(&'a str, Status, &'a str)>,
+            Option<i32>,
+            Flags,
+        );
+        let default = Flags::of(&[DEFAULT_TAINT], &[]);
+        let sts_line = "webhook statefulset";
+        let rows: Vec<Row> = vec![
+            (
+                sts(2, &[]),
+                vec![(
+                    sts_line,
+                    Status::Pass,
+                    "nodegate/nodegate-webhook: 2/2 available",
+                )],
+                Some(2),
+                default.clone(),
+            ),
+            (
+                sts(1, &[]),
+                vec![(
+                    sts_line,
+                    Status::Warn,
+                    "nodegate/nodegate-webhook: 1/2 available: one more failure and the webhook is down",
+                )],
+                Some(1),
+                default.clone(),
+            ),
+            (
+                sts(0, &[]),
+                vec![(
+                    sts_line,
+                    Status::Fail,
+                    "nodegate/nodegate-webhook: 0/2 available: the webhook is down",
+                )],
+                Some(0),
+                default.clone(),
+            ),
+            (
+                edited(sts(2, &[]), |w| w.leftover_deployment = true),
+                vec![(
+                    sts_line,
+                    Status::Warn,
+                    "nodegate/nodegate-webhook: 2/2 available; the Deployment nodegate/nodegate-webhook of an older install is still there: delete it (its Pods take the webhook's host port and anti-affinity from the StatefulSet's)",
+                )],
+                Some(2),
+                default.clone(),
+            ),
+            (
+                edited(sts(2, &[]), |w| {
+                    w.kind = Kind::Deployment;
+                    w.available_condition = false;
+                }),
+                vec![(
+                    "webhook deployment",
+                    Status::Fail,
+                    "nodegate/nodegate-webhook: 2/2 available: the webhook is down",
+                )],
+                Some(2),
+                default.clone(),
+            ),
+            (
+                sts(
+                    2,
+                    &[
+                        "--taint=a.io/x:NoSchedule",
+                        "--taint=bad",
+                        "--boot-taint=a.io/x:NoExecute",
+                    ],
+                ),
+                vec![
+                    (sts_line, Status::Pass, "2/2 available"),
+                    (
+                        "configured taints",
+                        Status::Fail,
+                        "the StatefulSet's --taint \"bad\" is invalid: ",
+                    ),
+                ],
+                Some(2),
+                Flags::of(&["a.io/x:NoSchedule"], &["a.io/x:NoExecute"]),
+            ),
+            (
+                Read::Missing,
+                vec![(
+                    sts_line,
+                    Status::Fail,
+                    "StatefulSet nodegate/nodegate-webhook not found (nor a Deployment of that name)",
+                )],
+                Some(0),
+                default.clone(),
+            ),
+            (
+                Read::Unreadable("cannot read StatefulSet nodegate/nodegate-webhook: 403".into()),
+                vec![(
+                    sts_line,
+                    Status::Skip,
+                    "cannot read StatefulSet nodegate/nodegate-webhook: 403",
+                )],
+                None,
+                default,
+            ),
+        ];
+        for (read, want, available, flags) in rows {
+            let (lines, info) = verdict("nodegate", "nodegate-webhook", &read);
+            assert_eq!(lines.len(), want.len(), "{lines:?}");
+            for (got, (check, status, part)) in lines.iter().zip(&want) {
+                assert_eq!(
+                    (got.check.as_str(), got.status),
+                    (*check, *status),
+                    "{}",
+                    got.detail
+                );
+                assert!(got.detail.contains(part), "{:?} lacks {part:?}", got.detail);
+            }
+            assert_eq!((info.available, info.flags), (available, flags), "{want:?}");
+        }
     }
 }

@@ -1,0 +1,177 @@
+//! nodegate-check's command line: every flag and environment variable, and
+//! the names it derives from them. The checks take only the values they
+//! need (lib.rs hands them out), so no check depends on this module.
+
+use clap::Parser;
+use nodegate_shared::gate_flags::GateFlags;
+
+use crate::served_certs;
+
+/// Checks an installation of nodegate with the current kubeconfig; exits 1
+/// if any check fails.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "nodegate-check", version, about)]
+pub struct Args {
+    // `--taint` and `--boot-taint`, declared once for every binary. Given
+    // either, the canary and every line expect what a webhook with these two
+    // flags adds (nodegate's default taint without `--taint`); with neither,
+    // what the webhook StatefulSet's flags add: the check has no default.
+    #[command(flatten)]
+    pub gate: GateFlags,
+    /// Namespace of the webhook's Services, StatefulSet, Secret and the agent DaemonSet.
+    #[arg(long, env = "NODEGATE_CHECK_NAMESPACE", default_value = "nodegate")]
+    pub namespace: String,
+    /// Name of the MutatingWebhookConfiguration.
+    #[arg(
+        long,
+        env = "NODEGATE_CHECK_WEBHOOK_CONFIG",
+        default_value = "nodegate"
+    )]
+    pub webhook_config: String,
+    /// Name of the MutatingAdmissionPolicy of the admission-policy install;
+    /// when it exists, it must admit Node creates and updates.
+    #[arg(long, env = "NODEGATE_CHECK_POLICY", default_value = "nodegate")]
+    pub policy: String,
+    /// Name of the first line's webhook entry in it (the backup lines are
+    /// the entries after it).
+    #[arg(
+        long,
+        env = "NODEGATE_CHECK_WEBHOOK",
+        default_value = "nodes.nodegate.dev"
+    )]
+    pub webhook: String,
+    /// The webhook StatefulSet [default: nodegate-webhook]; replica `i` is
+    /// the Pod `<name>-<i>`. Without one, a Deployment of that name (an
+    /// install from before the per-replica lines) is read instead.
+    #[arg(long, env = "NODEGATE_CHECK_STATEFULSET")]
+    pub statefulset: Option<String>,
+    /// The former name of `--statefulset`, still read when it is not given.
+    #[arg(long, env = "NODEGATE_CHECK_DEPLOYMENT", hide = true)]
+    pub deployment: Option<String>,
+    /// The agent DaemonSet.
+    #[arg(
+        long,
+        env = "NODEGATE_CHECK_DAEMONSET",
+        default_value = "nodegate-agent"
+    )]
+    pub daemonset: String,
+    /// The Secret holding the serving certificate (`tls.crt`).
+    #[arg(
+        long,
+        env = "NODEGATE_CHECK_TLS_SECRET",
+        default_value = "nodegate-webhook-tls"
+    )]
+    pub tls_secret: String,
+    /// Also verify the certificate the webhook presents at HOST:PORT (e.g.
+    /// after `kubectl -n nodegate port-forward sts/nodegate-webhook 9443`).
+    #[arg(long, env = "NODEGATE_CHECK_WEBHOOK_ADDRESS")]
+    pub webhook_address: Option<String>,
+    /// Namespace of Cilium's ConfigMap and agent pods (`k8s-app=cilium`).
+    #[arg(
+        long,
+        env = "NODEGATE_CHECK_CILIUM_NAMESPACE",
+        default_value = "kube-system"
+    )]
+    pub cilium_namespace: String,
+    /// The ConfigMap Cilium's operator reads its options from: with the
+    /// flags of the webhook and the agent, it tells whether the operator
+    /// and nodegate manage taints with the same key.
+    #[arg(
+        long,
+        env = "NODEGATE_CHECK_CILIUM_CONFIG",
+        default_value = "cilium-config"
+    )]
+    pub cilium_config: String,
+    /// Karpenter's release (e.g. 1.13.0), when its controller's image tag
+    /// does not tell it: from 1.13.0 it knows keys under `readiness.k8s.io/`.
+    #[arg(long, env = "NODEGATE_CHECK_KARPENTER_VERSION")]
+    pub karpenter_version: Option<String>,
+    /// Cluster Autoscaler's status ConfigMap (`namespace/name`): present
+    /// without a CA Deployment, it means a managed CA, whose flags cannot
+    /// be set.
+    #[arg(
+        long,
+        env = "NODEGATE_CHECK_CLUSTER_AUTOSCALER_STATUS",
+        default_value = "kube-system/cluster-autoscaler-status"
+    )]
+    pub cluster_autoscaler_status: String,
+    #[command(flatten)]
+    pub served_certs: served_certs::Args,
+}
+
+impl Args {
+    /// The webhook's StatefulSet (or older Deployment): `--statefulset`,
+    /// else `--deployment`, else `nodegate-webhook`.
+    pub fn webhook_workload(&self) -> &str {
+        self.statefulset
+            .as_deref()
+            .or(self.deployment.as_deref())
+            .unwrap_or("nodegate-webhook")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use clap::{CommandFactory, Parser};
+    use nodegate_shared::keys::DEFAULT_TAINT;
+
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Args, clap::Error> {
+        Args::try_parse_from(std::iter::once("nodegate-check").chain(args.iter().copied()))
+    }
+
+    /// Every flag parses beside the others; the defaults name the install.
+    #[test]
+    fn defaults() {
+        Args::command().debug_assert();
+        let a = parse(&[]).unwrap();
+        assert!(!a.gate.given(), "no taint of its own: the StatefulSet's");
+        assert_eq!(
+            (
+                a.namespace.as_str(),
+                a.webhook_config.as_str(),
+                a.webhook.as_str()
+            ),
+            ("nodegate", "nodegate", "nodes.nodegate.dev")
+        );
+        assert_eq!(a.webhook_workload(), "nodegate-webhook");
+        assert_eq!(a.served_certs.connect_timeout, Duration::from_secs(3));
+    }
+
+    /// The shared taint flags, repeatable and comma-separated.
+    #[test]
+    fn taint_flags() {
+        let gate = "a.dev/x:NoExecute";
+        let a = parse(&[
+            "--taint",
+            DEFAULT_TAINT,
+            "--boot-taint",
+            &format!("{gate},b.dev/y:NoExecute"),
+        ])
+        .unwrap();
+        assert!(a.gate.given());
+        assert_eq!(a.gate.taints, vec![DEFAULT_TAINT.parse().unwrap()]);
+        assert_eq!(a.gate.boot_taints.len(), 2);
+        assert!(parse(&["--taint", "not a taint"]).is_err());
+    }
+
+    /// `--statefulset`, else the former `--deployment`.
+    #[test]
+    fn the_webhook_workload() {
+        let a = parse(&["--deployment", "old"]).unwrap();
+        assert_eq!(a.webhook_workload(), "old");
+        let a = parse(&["--deployment", "old", "--statefulset", "new"]).unwrap();
+        assert_eq!(a.webhook_workload(), "new");
+    }
+
+    /// The served-certificate flag parses beside the others.
+    #[test]
+    fn replica_connect_timeout() {
+        let a = parse(&["--replica-connect-timeout", "500ms"]).unwrap();
+        assert_eq!(a.served_certs.connect_timeout, Duration::from_millis(500));
+        assert!(parse(&["--replica-connect-timeout", "x"]).is_err());
+    }
+}

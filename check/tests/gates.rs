@@ -1,0 +1,416 @@
+//! `nodegate-check` on nodegate's gates and the software that handles the
+//! same taints: strict mode's boot gate off, on and half installed, the
+//! canary's expectations of it, Cilium's operator beside nodegate, and the
+//! autoscalers waiting for the gates.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use nodegate_emulator::Emulator;
+use nodegate_emulator::resources::{DAEMONSETS, ResourceDef, STATEFULSETS};
+use nodegate_shared::TaintSpec;
+use nodegate_shared::keys::{DEFAULT_TAINT, LEGACY_TAINT};
+use nodegate_shared::taint::Effect;
+
+use nodegate_e2e::process::{policy_mode_webhook_config, shipped_policy};
+use support::install::{
+    CONFINEMENT, WORKLOADS, apply_rendered, installed, installed_serving, installed_with,
+    kustomized,
+};
+use support::{check, failed, line};
+
+/// Strict mode's boot gate, as the component sets it: nodegate's default
+/// taint with effect NoExecute.
+fn gate() -> String {
+    let t: TaintSpec = DEFAULT_TAINT.parse().unwrap();
+    TaintSpec::new(t.key(), t.value(), Effect::NoExecute)
+        .unwrap()
+        .to_string()
+}
+
+fn gate_flag() -> String {
+    format!("--boot-taint={}", gate())
+}
+
+/// Strict mode as the component installs it, and each way it is half
+/// installed: the flags without the confinement (the gate's writes are
+/// refused), and the agent's args rolled back alone (nothing removes the
+/// gate).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reports_strict_mode_off_on_and_half_installed() {
+    let gate = gate();
+    // The webhook serves the component's gate throughout: the canary expects
+    // it once the StatefulSet lists it, and an extra taint fails nothing.
+    let (emu, _webhook, home) = installed_serving(None, None, &[&gate_flag()]).await;
+    let kubeconfig = home.path().join("kubeconfig");
+    let (code, out) = check(&kubeconfig, &[]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        line(&out, "PASS", "strict mode")
+            .contains("off: neither the webhook nor the agent runs with --boot-taint")
+    );
+
+    let strict = kustomized("manifests", &["strict-mode"]);
+    apply_rendered(&emu, &strict, WORKLOADS);
+    let (code, out) = check(&kubeconfig, &[]);
+    assert_eq!(code, 1, "{out}");
+    let l = line(&out, "FAIL", "strict mode");
+    assert!(
+        l.contains(&format!("on (boot gate {gate}), but"))
+            && l.contains("nodegate-agent-confinement was generated without --boot-taint")
+            && l.contains("refuses the agent's write that removes")
+            && l.contains("nodegate-webhook-confinement was generated without --boot-taint"),
+        "{l}"
+    );
+
+    // The component's confinement, re-folded by kustomize, is its generator's.
+    apply_rendered(&emu, &strict, CONFINEMENT);
+    let (code, out) = check(&kubeconfig, &[]);
+    assert_eq!(code, 0, "{out}");
+    assert!(line(&out, "PASS", "canary dry-run create").contains(&gate));
+    let l = line(&out, "PASS", "strict mode");
+    assert!(
+        l.contains(&format!("on (boot gate {gate}): the webhook and the agent run with the same --boot-taint and --taint flags"))
+            && l.contains("are generated for them"),
+        "{l}"
+    );
+
+    let plain = kustomized("manifests", &[]);
+    apply_rendered(&emu, &plain, &[("DaemonSet", "nodegate-agent")]);
+    let (code, out) = check(&kubeconfig, &[]);
+    assert_eq!(code, 1, "{out}");
+    let l = line(&out, "FAIL", "strict mode");
+    assert!(
+        l.contains(&format!("inconsistent: the webhook adds the boot gate {gate} but the agent DaemonSet has no --boot-taint"))
+            && l.contains("all its workloads are evicted")
+            && l.contains(&format!("add --boot-taint={gate} to the agent's args")),
+        "{l}"
+    );
+}
+
+/// Under the admission-policy overlay the policy must add the gate too: the
+/// overlay's policy alone does not, the strict-mode component's does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn strict_mode_needs_the_gate_in_the_admission_policy() {
+    let gate = gate();
+    let policy = shipped_policy().unwrap();
+    let (emu, _webhook, home) =
+        installed_with(Some(policy_mode_webhook_config().unwrap()), Some(&policy)).await;
+    let kubeconfig = home.path().join("kubeconfig");
+    let strict = kustomized("manifests/overlays/admission-policy", &["strict-mode"]);
+    apply_rendered(&emu, &strict, WORKLOADS);
+    apply_rendered(&emu, &strict, CONFINEMENT);
+    let (code, out) = check(&kubeconfig, &[]);
+    assert_eq!(code, 1, "{out}");
+    let l = line(&out, "FAIL", "strict mode");
+    assert!(
+        l.contains(&format!(
+            "MutatingAdmissionPolicy nodegate does not add the boot gate {gate}"
+        )),
+        "{l}"
+    );
+    // Neither the policy nor the webhook (which runs without the gate) adds it.
+    let l = line(&out, "FAIL", "canary dry-run create");
+    assert!(
+        l.contains(&format!("WITHOUT the boot gate [\"{gate}\"]")),
+        "{l}"
+    );
+    assert!(line(&out, "FAIL", "diagnosis").contains("--boot-taint flags checked here"));
+
+    apply_rendered(&emu, &strict, &[("MutatingAdmissionPolicy", "nodegate")]);
+    let (code, out) = check(&kubeconfig, &[]);
+    let l = line(&out, "PASS", "canary dry-run create");
+    assert!(
+        l.contains(&gate) && l.contains("boot gate included) from the admission policy"),
+        "{l}"
+    );
+    assert!(
+        line(&out, "PASS", "strict mode")
+            .contains("MutatingAdmissionPolicy nodegate adds the gate")
+    );
+    line(&out, "PASS", "admission policy");
+    // What the policy hides from the canary, the direct calls show: the
+    // running webhook (a re-registration's re-taint) lacks the gate the
+    // StatefulSet lists. Nothing else fails.
+    assert_eq!(code, 1, "{out}");
+    let fails = failed(&out);
+    assert_eq!(fails.len(), 3, "{out}");
+    for f in fails {
+        assert!(
+            f.starts_with("FAIL  line ")
+                && f.contains(&format!("allowed a Node CREATE WITHOUT [\"{gate}\"]")),
+            "{f}"
+        );
+    }
+}
+
+/// The canary expects the gate the StatefulSet lists: a webhook serving it
+/// passes; one still running without it (pods not rolled since the
+/// component was applied) fails the canary and each line's direct call,
+/// though strict mode's line reads only the consistent manifests and passes.
+/// nodegate-check's own flags replace the StatefulSet's as one set.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn canary_expects_the_deployments_boot_gate() {
+    let gate = gate();
+    let strict = kustomized("manifests", &["strict-mode"]);
+
+    let (emu, _webhook, home) = installed_serving(None, None, &[&gate_flag()]).await;
+    apply_rendered(&emu, &strict, WORKLOADS);
+    apply_rendered(&emu, &strict, CONFINEMENT);
+    let (code, out) = check(&home.path().join("kubeconfig"), &[]);
+    assert_eq!(code, 0, "{out}");
+    let l = line(&out, "PASS", "canary dry-run create");
+    assert!(
+        l.contains(&format!(
+            "[\"{DEFAULT_TAINT}\", \"{gate}\"] (strict mode's boot gate included) and the webhook's warning"
+        )),
+        "{l}"
+    );
+    drop((emu, _webhook));
+
+    let (emu, _webhook, home) = installed(None).await;
+    apply_rendered(&emu, &strict, WORKLOADS);
+    apply_rendered(&emu, &strict, CONFINEMENT);
+    let kubeconfig = home.path().join("kubeconfig");
+    let (code, out) = check(&kubeconfig, &[]);
+    assert_eq!(code, 1, "{out}");
+    let l = line(&out, "FAIL", "canary dry-run create");
+    assert!(
+        l.contains(&format!("WITHOUT the boot gate [\"{gate}\"]"))
+            && l.contains(
+                "pods bound to a new or rebooted node run before its network agent is ready"
+            ),
+        "{l}"
+    );
+    assert!(
+        line(&out, "FAIL", "diagnosis").contains(
+            "does the running webhook have the --taint and --boot-taint flags checked here"
+        )
+    );
+    line(&out, "PASS", "strict mode");
+
+    // `--taint` alone: a webhook without strict mode is what is checked.
+    let (code, out) = check(&kubeconfig, &["--taint", DEFAULT_TAINT]);
+    assert!(!line(&out, "PASS", "canary dry-run create").contains("NoExecute"));
+    assert_eq!(code, 0, "{out}");
+    // `--boot-taint` alone: the default taint and that gate.
+    let (code, out) = check(&kubeconfig, &["--boot-taint", &gate]);
+    assert_eq!(code, 1, "{out}");
+    assert!(line(&out, "FAIL", "canary dry-run create").contains("WITHOUT the boot gate"));
+    // Flags the webhook would refuse are said to be wrong.
+    let (code, out) = check(&kubeconfig, &["--boot-taint", DEFAULT_TAINT]);
+    assert_eq!(code, 1, "{out}");
+    assert!(line(&out, "FAIL", "configured taints").contains(&format!(
+        "nodegate-check's --taint/--boot-taint: boot taint {DEFAULT_TAINT} must have effect NoExecute"
+    )));
+    line(&out, "SKIP", "canary dry-run create");
+}
+
+/// What `helm install cilium` (chart defaults: `operator.removeNodeTaints`
+/// true, `operator.setNodeTaints` unset and so the same,
+/// `operator.setNodeNetworkStatus` true, `agentNotReadyTaintKey`) writes into
+/// `cilium-config` for the operator's node-taint controller, among the rest
+/// (install/kubernetes/cilium/templates/cilium-configmap.yaml).
+fn cilium_config_helm_defaults() -> String {
+    serde_json::json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "cilium-config", "namespace": "kube-system"},
+        "data": {
+            "identity-allocation-mode": "crd",
+            "remove-cilium-node-taints": "true",
+            "set-cilium-node-taints": "true",
+            "set-cilium-is-up-condition": "true",
+            "agent-not-ready-taint-key": "node.cilium.io/agent-not-ready",
+        },
+    })
+    .to_string()
+}
+
+fn pod(namespace: &str, name: &str, app: &str) -> String {
+    serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "labels": {"k8s-app": app}},
+        "spec": {"nodeName": "n1", "containers": [{"name": app, "image": app}]},
+    })
+    .to_string()
+}
+
+/// Rewrites the `--taint` args of a stored workload's first container to
+/// `taint` and drops its `--release-taint` args: nodegate as installed
+/// before it had a key of its own.
+fn retaint(emu: &Emulator, res: &ResourceDef, name: &str, taint: &str) {
+    let stored = emu.store().get(res, "nodegate", name).unwrap();
+    let mut v = serde_json::to_value(stored.as_ref()).unwrap();
+    let args = v["spec"]["template"]["spec"]["containers"][0]["args"]
+        .as_array_mut()
+        .unwrap();
+    args.retain(|a| {
+        let a = a.as_str().unwrap_or_default();
+        !a.starts_with("--taint") && !a.starts_with("--release-taint")
+    });
+    args.push(serde_json::json!(format!("--taint={taint}")));
+    emu.apply(&v.to_string()).unwrap();
+}
+
+/// Cilium's operator next to nodegate: absent, its agent pods without its
+/// ConfigMap, the Helm chart's defaults with nodegate as shipped (each owns
+/// its key), and nodegate configured with the operator's key (they fight).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reports_the_cilium_operator() {
+    const CHECK: &str = "cilium operator";
+    let own_key = DEFAULT_TAINT
+        .parse::<TaintSpec>()
+        .unwrap()
+        .key()
+        .to_string();
+    let (emu, _webhook, home) = installed(None).await;
+    let kubeconfig = home.path().join("kubeconfig");
+    // Another kube-system pod: not Cilium's.
+    emu.apply(&pod("kube-system", "coredns-1", "kube-dns"))
+        .unwrap();
+    let (code, out) = check(&kubeconfig, &[]);
+    assert_eq!(code, 0, "{out}");
+    assert!(line(&out, "PASS", CHECK).contains(
+        "Cilium is not installed in kube-system (ConfigMap kube-system/cilium-config not found, no pod k8s-app=cilium)"
+    ));
+
+    // Cilium's agent runs, its ConfigMap is not where nodegate-check looks.
+    emu.apply(&pod("kube-system", "cilium-x7k2p", "cilium"))
+        .unwrap();
+    let (code, out) = check(&kubeconfig, &[]);
+    assert_eq!(code, 1, "{out}");
+    let l = line(&out, "FAIL", CHECK);
+    assert!(
+        l.contains("Cilium runs here (pod kube-system/cilium-x7k2p), but its ConfigMap kube-system/cilium-config not found")
+            && l.contains("a fight with nodegate over a taint key cannot be ruled out"),
+        "{l}"
+    );
+    assert_eq!(failed(&out).len(), 1, "only the Cilium line fails: {out}");
+    // Another namespace, with neither.
+    let (code, out) = check(&kubeconfig, &["--cilium-namespace", "cilium"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(line(&out, "PASS", CHECK).contains("Cilium is not installed in cilium"));
+
+    // The Helm chart's defaults, nodegate as shipped: two keys, two owners.
+    emu.apply(&cilium_config_helm_defaults()).unwrap();
+    let (code, out) = check(&kubeconfig, &[]);
+    assert_eq!(code, 0, "{out}");
+    let l = line(&out, "PASS", CHECK);
+    assert!(
+        l.contains(&format!(
+            "Cilium's operator owns node.cilium.io/agent-not-ready (removes it when the node's Cilium pod is Ready, sets it while not); nodegate owns {own_key}; a node takes pods when both are gone"
+        )) && !l.contains("--release-taint"),
+        "{l}"
+    );
+
+    // nodegate configured with the operator's key (as it was by default).
+    retaint(&emu, &STATEFULSETS, "nodegate-webhook", LEGACY_TAINT);
+    retaint(&emu, &DAEMONSETS, "nodegate-agent", LEGACY_TAINT);
+    // The running webhook still adds nodegate's own taint: expect that of
+    // the canary, so only the Cilium line fails.
+    let (code, out) = check(&kubeconfig, &["--taint", DEFAULT_TAINT]);
+    assert_eq!(code, 1, "{out}");
+    let l = line(&out, "FAIL", CHECK);
+    assert!(
+        l.contains(&format!(
+            "Cilium's operator owns every taint with key node.cilium.io/agent-not-ready (removes it when the node's Cilium pod is Ready, sets it while not), and nodegate manages that key too (the webhook's --taint={LEGACY_TAINT}, the agent's --taint={LEGACY_TAINT})"
+        )) && l.contains("a write loop between the operator and the agent")
+            && l.contains("at re-registration the operator removes nodegate's gate from its stale cache")
+            && l.contains(&format!("fix: either give nodegate its own key, the default {own_key} (--taint={DEFAULT_TAINT} on the webhook and the agent instead, and --release-taint={LEGACY_TAINT} on the agent"))
+            && l.contains("operator.removeNodeTaints=false, operator.setNodeTaints=false and extraConfig.remove-cilium-node-taints=\"false\""),
+        "{l}"
+    );
+    assert_eq!(failed(&out).len(), 1, "only the Cilium line fails: {out}");
+}
+
+/// A Cluster Autoscaler Deployment as its chart installs it, with `args`.
+fn cluster_autoscaler(args: &[&str]) -> String {
+    let args: Vec<String> = args.iter().map(|a| format!("\"{a}\"")).collect();
+    format!(
+        r#"{{"apiVersion":"apps/v1","kind":"Deployment","metadata":{{"name":"aws-cluster-autoscaler","namespace":"kube-system"}},
+  "spec":{{"selector":{{"matchLabels":{{"app":"ca"}}}},"template":{{"metadata":{{"labels":{{"app":"ca"}}}},"spec":{{"containers":[
+    {{"name":"aws-cluster-autoscaler","image":"registry.k8s.io/autoscaling/cluster-autoscaler:v1.31.5",
+      "command":["./cluster-autoscaler","--cloud-provider=aws",{}]}}]}}}}}}}}"#,
+        args.join(",")
+    )
+}
+
+/// The autoscaler lines on a cluster with neither, a CA at its defaults
+/// (fails, names the flag), a CA told the gate (passes), a CA with only
+/// Cilium's key or a status taint (fails), and a managed CA (fails unless
+/// the key is under CA's startup prefix).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reports_the_autoscalers() {
+    const CA: &str = "cluster autoscaler";
+    let key = DEFAULT_TAINT
+        .parse::<TaintSpec>()
+        .unwrap()
+        .key()
+        .to_string();
+    let (emu, _webhook, home) = installed(None).await;
+    let kubeconfig = home.path().join("kubeconfig");
+    let (code, out) = check(&kubeconfig, &[]);
+    assert_eq!(code, 0, "{out}");
+    assert!(line(&out, "PASS", "karpenter").contains("Karpenter is not installed"));
+    assert!(line(&out, "PASS", CA).contains("no Cluster Autoscaler"));
+
+    emu.apply(&cluster_autoscaler(&["--scan-interval=10s"]))
+        .unwrap();
+    let (code, out) = check(&kubeconfig, &[]);
+    assert_eq!(code, 1, "{out}");
+    let l = line(&out, "FAIL", CA);
+    assert!(
+        l.contains("kube-system/aws-cluster-autoscaler: it does not treat nodegate's gate")
+            && l.contains(&format!("add --startup-taint={key} to its args")),
+        "{l}"
+    );
+    assert_eq!(
+        failed(&out).len(),
+        1,
+        "only the autoscaler line fails: {out}"
+    );
+
+    for (args, want) in [
+        (
+            vec!["--startup-taint=node.cilium.io/agent-not-ready"],
+            "names Cilium's key",
+        ),
+        (
+            vec![&*format!("--status-taint={key}")],
+            "only a status taint",
+        ),
+    ] {
+        emu.apply(&cluster_autoscaler(&args)).unwrap();
+        let (code, out) = check(&kubeconfig, &[]);
+        assert_eq!(code, 1, "{out}");
+        assert!(line(&out, "FAIL", CA).contains(want), "{out}");
+    }
+
+    emu.apply(&cluster_autoscaler(&[&format!("--startup-taint={key}")]))
+        .unwrap();
+    let (code, out) = check(&kubeconfig, &[]);
+    assert_eq!(code, 0, "{out}");
+    assert!(line(&out, "PASS", CA).contains(&format!("--startup-taint={key}")));
+
+    // A managed CA: its status ConfigMap, no Deployment.
+    emu.store()
+        .delete(
+            &nodegate_emulator::resources::DEPLOYMENTS,
+            "kube-system",
+            "aws-cluster-autoscaler",
+            None,
+            false,
+        )
+        .unwrap();
+    emu.apply(
+        r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"cluster-autoscaler-status","namespace":"kube-system"},"data":{"status":"..."}}"#,
+    )
+    .unwrap();
+    let (code, out) = check(&kubeconfig, &[]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        line(&out, "FAIL", CA).contains("a managed Cluster Autoscaler runs here")
+            && out.contains("key-profiles/cluster-autoscaler"),
+        "{out}"
+    );
+}

@@ -1466,7 +1466,7 @@ async fn webhook_host_down(c: &Ctx) {
     // Node is not Ready) may precede its create: then the first version of
     // the new boot is a status write, which no admission can taint. It still
     // carries the node lifecycle controller's unreachable/not-ready taint, and
-    // the webhook's rule 3 must put the gate on before that taint goes.
+    // the webhook's `Rule::StatusShowsReboot` must put the gate on before that taint goes.
     let gate_at = wait_gated(client, &host, true, 120).await;
     let new_boot: Vec<Seen<Node>> = versions_after(rec, &host, before)
         .into_iter()

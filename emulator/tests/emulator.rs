@@ -1,5 +1,5 @@
 //! The emulator's own semantics, pinned against what kube-apiserver does
-//! (see /work/shared/k8s-facts.md). Each test starts a fresh emulator.
+//! (each behaviour and its upstream function: emulator/README.md). Each test starts a fresh emulator.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::HashMap;

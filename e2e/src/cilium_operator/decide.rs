@@ -332,41 +332,64 @@ mod tests {
         }
     }
 
-    #[test]
-    fn check_and_mark_node_table() {
+    /// The operator's configurations the table runs under.
+    struct Configs {
+        helm: OperatorConfig,
+        no_remove: OperatorConfig,
+        no_cond: OperatorConfig,
+        /// set-cilium-node-taints false.
+        flag_defaults: OperatorConfig,
+        only_set: OperatorConfig,
+    }
+
+    fn configs() -> Configs {
         let helm = OperatorConfig::helm_defaults();
-        let no_remove = OperatorConfig {
-            remove_node_taints: false,
-            ..helm.clone()
-        };
-        let no_cond = OperatorConfig {
-            set_cilium_is_up_condition: false,
-            ..helm.clone()
-        };
-        let flag_defaults = OperatorConfig::default(); // set-cilium-node-taints false
-        let only_set = OperatorConfig {
-            remove_node_taints: false,
-            set_cilium_is_up_condition: false,
-            ..helm.clone()
-        };
-        let tainted = json!([{"key": KEY, "effect": "NoSchedule"}]);
-        let plain = json!([{"key": "other", "effect": "NoSchedule"}]);
+        Configs {
+            no_remove: OperatorConfig {
+                remove_node_taints: false,
+                ..helm.clone()
+            },
+            no_cond: OperatorConfig {
+                set_cilium_is_up_condition: false,
+                ..helm.clone()
+            },
+            flag_defaults: OperatorConfig::default(),
+            only_set: OperatorConfig {
+                remove_node_taints: false,
+                set_cilium_is_up_condition: false,
+                ..helm.clone()
+            },
+            helm,
+        }
+    }
+
+    /// (name, config, taints, conditions, pods, expected steps)
+    type Case<'a> = (
+        &'a str,
+        &'a OperatorConfig,
+        Value,
+        Value,
+        Vec<CiliumPod>,
+        Vec<Action>,
+    );
+
+    fn tainted() -> Value {
+        json!([{"key": KEY, "effect": "NoSchedule"}])
+    }
+
+    fn plain() -> Value {
+        json!([{"key": "other", "effect": "NoSchedule"}])
+    }
+
+    /// A Cilium pod on the node is running.
+    fn running_cases(cfg: &Configs) -> Vec<Case<'_>> {
         use Action::*;
-        // (name, config, taints, conditions, pods, expected steps)
-        type Case<'a> = (
-            &'a str,
-            &'a OperatorConfig,
-            Value,
-            Value,
-            Vec<CiliumPod>,
-            Vec<Action>,
-        );
-        let cases: Vec<Case> = vec![
+        vec![
             // checkAndMarkNode, running branch.
             (
                 "ready, tainted, no condition",
-                &helm,
-                tainted.clone(),
+                &cfg.helm,
+                tainted(),
                 json!([]),
                 vec![pod(true, false)],
                 vec![RemoveTaint, SetCondition],
@@ -374,8 +397,8 @@ mod tests {
             // markNode runs both steps; setNodeNetworkUnavailableFalse then finds nothing to do.
             (
                 "ready, tainted, condition set",
-                &helm,
-                tainted.clone(),
+                &cfg.helm,
+                tainted(),
                 up(),
                 vec![pod(true, false)],
                 vec![RemoveTaint, SetCondition],
@@ -383,56 +406,64 @@ mod tests {
             // Untainted but no condition: markNode again, removeNodeTaint finds no taint.
             (
                 "ready, untainted, no condition",
-                &helm,
-                plain.clone(),
+                &cfg.helm,
+                plain(),
                 json!([]),
                 vec![pod(true, false)],
                 vec![RemoveTaint, SetCondition],
             ),
             (
                 "ready, untainted, condition set",
-                &helm,
-                plain.clone(),
+                &cfg.helm,
+                plain(),
                 up(),
                 vec![pod(true, false)],
                 vec![],
             ),
             (
                 "ready, remove off, tainted, condition set",
-                &no_remove,
-                tainted.clone(),
+                &cfg.no_remove,
+                tainted(),
                 up(),
                 vec![pod(true, false)],
                 vec![],
             ),
             (
                 "ready, remove off, no condition",
-                &no_remove,
-                tainted.clone(),
+                &cfg.no_remove,
+                tainted(),
                 json!([]),
                 vec![pod(true, false)],
                 vec![SetCondition],
             ),
             (
                 "ready, condition off, tainted",
-                &no_cond,
-                tainted.clone(),
+                &cfg.no_cond,
+                tainted(),
                 json!([]),
                 vec![pod(true, false)],
                 vec![RemoveTaint],
             ),
+        ]
+    }
+
+    /// No Cilium pod on the node is running, or none is cached, or the
+    /// controller is off.
+    fn not_running_cases(cfg: &Configs) -> Vec<Case<'_>> {
+        use Action::*;
+        vec![
             // Scheduled-but-not-running branch.
             (
                 "not ready, untainted",
-                &helm,
-                plain.clone(),
+                &cfg.helm,
+                plain(),
                 json!([]),
                 vec![pod(false, false)],
                 vec![SetTaint],
             ),
             (
                 "not ready, no taints at all",
-                &helm,
+                &cfg.helm,
                 Value::Null,
                 json!([]),
                 vec![pod(false, false)],
@@ -440,24 +471,24 @@ mod tests {
             ),
             (
                 "not ready, already tainted",
-                &helm,
-                tainted.clone(),
+                &cfg.helm,
+                tainted(),
                 json!([]),
                 vec![pod(false, false)],
                 vec![],
             ),
             (
                 "only a deleting ready pod",
-                &helm,
-                plain.clone(),
+                &cfg.helm,
+                plain(),
                 up(),
                 vec![pod(true, true)],
                 vec![SetTaint],
             ),
             (
                 "not ready, set-cilium-node-taints off",
-                &flag_defaults,
-                plain.clone(),
+                &cfg.flag_defaults,
+                plain(),
                 json!([]),
                 vec![pod(false, false)],
                 vec![],
@@ -465,16 +496,16 @@ mod tests {
             // No Cilium pod cached for the node: nothing, either way.
             (
                 "no pod, tainted",
-                &helm,
-                tainted.clone(),
+                &cfg.helm,
+                tainted(),
                 json!([]),
                 vec![],
                 vec![],
             ),
             (
                 "no pod, untainted",
-                &helm,
-                plain.clone(),
+                &cfg.helm,
+                plain(),
                 json!([]),
                 vec![],
                 vec![],
@@ -482,13 +513,21 @@ mod tests {
             // registerNodeTaintSync: set-cilium-node-taints alone starts nothing.
             (
                 "controller off",
-                &only_set,
-                plain.clone(),
+                &cfg.only_set,
+                plain(),
                 json!([]),
                 vec![pod(false, false)],
                 vec![],
             ),
-        ];
+        ]
+    }
+
+    #[test]
+    fn check_and_mark_node_table() {
+        let cfg = configs();
+        let cases = running_cases(&cfg)
+            .into_iter()
+            .chain(not_running_cases(&cfg));
         for (name, cfg, taints, conds, pods, want) in cases {
             let n = node(taints, conds);
             assert_eq!(check_and_mark_node(&n, &pods, cfg), want, "{name}");

@@ -10,6 +10,7 @@
 use std::collections::BTreeMap;
 
 use nodegate_e2e::forged_review::{PATHS, review};
+use nodegate_e2e::scale::metrics::parse;
 use serde_json::Value;
 
 use super::strict::boot_gated;
@@ -31,10 +32,7 @@ fn refused(c: &Ctx, hosts: &[(String, String)]) -> u64 {
                 "webhook metrics",
                 c.h.sh(&format!("curl -fsS --max-time 5 http://{ip}:9444/metrics")),
             );
-            text.lines()
-                .filter(|l| l.starts_with(REFUSED))
-                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-                .sum::<f64>() as u64
+            parse(&text).sum(REFUSED, &[]) as u64
         })
         .sum()
 }

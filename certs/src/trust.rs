@@ -219,7 +219,8 @@ mod tests {
     use base64::Engine;
 
     use super::*;
-    use crate::{Ca, ServingRequest, inject_ca_bundle};
+    use crate::ca::{Ca, ServingRequest};
+    use crate::webhook_config::inject_ca_bundle;
 
     fn request() -> ServingRequest {
         ServingRequest {

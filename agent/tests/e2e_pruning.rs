@@ -12,13 +12,11 @@ use std::sync::{Arc, Mutex};
 use kube::api::DeleteParams;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-use serde_json::json;
 
-use support::nodes::{cluster, create, ip, pod_cidr};
+use support::nodes::{cluster, create, ip};
 use support::process::Agent;
-use support::pruning::{
-    call_summaries, hook, hook_calls, own_hook_calls, own_snapshot, read_snapshot,
-};
+use support::pruning::{hook_calls, own_hook_calls, own_snapshot, read_snapshot};
+use support::pruning_agent::{Pruning, delete_w2_to_w4_recreate_w4, restart_workers};
 use support::wait::eventually;
 
 /// Agent stopped; three nodes deleted (one re-created under its name);
@@ -27,91 +25,38 @@ use support::wait::eventually;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_prunes_exactly_the_nodes_deleted_while_down() {
     let (c, nodes) = cluster().await;
-    let w: BTreeMap<usize, String> = (1..=6)
-        .map(|i| (i, c.node_name(&format!("w{i}"))))
-        .collect();
+    let (w, uids) = restart_workers(&c, &nodes, "w", 6).await;
     let own_node = c.node_name("self");
     let own: BTreeSet<String> = w.values().chain([&own_node]).cloned().collect();
-    let mut uids = BTreeMap::new();
-    for (&i, name) in &w {
-        uids.insert(name.clone(), create(&nodes, name, i).await);
-    }
     let own_uid = create(&nodes, &own_node, 100).await;
     assert!(!own_uid.is_empty());
 
-    let dir = tempfile::tempdir().unwrap();
-    let hooks = dir.path().join("hooks");
-    std::fs::create_dir_all(&hooks).unwrap();
-    let state = dir.path().join("state");
-    let hook_cmd = hook(&hooks);
-    let args = [
-        "--on-node-delete",
-        hook_cmd.as_str(),
-        "--prune-source=nodes",
-        "--taint-on-shutdown=false",
-    ];
+    let pruning = Pruning::new();
+    let extra = ["--taint-on-shutdown=false"];
 
-    let mut agent = Agent::start(&c, &own_node, &state, &args).await;
+    let mut agent = pruning.nodes_agent(&c, &own_node, &extra).await;
     eventually("/readyz after the first list", || agent.ready()).await;
-    eventually("snapshot of the six workers", || async {
-        own_snapshot(&state, &own).as_ref() == Some(&uids)
-    })
-    .await;
+    pruning
+        .snapshot_is("snapshot of the six workers", &own, &uids)
+        .await;
     assert!(agent.term().await.success());
     assert!(
-        own_hook_calls(&hooks, &own).is_empty(),
+        own_hook_calls(&pruning.hooks, &own).is_empty(),
         "first start: nothing pruned"
     );
 
     // While the agent is down.
-    for i in 2..=4 {
-        nodes
-            .delete(&w[&i], &DeleteParams::default())
-            .await
-            .unwrap();
-    }
-    let new_w4 = create(&nodes, &w[&4], 44).await;
-    assert_ne!(new_w4, uids[&w[&4]]);
+    let want_live = delete_w2_to_w4_recreate_w4(&nodes, &w, &uids).await;
+    assert_ne!(want_live[&w[&4]], uids[&w[&4]]);
 
-    let mut agent = Agent::start(&c, &own_node, &state, &args).await;
-    let mut want_live = uids.clone();
-    want_live.remove(&w[&2]);
-    want_live.remove(&w[&3]);
-    want_live.insert(w[&4].clone(), new_w4.clone());
+    let mut agent = pruning.nodes_agent(&c, &own_node, &extra).await;
     // The rewritten snapshot means the first list was processed in full.
-    eventually("snapshot rewritten with the live set", || async {
-        own_snapshot(&state, &own).as_ref() == Some(&want_live)
-    })
-    .await;
-    // w4 was re-created under its name: its old incarnation is held.
-    eventually("two hook runs, w4 held", || async {
-        own_hook_calls(&hooks, &own).len() >= 2
-            && agent
-                .metric("nodegate_agent_prune_confirmations_total{result=\"conflict_name\"}")
-                .await
-                .is_some_and(|v| v >= 1.0)
-    })
-    .await;
-    let calls = own_hook_calls(&hooks, &own);
-    let want: Vec<_> = (2..=3)
-        .map(|i| {
-            (
-                w[&i].clone(),
-                "snapshot".into(),
-                ip(i),
-                uids[&w[&i]].clone(),
-            )
-        })
-        .collect();
-    assert_eq!(call_summaries(&calls), want);
-    // The full stored record went to the hook.
-    assert_eq!(calls[0].3["podCIDRs"], json!([pod_cidr(2)]));
-    assert_eq!(
-        calls[0].3["providerID"],
-        format!("kind://docker/kind/{}", w[&2])
-    );
+    let calls = pruning
+        .w2_w3_pruned_w4_held(&agent, &own, &w, &uids, &want_live)
+        .await;
+    // The full stored record went to the hook, the boot ID too.
     assert_eq!(calls[0].3["bootID"], format!("boot-{}", w[&2]));
-    snapshot_prunes_are_counted(&agent, &hooks).await;
+    snapshot_prunes_are_counted(&agent, &pruning.hooks).await;
 
     // A live deletion is dispatched from the watch.
     nodes
@@ -119,10 +64,10 @@ async fn restart_prunes_exactly_the_nodes_deleted_while_down() {
         .await
         .unwrap();
     eventually("watch deletion hook", || async {
-        own_hook_calls(&hooks, &own).len() == 3
+        own_hook_calls(&pruning.hooks, &own).len() == 3
     })
     .await;
-    let calls = own_hook_calls(&hooks, &own);
+    let calls = own_hook_calls(&pruning.hooks, &own);
     let w5 = calls.iter().find(|c| c.0 == w[&5]).expect("w5 hook");
     assert_eq!((w5.1.as_str(), w5.2.as_str()), ("watch", ip(5).as_str()));
     assert!(
@@ -169,11 +114,8 @@ async fn deletion_interrupted_by_a_crash_is_retried_after_restart() {
     let w2 = create(&nodes, &w2_name, 2).await;
     create(&nodes, &own_node, 100).await;
 
-    let dir = tempfile::tempdir().unwrap();
-    let hooks = dir.path().join("hooks");
-    std::fs::create_dir_all(&hooks).unwrap();
-    let state = dir.path().join("state");
-    let pid_file = hooks.join("blocked.pid");
+    let pruning = Pruning::new();
+    let pid_file = pruning.hooks.join("blocked.pid");
     // Blocks on w1 only: on a real cluster other nodes come and go.
     let blocking = format!(
         "[ \"$NODEGATE_NODE_NAME\" != {w1_name} ] || {{ echo $$ > {p}.tmp && mv {p}.tmp {p} && exec sleep 60; }}",
@@ -182,7 +124,7 @@ async fn deletion_interrupted_by_a_crash_is_retried_after_restart() {
     let mut agent = Agent::start(
         &c,
         &own_node,
-        &state,
+        &pruning.state,
         &[
             "--on-node-delete",
             &blocking,
@@ -193,7 +135,7 @@ async fn deletion_interrupted_by_a_crash_is_retried_after_restart() {
     )
     .await;
     eventually("first snapshot", || async {
-        own_snapshot(&state, &own).is_some_and(|s| s.len() == 2)
+        own_snapshot(&pruning.state, &own).is_some_and(|s| s.len() == 2)
     })
     .await;
 
@@ -204,10 +146,10 @@ async fn deletion_interrupted_by_a_crash_is_retried_after_restart() {
     eventually("hook for w1 started", || async { pid_file.exists() }).await;
     let w3 = create(&nodes, &w3_name, 3).await;
     eventually("snapshot written after the deletion", || async {
-        read_snapshot(&state).is_some_and(|s| s.contains_key(&w3_name))
+        read_snapshot(&pruning.state).is_some_and(|s| s.contains_key(&w3_name))
     })
     .await;
-    let snap = read_snapshot(&state).unwrap();
+    let snap = read_snapshot(&pruning.state).unwrap();
     assert_eq!(
         snap.get(&w1_name),
         Some(&w1),
@@ -222,30 +164,19 @@ async fn deletion_interrupted_by_a_crash_is_retried_after_restart() {
         .unwrap();
     let _ = kill(Pid::from_raw(hook_pid), Signal::SIGKILL);
 
-    let hook_cmd = hook(&hooks);
-    let mut agent = Agent::start(
-        &c,
-        &own_node,
-        &state,
-        &[
-            "--on-node-delete",
-            hook_cmd.as_str(),
-            "--prune-source=nodes",
-        ],
-    )
-    .await;
+    let mut agent = pruning.nodes_agent(&c, &own_node, &[]).await;
     eventually("w1 handled after restart", || async {
-        own_hook_calls(&hooks, &own).len() == 1
+        own_hook_calls(&pruning.hooks, &own).len() == 1
     })
     .await;
-    let calls = own_hook_calls(&hooks, &own);
+    let calls = own_hook_calls(&pruning.hooks, &own);
     assert_eq!(
         (calls[0].0.as_str(), calls[0].1.as_str()),
         (w1_name.as_str(), "snapshot")
     );
     assert_eq!(calls[0].3["uid"], w1.as_str());
     eventually("w1 leaves the snapshot once handled", || async {
-        own_snapshot(&state, &own)
+        own_snapshot(&pruning.state, &own)
             == Some(BTreeMap::from([
                 (w2_name.clone(), w2.clone()),
                 (w3_name.clone(), w3.clone()),

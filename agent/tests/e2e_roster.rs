@@ -8,12 +8,11 @@ mod support;
 use std::collections::{BTreeMap, BTreeSet};
 
 use kube::api::{DeleteParams, PostParams};
-use serde_json::json;
 
-use support::nodes::{cluster, create, ip, pod_cidr};
-use support::process::Agent;
-use support::pruning::{call_summaries, hook, own_hook_calls, own_snapshot};
-use support::roster::{SHARDS, roster, roster_agent_args, roster_members, shards_api};
+use support::nodes::{cluster, create};
+use support::pruning::{own_hook_calls, own_snapshot};
+use support::pruning_agent::{Pruning, delete_w2_to_w4_recreate_w4, restart_workers};
+use support::roster::{SHARDS, roster, roster_members, shards_api};
 use support::wait::eventually;
 
 /// Agent stopped; three nodes deleted (one re-created under its name) and
@@ -23,86 +22,37 @@ use support::wait::eventually;
 async fn roster_restart_prunes_exactly_the_nodes_deleted_while_down() {
     let (c, nodes) = cluster().await;
     let roster = roster(&c);
-    let w: BTreeMap<usize, String> = (1..=5)
-        .map(|i| (i, c.node_name(&format!("rw{i}"))))
-        .collect();
+    let (w, uids) = restart_workers(&c, &nodes, "rw", 5).await;
     let own_node = c.node_name("rself");
     let own: BTreeSet<String> = w.values().chain([&own_node]).cloned().collect();
-    let mut uids = BTreeMap::new();
-    for (&i, name) in &w {
-        uids.insert(name.clone(), create(&nodes, name, i).await);
-    }
     create(&nodes, &own_node, 100).await;
-    let dir = tempfile::tempdir().unwrap();
-    let (hooks, state) = (dir.path().join("hooks"), dir.path().join("state"));
-    std::fs::create_dir_all(&hooks).unwrap();
-    let hook_cmd = hook(&hooks);
-    let mut publisher = Agent::publisher(&c, &roster, 0, dir.path()).await;
-    let args = roster_agent_args(&hook_cmd, &roster);
-
-    let mut agent = Agent::start(&c, &own_node, &state, &args).await;
-    eventually("snapshot of the five workers from the roster", || async {
-        own_snapshot(&state, &own).as_ref() == Some(&uids)
-    })
-    .await;
+    let pruning = Pruning::new();
+    let (mut publisher, mut agent) = pruning.start_on_roster(&c, &roster, &own_node).await;
+    pruning
+        .snapshot_is("snapshot of the five workers from the roster", &own, &uids)
+        .await;
     assert_eq!(
         agent.metric("nodegate_agent_roster_complete").await,
         Some(1.0)
     );
     assert!(agent.term().await.success());
 
-    for i in 2..=4 {
-        nodes
-            .delete(&w[&i], &DeleteParams::default())
-            .await
-            .unwrap();
-    }
-    let new_w4 = create(&nodes, &w[&4], 44).await;
-    let mut want_live = uids.clone();
-    want_live.remove(&w[&2]);
-    want_live.remove(&w[&3]);
-    want_live.insert(w[&4].clone(), new_w4.clone());
+    let want_live = delete_w2_to_w4_recreate_w4(&nodes, &w, &uids).await;
+    let new_w4 = &want_live[&w[&4]];
     let mut in_roster = want_live.clone();
     in_roster.insert(own_node.clone(), String::new());
     eventually("the roster shows the deletions", || async {
         roster_members(&nodes, &roster, &own)
             .await
-            .is_some_and(|m| m.keys().eq(in_roster.keys()) && m.get(&w[&4]) == Some(&new_w4))
+            .is_some_and(|m| m.keys().eq(in_roster.keys()) && m.get(&w[&4]) == Some(new_w4))
     })
     .await;
 
-    let mut agent = Agent::start(&c, &own_node, &state, &args).await;
-    eventually("snapshot rewritten with the live set", || async {
-        own_snapshot(&state, &own).as_ref() == Some(&want_live)
-    })
-    .await;
-    // w4 was re-created under its name: its old incarnation is held.
-    eventually("two hook runs, w4 held", || async {
-        own_hook_calls(&hooks, &own).len() >= 2
-            && agent
-                .metric("nodegate_agent_prune_confirmations_total{result=\"conflict_name\"}")
-                .await
-                .is_some_and(|v| v >= 1.0)
-    })
-    .await;
-    let calls = own_hook_calls(&hooks, &own);
-    let want: Vec<_> = (2..=3)
-        .map(|i| {
-            (
-                w[&i].clone(),
-                "snapshot".into(),
-                ip(i),
-                uids[&w[&i]].clone(),
-            )
-        })
-        .collect();
-    assert_eq!(call_summaries(&calls), want);
+    let mut agent = pruning.roster_agent(&c, &own_node, &roster).await;
+    let calls = pruning
+        .w2_w3_pruned_w4_held(&agent, &own, &w, &uids, &want_live)
+        .await;
     // The roster's record: what a handler cleans up by, without labels or boot ID.
-    assert_eq!(calls[0].3["podCIDRs"], json!([pod_cidr(2)]));
-    assert_eq!(
-        calls[0].3["providerID"],
-        format!("kind://docker/kind/{}", w[&2])
-    );
     assert!(calls[0].3.get("labels").is_none() && calls[0].3.get("bootID").is_none());
     assert!(agent.term().await.success());
     assert!(publisher.term().await.success());
@@ -118,10 +68,10 @@ async fn roster_leader_killed_during_churn_loses_nothing() {
     const CHURN: usize = 12;
     let (c, nodes) = cluster().await;
     let roster = roster(&c);
-    let dir = tempfile::tempdir().unwrap();
+    let pruning = Pruning::new();
     let mut pubs = [
-        Agent::publisher(&c, &roster, 0, dir.path()).await,
-        Agent::publisher(&c, &roster, 1, dir.path()).await,
+        pruning.publisher(&c, &roster, 0).await,
+        pruning.publisher(&c, &roster, 1).await,
     ];
     let own_node = c.node_name("cself");
     create(&nodes, &own_node, 250).await;
@@ -134,20 +84,10 @@ async fn roster_leader_killed_during_churn_loses_nothing() {
     for (i, name) in names.iter().take(4).enumerate() {
         live.insert(name.clone(), create(&nodes, name, 200 + i).await);
     }
-    let (hooks, state) = (dir.path().join("hooks"), dir.path().join("state"));
-    std::fs::create_dir_all(&hooks).unwrap();
-    let hook_cmd = hook(&hooks);
-    let mut agent = Agent::start(
-        &c,
-        &own_node,
-        &state,
-        &roster_agent_args(&hook_cmd, &roster),
-    )
-    .await;
-    eventually("first snapshot from the roster", || async {
-        own_snapshot(&state, &own).as_ref() == Some(&live)
-    })
-    .await;
+    let mut agent = pruning.roster_agent(&c, &own_node, &roster).await;
+    pruning
+        .snapshot_is("first snapshot from the roster", &own, &live)
+        .await;
 
     let mut deleted: BTreeSet<(String, String)> = BTreeSet::new();
     let mut killed = None;
@@ -187,15 +127,14 @@ async fn roster_leader_killed_during_churn_loses_nothing() {
         pubs[standby].metric("nodegate_roster_leader").await == Some(1.0)
     })
     .await;
-    eventually("snapshot equals the live set", || async {
-        own_snapshot(&state, &own).as_ref() == Some(&live)
-    })
-    .await;
+    pruning
+        .snapshot_is("snapshot equals the live set", &own, &live)
+        .await;
     eventually("a hook run per deleted node", || async {
-        own_hook_calls(&hooks, &own).len() >= deleted.len()
+        own_hook_calls(&pruning.hooks, &own).len() >= deleted.len()
     })
     .await;
-    let calls: Vec<(String, String)> = own_hook_calls(&hooks, &own)
+    let calls: Vec<(String, String)> = own_hook_calls(&pruning.hooks, &own)
         .iter()
         .map(|(n, _, _, rec)| (n.clone(), rec["uid"].as_str().unwrap().to_string()))
         .collect();
@@ -224,17 +163,9 @@ async fn roster_partial_view_during_agent_restart_prunes_nothing() {
         uids.insert(name.clone(), create(&nodes, name, 300 + i).await);
     }
     create(&nodes, &own_node, 400).await;
-    let dir = tempfile::tempdir().unwrap();
-    let (hooks, state) = (dir.path().join("hooks"), dir.path().join("state"));
-    std::fs::create_dir_all(&hooks).unwrap();
-    let hook_cmd = hook(&hooks);
-    let args = roster_agent_args(&hook_cmd, &roster);
-    let mut publisher = Agent::publisher(&c, &roster, 0, dir.path()).await;
-    let mut agent = Agent::start(&c, &own_node, &state, &args).await;
-    eventually("first snapshot", || async {
-        own_snapshot(&state, &own).as_ref() == Some(&uids)
-    })
-    .await;
+    let pruning = Pruning::new();
+    let (mut publisher, mut agent) = pruning.start_on_roster(&c, &roster, &own_node).await;
+    pruning.snapshot_is("first snapshot", &own, &uids).await;
     assert!(agent.term().await.success());
     assert!(publisher.term().await.success());
 
@@ -273,7 +204,7 @@ async fn roster_partial_view_during_agent_restart_prunes_nothing() {
     .await
     .unwrap();
 
-    let mut agent = Agent::start(&c, &own_node, &state, &args).await;
+    let mut agent = pruning.roster_agent(&c, &own_node, &roster).await;
     eventually("the agent holds every shard", || async {
         agent.metric("nodegate_agent_roster_shards").await == Some(f64::from(SHARDS))
     })
@@ -284,27 +215,26 @@ async fn roster_partial_view_during_agent_restart_prunes_nothing() {
     );
     assert!(!agent.ready().await, "not ready before a complete view");
     assert!(
-        own_hook_calls(&hooks, &own).is_empty(),
+        own_hook_calls(&pruning.hooks, &own).is_empty(),
         "nothing pruned from a partial view"
     );
     assert_eq!(
-        own_snapshot(&state, &own).as_ref(),
+        own_snapshot(&pruning.state, &own).as_ref(),
         Some(&uids),
         "snapshot kept as it was"
     );
 
-    let mut publisher = Agent::publisher(&c, &roster, 0, dir.path()).await;
+    let mut publisher = pruning.publisher(&c, &roster, 0).await;
     let mut want = uids.clone();
     want.remove(&gone);
-    eventually("snapshot equals the live set", || async {
-        own_snapshot(&state, &own).as_ref() == Some(&want)
-    })
-    .await;
+    pruning
+        .snapshot_is("snapshot equals the live set", &own, &want)
+        .await;
     eventually("one hook run", || async {
-        !own_hook_calls(&hooks, &own).is_empty()
+        !own_hook_calls(&pruning.hooks, &own).is_empty()
     })
     .await;
-    let calls = own_hook_calls(&hooks, &own);
+    let calls = own_hook_calls(&pruning.hooks, &own);
     assert_eq!(calls.len(), 1, "{calls:?}");
     assert_eq!(
         (calls[0].0.as_str(), calls[0].1.as_str()),
@@ -315,7 +245,7 @@ async fn roster_partial_view_during_agent_restart_prunes_nothing() {
         !missing.is_empty()
             && missing
                 .iter()
-                .all(|m| own_snapshot(&state, &own).unwrap().contains_key(m))
+                .all(|m| own_snapshot(&pruning.state, &own).unwrap().contains_key(m))
     );
     assert!(agent.term().await.success());
     assert!(publisher.term().await.success());

@@ -18,10 +18,10 @@ use serde_json::json;
 
 use support::nodes::{cluster, create, ip, pod_cidr};
 use support::process::Agent;
-use support::pruning::{hook, hook_calls, own_hook_calls, own_snapshot};
+use support::pruning::{hook_calls, own_hook_calls, own_snapshot};
+use support::pruning_agent::Pruning;
 use support::roster::{
-    forge_shard, name_in_shard0, roster, roster_agent_args, roster_members, roster_writer,
-    shards_api,
+    forge_shard, name_in_shard0, roster, roster_members, roster_writer, shards_api,
 };
 use support::wait::eventually;
 
@@ -148,22 +148,11 @@ async fn roster_poisoned_shard_prunes_no_live_node() {
         uids.insert(name.clone(), create(&nodes, name, 500 + i).await);
     }
     create(&nodes, &own_node, 600).await;
-    let dir = tempfile::tempdir().unwrap();
-    let (hooks, state) = (dir.path().join("hooks"), dir.path().join("state"));
-    std::fs::create_dir_all(&hooks).unwrap();
-    let hook_cmd = hook(&hooks);
-    let mut publisher = Agent::publisher(&c, &roster, 0, dir.path()).await;
-    let mut agent = Agent::start(
-        &c,
-        &own_node,
-        &state,
-        &roster_agent_args(&hook_cmd, &roster),
-    )
-    .await;
-    eventually("first snapshot from the roster", || async {
-        own_snapshot(&state, &own).as_ref() == Some(&uids)
-    })
-    .await;
+    let pruning = Pruning::new();
+    let (mut publisher, mut agent) = pruning.start_on_roster(&c, &roster, &own_node).await;
+    pruning
+        .snapshot_is("first snapshot from the roster", &own, &uids)
+        .await;
     // The publisher down: nobody repairs the shard while the attack runs.
     assert!(publisher.term().await.success());
 
@@ -179,8 +168,8 @@ async fn roster_poisoned_shard_prunes_no_live_node() {
         c: &c,
         agent: &agent,
         roster: &roster,
-        hooks: &hooks,
-        state: &state,
+        hooks: &pruning.hooks,
+        state: &pruning.state,
         own: &own,
         uids: &uids,
     };
@@ -189,7 +178,7 @@ async fn roster_poisoned_shard_prunes_no_live_node() {
     }
 
     // The publisher comes back and replaces the forged epoch with its own.
-    let mut publisher = Agent::publisher(&c, &roster, 0, dir.path()).await;
+    let mut publisher = pruning.publisher(&c, &roster, 0).await;
     eventually("the roster complete again", || async {
         metric("nodegate_agent_roster_complete").await == 1.0
             && roster_members(&nodes, &roster, &own)
@@ -218,16 +207,15 @@ async fn roster_poisoned_shard_prunes_no_live_node() {
     let gone = w[3].clone();
     nodes.delete(&gone, &DeleteParams::default()).await.unwrap();
     eventually("the deleted node's hook", || async {
-        !own_hook_calls(&hooks, &own).is_empty()
+        !own_hook_calls(&pruning.hooks, &own).is_empty()
     })
     .await;
     let mut want = uids.clone();
     want.remove(&gone);
-    eventually("snapshot equals the live set", || async {
-        own_snapshot(&state, &own).as_ref() == Some(&want)
-    })
-    .await;
-    let calls = own_hook_calls(&hooks, &own);
+    pruning
+        .snapshot_is("snapshot equals the live set", &own, &want)
+        .await;
+    let calls = own_hook_calls(&pruning.hooks, &own);
     assert_eq!(calls.len(), 1, "{calls:?}");
     assert_eq!(
         (calls[0].0.as_str(), calls[0].1.as_str()),
@@ -353,22 +341,11 @@ async fn roster_records_carrying_live_values_never_reach_the_handler() {
         .chain([&own_node, &ghost_ip, &ghost_cidr])
         .cloned()
         .collect();
-    let dir = tempfile::tempdir().unwrap();
-    let (hooks, state) = (dir.path().join("hooks"), dir.path().join("state"));
-    std::fs::create_dir_all(&hooks).unwrap();
-    let hook_cmd = hook(&hooks);
-    let mut publisher = Agent::publisher(&c, &roster, 0, dir.path()).await;
-    let mut agent = Agent::start(
-        &c,
-        &own_node,
-        &state,
-        &roster_agent_args(&hook_cmd, &roster),
-    )
-    .await;
-    eventually("first snapshot from the roster", || async {
-        own_snapshot(&state, &own).as_ref() == Some(&uids)
-    })
-    .await;
+    let pruning = Pruning::new();
+    let (mut publisher, mut agent) = pruning.start_on_roster(&c, &roster, &own_node).await;
+    pruning
+        .snapshot_is("first snapshot from the roster", &own, &uids)
+        .await;
     assert!(publisher.term().await.success());
     let metric = |name: &'static str| {
         let agent = &agent;
@@ -388,24 +365,24 @@ async fn roster_records_carrying_live_values_never_reach_the_handler() {
     // The forged uid makes the real one look deleted: refused (live).
     eventually("the forged shard taken in", || async {
         metric(REFUSED).await > refused
-            && own_snapshot(&state, &own)
+            && own_snapshot(&pruning.state, &own)
                 .is_some_and(|s| s.contains_key(&ghost_ip) && s.contains_key(&ghost_cidr))
     })
     .await;
 
     // The publisher repairs the shard: the three records leave.
-    let mut publisher = Agent::publisher(&c, &roster, 0, dir.path()).await;
+    let mut publisher = pruning.publisher(&c, &roster, 0).await;
     // Out of the snapshot once handled or held (a handler that ran would
     // have run by then), and nothing left to confirm.
     eventually("the three deletions concluded", || async {
-        own_snapshot(&state, &own).as_ref() == Some(&uids)
+        own_snapshot(&pruning.state, &own).as_ref() == Some(&uids)
             && metric("nodegate_agent_prune_pending").await == 0.0
     })
     .await;
     // Nothing ran, for these records or with their values.
-    let calls = hook_calls(&hooks);
+    let calls = hook_calls(&pruning.hooks);
     assert!(
-        own_hook_calls(&hooks, &own).is_empty(),
+        own_hook_calls(&pruning.hooks, &own).is_empty(),
         "a handler ran: {calls:?}"
     );
     for (_, _, ips, rec) in &calls {
@@ -423,10 +400,10 @@ async fn roster_records_carrying_live_values_never_reach_the_handler() {
     let gone = w[2].clone();
     nodes.delete(&gone, &DeleteParams::default()).await.unwrap();
     eventually("the deleted node's hook", || async {
-        !own_hook_calls(&hooks, &own).is_empty()
+        !own_hook_calls(&pruning.hooks, &own).is_empty()
     })
     .await;
-    let calls = own_hook_calls(&hooks, &own);
+    let calls = own_hook_calls(&pruning.hooks, &own);
     assert_eq!(calls.len(), 1, "{calls:?}");
     assert_eq!(
         (

@@ -15,7 +15,8 @@ use serde_json::json;
 
 use support::nodes::{cluster, create};
 use support::process::Agent;
-use support::pruning::{hook, own_hook_calls, own_snapshot, read_snapshot};
+use support::pruning::{own_hook_calls, own_snapshot, read_snapshot};
+use support::pruning_agent::Pruning;
 use support::wait::eventually;
 
 /// A corrupt snapshot is moved aside and counted; the agent keeps working.
@@ -27,32 +28,19 @@ async fn corrupt_snapshot_is_moved_aside() {
     let w1 = create(&nodes, &w1_name, 1).await;
     create(&nodes, &own_node, 100).await;
 
-    let dir = tempfile::tempdir().unwrap();
-    let hooks = dir.path().join("hooks");
-    std::fs::create_dir_all(&hooks).unwrap();
-    let state = dir.path().join("state");
-    std::fs::create_dir_all(&state).unwrap();
+    let pruning = Pruning::new();
+    let (hooks, state) = (&pruning.hooks, &pruning.state);
+    std::fs::create_dir_all(state).unwrap();
     let garbage = br#"{"version":1,"nodes":[{"name":"gone","uid":"#;
-    std::fs::write(snapshot::path_in(&state), garbage).unwrap();
+    std::fs::write(snapshot::path_in(state), garbage).unwrap();
 
-    let hook_cmd = hook(&hooks);
-    let mut agent = Agent::start(
-        &c,
-        &own_node,
-        &state,
-        &[
-            "--on-node-delete",
-            hook_cmd.as_str(),
-            "--prune-source=nodes",
-        ],
-    )
-    .await;
+    let mut agent = pruning.nodes_agent(&c, &own_node, &[]).await;
     eventually("ready", || agent.ready()).await;
     eventually("fresh snapshot", || async {
-        own_snapshot(&state, &own) == Some(BTreeMap::from([(w1_name.clone(), w1.clone())]))
+        own_snapshot(state, &own) == Some(BTreeMap::from([(w1_name.clone(), w1.clone())]))
     })
     .await;
-    let aside: Vec<PathBuf> = std::fs::read_dir(&state)
+    let aside: Vec<PathBuf> = std::fs::read_dir(state)
         .unwrap()
         .map(|e| e.unwrap().path())
         .filter(|p| p.to_string_lossy().contains("nodes.json.corrupt-"))
@@ -65,7 +53,7 @@ async fn corrupt_snapshot_is_moved_aside() {
         Some(1.0)
     );
     assert!(
-        own_hook_calls(&hooks, &own).is_empty(),
+        own_hook_calls(hooks, &own).is_empty(),
         "treated as empty: nothing pruned"
     );
     // Still working: a live deletion is handled.
@@ -74,7 +62,7 @@ async fn corrupt_snapshot_is_moved_aside() {
         .await
         .unwrap();
     eventually("hook after the corrupt start", || async {
-        own_hook_calls(&hooks, &own).len() == 1
+        own_hook_calls(hooks, &own).len() == 1
     })
     .await;
     assert!(agent.term().await.success());

@@ -483,7 +483,6 @@ async fn prune_phase(
     admin: &kube::Client,
     names: &[String],
 ) -> anyhow::Result<PruneReport> {
-    use nodegate_agent::handler::DeleteSource;
     let nodes: Api<Node> = Api::all(admin.clone());
     let mut pruners: Vec<String> = c.fleet.pruners().cloned().collect();
     pruners.sort();
@@ -541,45 +540,61 @@ async fn prune_phase(
         ..Default::default()
     };
     for p in &pruners {
-        // A deleted node leaves the snapshot only once its handlers ran.
-        let snap = wait_snapshot(c.fleet, p, &live_now, Duration::from_secs(15)).await?;
-        let recorders = c.fleet.recorders(p);
-        let Some((last, earlier)) = recorders.split_last() else {
-            anyhow::bail!("no recorder for {p}'s agent");
-        };
-        // Nothing was deleted while the earlier runs were up.
-        report.false_prunes += earlier.iter().map(|r| r.calls().len()).sum::<usize>();
-        let calls = last.calls();
-        let exact = to_prune
-            .iter()
-            .filter(|(n, u)| {
-                let mine: Vec<&Dispatched> = calls
-                    .iter()
-                    .filter(|d| &d.name == n && &d.uid == u)
-                    .collect();
-                mine.len() == 1 && mine[0].source == DeleteSource::Snapshot
-            })
-            .count();
-        report.exact_min = report.exact_min.min(exact);
-        let false_here: Vec<&Dispatched> = calls
-            .iter()
-            .filter(|d| !to_prune.contains(&(d.name.clone(), d.uid.clone())))
-            .collect();
-        if !false_here.is_empty() {
-            tracing::warn!(agent = %p, calls = ?false_here, "deletion handler ran for a node that was not deleted");
-        }
-        report.false_prunes += false_here.len();
-        report.resurrected += snap
-            .unwrap_or_default()
-            .iter()
-            .filter(|(n, u)| live_now.get(*n) != Some(*u))
-            .count();
+        judge_pruner(c, p, &live_now, &to_prune, &mut report).await?;
     }
     report.resurrected += deleted
         .iter()
         .filter(|(n, u)| live_now.get(n) == Some(u))
         .count();
     Ok(report)
+}
+
+/// Adds to `report` what the restarted agent of `p` did: whether its
+/// handler got each node of `to_prune` exactly once from the snapshot, the
+/// deletions it dispatched for nodes not deleted (before the restart too),
+/// and the deleted nodes back in its snapshot.
+async fn judge_pruner(
+    c: &Ctx<'_>,
+    p: &str,
+    live_now: &BTreeMap<String, String>,
+    to_prune: &BTreeSet<(String, String)>,
+    report: &mut PruneReport,
+) -> anyhow::Result<()> {
+    use nodegate_agent::handler::DeleteSource;
+    // A deleted node leaves the snapshot only once its handlers ran.
+    let snap = wait_snapshot(c.fleet, p, live_now, Duration::from_secs(15)).await?;
+    let recorders = c.fleet.recorders(p);
+    let Some((last, earlier)) = recorders.split_last() else {
+        anyhow::bail!("no recorder for {p}'s agent");
+    };
+    // Nothing was deleted while the earlier runs were up.
+    report.false_prunes += earlier.iter().map(|r| r.calls().len()).sum::<usize>();
+    let calls = last.calls();
+    let exact = to_prune
+        .iter()
+        .filter(|(n, u)| {
+            let mine: Vec<&Dispatched> = calls
+                .iter()
+                .filter(|d| &d.name == n && &d.uid == u)
+                .collect();
+            mine.len() == 1 && mine[0].source == DeleteSource::Snapshot
+        })
+        .count();
+    report.exact_min = report.exact_min.min(exact);
+    let false_here: Vec<&Dispatched> = calls
+        .iter()
+        .filter(|d| !to_prune.contains(&(d.name.clone(), d.uid.clone())))
+        .collect();
+    if !false_here.is_empty() {
+        tracing::warn!(agent = %p, calls = ?false_here, "deletion handler ran for a node that was not deleted");
+    }
+    report.false_prunes += false_here.len();
+    report.resurrected += snap
+        .unwrap_or_default()
+        .iter()
+        .filter(|(n, u)| live_now.get(*n) != Some(*u))
+        .count();
+    Ok(())
 }
 
 /// Polls until every node is free of nodegate's taint (or the deadline);
@@ -690,62 +705,76 @@ pub async fn run_scenario(o: &RunOptions, with_webhook: bool) -> anyhow::Result<
     Ok(report)
 }
 
-/// Scale-out, reboot wave and agent restart on a started emulator.
-async fn drive(
+/// What the background tasks record while the phases run.
+#[derive(Default)]
+struct Records {
+    truths: Truths,
+    stats: Arc<Mutex<BindStats>>,
+    seen: Arc<Mutex<Seen>>,
+}
+
+/// What the phases counted, for the report.
+struct Phases {
+    reboots: usize,
+    tainted_at_create: usize,
+    safety_net_taints: usize,
+    prune: PruneReport,
+    untainted_at_end: (usize, usize),
+}
+
+/// Aborts the background tasks when dropped, so they end with the run
+/// however it ends.
+struct AbortOnDrop(Vec<tokio::task::JoinHandle<()>>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        for t in &self.0 {
+            t.abort();
+        }
+    }
+}
+
+/// The simulated cluster around the agents: the node lifecycle controller,
+/// the observer and the scheduler.
+async fn start_background(
     o: &RunOptions,
     emu: &Emulator,
-    fleet: &Fleet,
-    names: &[String],
-    webhook: Option<&WebhookProcess>,
-) -> anyhow::Result<ScenarioReport> {
-    let truths: Truths = Arc::new(Mutex::new(HashMap::new()));
-    let stats = Arc::new(Mutex::new(BindStats::default()));
-    let seen = Arc::new(Mutex::new(Seen::default()));
-    let admin = emu.client(users::ADMIN).await?;
+    admin: &kube::Client,
+    r: &Records,
+) -> anyhow::Result<AbortOnDrop> {
     let tasks = vec![
         tokio::spawn(node_lifecycle(emu.client(users::NODE_CONTROLLER).await?)),
         tokio::spawn(observer(
             admin.clone(),
-            truths.clone(),
+            r.truths.clone(),
             o.taint_key.clone(),
-            seen.clone(),
+            r.seen.clone(),
         )),
         tokio::spawn(scheduler(
             emu.client(users::SCHEDULER).await?,
-            truths.clone(),
-            stats.clone(),
+            r.truths.clone(),
+            r.stats.clone(),
         )),
     ];
-    // The background tasks end with this function, however it ends.
-    struct AbortOnDrop(Vec<tokio::task::JoinHandle<()>>);
-    impl Drop for AbortOnDrop {
-        fn drop(&mut self) {
-            for t in &self.0 {
-                t.abort();
-            }
-        }
-    }
-    let _tasks = AbortOnDrop(tasks);
-    let c = Ctx {
-        o,
-        emu,
-        fleet,
-        truths: &truths,
-    };
-    create_pods(&admin, "scale-out", o.nodes * o.pods_per_node).await?;
+    Ok(AbortOnDrop(tasks))
+}
 
-    // Scale-out.
+/// Scale-out: the pods pending from the start, then every node boots;
+/// returns the kubelets and how many nodes were tainted at create.
+async fn scale_out(
+    c: &Ctx<'_>,
+    admin: &kube::Client,
+    names: &[String],
+) -> anyhow::Result<(Vec<SimKubelet>, usize)> {
+    create_pods(admin, "scale-out", c.o.nodes * c.o.pods_per_node).await?;
     let mut kubelets = Vec::new();
     for name in names {
-        lock(&truths).insert(name.clone(), Truth::default());
-        kubelets.push(SimKubelet::new(emu, name).await?);
+        lock(c.truths).insert(name.clone(), Truth::default());
+        kubelets.push(SimKubelet::new(c.emu, name).await?);
     }
     let results: Vec<anyhow::Result<(SimKubelet, bool)>> = futures::stream::iter(kubelets)
-        .map(|k| {
-            let c = &c;
-            async move { boot(k, false, c).await }
-        })
-        .buffer_unordered(o.concurrency.max(1))
+        .map(|k| async move { boot(k, false, c).await })
+        .buffer_unordered(c.o.concurrency.max(1))
         .collect()
         .await;
     let mut kubelets = Vec::new();
@@ -755,33 +784,63 @@ async fn drive(
         tainted_at_create += usize::from(tainted);
         kubelets.push(k);
     }
-    wait_all_bound(&admin, Duration::from_secs(20))
+    wait_all_bound(admin, Duration::from_secs(20))
         .await
         .context("after scale-out")?;
+    Ok((kubelets, tainted_at_create))
+}
 
-    // Reboot wave, with new work arriving meanwhile.
-    let reboots = ((o.nodes as f64) * o.reboot_fraction).round() as usize;
+/// Reboot wave, with new work arriving meanwhile: the first nodes by name
+/// reboot; returns how many.
+async fn reboot_wave(
+    c: &Ctx<'_>,
+    admin: &kube::Client,
+    mut kubelets: Vec<SimKubelet>,
+) -> anyhow::Result<usize> {
+    let reboots = ((c.o.nodes as f64) * c.o.reboot_fraction).round() as usize;
     kubelets.sort_by(|a, b| a.name().cmp(b.name()));
     let rebooting: Vec<SimKubelet> = kubelets.into_iter().take(reboots).collect();
-    let wave_pods = create_pods(&admin, "wave", o.nodes);
+    let wave_pods = create_pods(admin, "wave", c.o.nodes);
     let wave = futures::stream::iter(rebooting)
-        .map(|k| {
-            let c = &c;
-            async move { boot(k, true, c).await }
-        })
-        .buffer_unordered(o.concurrency.max(1))
+        .map(|k| async move { boot(k, true, c).await })
+        .buffer_unordered(c.o.concurrency.max(1))
         .collect::<Vec<_>>();
     let (pods_res, wave_res) = tokio::join!(wave_pods, wave);
     pods_res?;
     for r in wave_res {
         r?;
     }
-    wait_all_bound(&admin, Duration::from_secs(20))
+    wait_all_bound(admin, Duration::from_secs(20))
         .await
         .context("after the reboot wave")?;
+    Ok(reboots)
+}
+
+/// Scale-out, reboot wave and agent restart on a started emulator.
+async fn drive(
+    o: &RunOptions,
+    emu: &Emulator,
+    fleet: &Fleet,
+    names: &[String],
+    webhook: Option<&WebhookProcess>,
+) -> anyhow::Result<ScenarioReport> {
+    let records = Records::default();
+    let admin = emu.client(users::ADMIN).await?;
+    let _tasks = start_background(o, emu, &admin, &records).await?;
+    let c = Ctx {
+        o,
+        emu,
+        fleet,
+        truths: &records.truths,
+    };
+    let (kubelets, tainted_at_create) = scale_out(&c, &admin, names).await?;
+    let reboots = reboot_wave(&c, &admin, kubelets).await?;
     // Counted only now: a safety-net taint may land after the scale-out's
     // pods are bound (they need not wait for it without the webhook).
-    let safety_net_taints = lock(&truths).values().filter(|t| t.safety_net_seen).count();
+    let safety_net_taints = lock(&records.truths)
+        .values()
+        .filter(|t| t.safety_net_seen)
+        .count();
 
     // Agent restart with nodes deleted meanwhile.
     let prune = prune_phase(&c, &admin, names).await?;
@@ -791,8 +850,26 @@ async fn drive(
         Duration::from_secs(10),
     )
     .await?;
+    let phases = Phases {
+        reboots,
+        tainted_at_create,
+        safety_net_taints,
+        prune,
+        untainted_at_end,
+    };
+    report(o, emu, &records, webhook, phases).await
+}
 
-    let mut lags: Vec<Duration> = lock(&truths)
+/// The scenario's report: what the phases counted, the background tasks'
+/// records, the emulator's webhook calls and the webhook's own metrics.
+async fn report(
+    o: &RunOptions,
+    emu: &Emulator,
+    records: &Records,
+    webhook: Option<&WebhookProcess>,
+    phases: Phases,
+) -> anyhow::Result<ScenarioReport> {
+    let mut lags: Vec<Duration> = lock(&records.truths)
         .values()
         .filter_map(|t| Some(t.retainted?.saturating_duration_since(t.boot_written?)))
         .collect();
@@ -804,15 +881,15 @@ async fn drive(
         .collect();
     lat.sort();
     let (bound, violations, window) = {
-        let s = lock(&stats);
+        let s = lock(&records.stats);
         (s.bound, s.violations, s.window)
     };
     let (reboot_retaints, early_untaints, mut untaint_lags) = {
-        let s = lock(&seen);
+        let s = lock(&records.seen);
         (s.reboot_retaints, s.early_untaints, s.untaint_lags.clone())
     };
     let (reboots_stored_untainted, max_untainted_new_boot_window) = {
-        let s = lock(&seen);
+        let s = lock(&records.seen);
         (
             s.new_boot_untainted,
             s.new_boot_windows.iter().max().copied(),
@@ -829,8 +906,8 @@ async fn drive(
     };
     Ok(ScenarioReport {
         nodes: o.nodes,
-        reboots,
-        tainted_at_create,
+        reboots: phases.reboots,
+        tainted_at_create: phases.tainted_at_create,
         tainted_at_reboot: reboot_retaints,
         pods_bound: bound,
         violations,
@@ -843,12 +920,12 @@ async fn drive(
         webhook_p50: percentile(&lat, 0.50),
         webhook_p99: percentile(&lat, 0.99),
         webhook_reported,
-        safety_net_taints,
+        safety_net_taints: phases.safety_net_taints,
         early_untaints,
         p50_untaint_lag: percentile(&untaint_lags, 0.5),
         max_untaint_lag: untaint_lags.last().copied(),
-        untainted_at_end,
-        prune,
+        untainted_at_end: phases.untainted_at_end,
+        prune: phases.prune,
         ..Default::default()
     })
 }

@@ -6,6 +6,7 @@
 mod common;
 
 use std::collections::HashSet;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -15,6 +16,7 @@ use common::*;
 use nodegate_certs::Ca;
 use nodegate_webhook::fixtures::{kubelet_create, node_controller_update_after_reboot};
 use nodegate_webhook::{Config, Running, start};
+use rustls::ClientConfig;
 use serde_json::Value;
 use tokio::sync::oneshot;
 
@@ -219,6 +221,102 @@ async fn tls_reloads(admin: std::net::SocketAddr, result: &str) -> usize {
         .unwrap_or(0)
 }
 
+/// What the load clients share: the stop flag, the requests answered as
+/// expected, the failures and every leaf certificate a handshake saw.
+#[derive(Clone, Default)]
+struct Load {
+    stop: Arc<AtomicBool>,
+    ok: Arc<AtomicUsize>,
+    failures: Arc<Mutex<Vec<String>>>,
+    seen: Arc<Mutex<HashSet<Vec<u8>>>>,
+}
+
+impl Load {
+    fn answered(&self) -> usize {
+        self.ok.load(Ordering::Relaxed)
+    }
+
+    async fn answered_at_least(&self, n: usize) -> bool {
+        self.answered() >= n
+    }
+}
+
+/// One load client: a fresh connection every five requests (new handshakes
+/// see rotations), every answer checked, until the load stops.
+async fn load_client(w: usize, addr: SocketAddr, cfg: Arc<ClientConfig>, load: Load) {
+    let mut n = 0;
+    while !load.stop.load(Ordering::Relaxed) {
+        let mut c = match H1::open(addr, &cfg).await {
+            Ok(c) => c,
+            Err(e) => {
+                load.failures.lock().unwrap().push(format!("connect: {e}"));
+                continue;
+            }
+        };
+        load.seen.lock().unwrap().insert(c.leaf.clone());
+        for _ in 0..5 {
+            n += 1;
+            let uid = format!("w{w}-{n}");
+            let body = serde_json::to_vec(&kubelet_create(&uid, "n1")).unwrap();
+            match c.post("/mutate", body).await {
+                Ok((s, b)) if s == 200 => match check_create_answer(&b, &uid) {
+                    Ok(()) => {
+                        load.ok.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(e) => load.failures.lock().unwrap().push(e),
+                },
+                Ok((s, _)) => load.failures.lock().unwrap().push(format!("status {s}")),
+                Err(e) => load.failures.lock().unwrap().push(format!("request: {e}")),
+            }
+        }
+    }
+}
+
+/// A fresh handshake with the server presents `leaf`.
+async fn served_by(addr: SocketAddr, cfg: &Arc<ClientConfig>, leaf: &[u8]) -> bool {
+    connect(addr, cfg)
+        .await
+        .map(|(_, l)| l == leaf)
+        .unwrap_or(false)
+}
+
+/// Two bad rotations under load, a certificate with a key that does not
+/// belong to it and then no PEM at all: each is refused, and the old pair
+/// (`first`) stays.
+async fn bad_rotations_keep_the_old_pair(
+    h: &mut Harness,
+    cfg: &Arc<ClientConfig>,
+    first: &[u8],
+    load: &Load,
+) {
+    let (addr, admin) = (h.running.https_addr, h.running.admin_addr);
+    // Bad rotation 1: a certificate with a key that does not belong to it.
+    let other_a = h.secret.ca.issue(&serving_request()).unwrap();
+    let other_b = h.secret.ca.issue(&serving_request()).unwrap();
+    h.secret.install_raw(&other_a.cert_pem, &other_b.key_pem);
+    eventually("mismatched pair refused", 10, || async {
+        tls_reloads(admin, "failed").await >= 1
+    })
+    .await;
+    assert!(
+        served_by(addr, cfg, first).await,
+        "old pair must stay after a bad rotation"
+    );
+    let before = load.answered();
+    eventually("load continues", 20, || load.answered_at_least(before + 20)).await;
+
+    // Bad rotation 2: not PEM at all.
+    h.secret.install_raw("not a certificate", "not a key");
+    eventually("garbage refused", 10, || async {
+        tls_reloads(admin, "failed").await >= 2
+    })
+    .await;
+    assert!(
+        served_by(addr, cfg, first).await,
+        "old pair must stay after a bad rotation"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn certificate_rotation_under_load_drops_nothing() {
     let mut h = harness().await;
@@ -229,112 +327,40 @@ async fn certificate_rotation_under_load_drops_nothing() {
 
     // Load: several clients, each opening a fresh connection every few
     // requests (new handshakes see rotations), checking every answer.
-    let stop = Arc::new(AtomicBool::new(false));
-    let ok = Arc::new(AtomicUsize::new(0));
-    let failures = Arc::new(Mutex::new(Vec::<String>::new()));
-    let seen = Arc::new(Mutex::new(HashSet::<Vec<u8>>::new()));
-    let mut clients = Vec::new();
-    for w in 0..3 {
-        let (stop, ok, failures, seen, cfg) = (
-            stop.clone(),
-            ok.clone(),
-            failures.clone(),
-            seen.clone(),
-            cfg.clone(),
-        );
-        clients.push(tokio::spawn(async move {
-            let mut n = 0;
-            while !stop.load(Ordering::Relaxed) {
-                let mut c = match H1::open(addr, &cfg).await {
-                    Ok(c) => c,
-                    Err(e) => {
-                        failures.lock().unwrap().push(format!("connect: {e}"));
-                        continue;
-                    }
-                };
-                seen.lock().unwrap().insert(c.leaf.clone());
-                for _ in 0..5 {
-                    n += 1;
-                    let uid = format!("w{w}-{n}");
-                    let body = serde_json::to_vec(&kubelet_create(&uid, "n1")).unwrap();
-                    match c.post("/mutate", body).await {
-                        Ok((s, b)) if s == 200 => match check_create_answer(&b, &uid) {
-                            Ok(()) => {
-                                ok.fetch_add(1, Ordering::Relaxed);
-                            }
-                            Err(e) => failures.lock().unwrap().push(e),
-                        },
-                        Ok((s, _)) => failures.lock().unwrap().push(format!("status {s}")),
-                        Err(e) => failures.lock().unwrap().push(format!("request: {e}")),
-                    }
-                }
-            }
-        }));
-    }
-    let served_by = |leaf: &[u8]| {
-        let (addr, cfg, leaf) = (addr, cfg.clone(), leaf.to_vec());
-        async move {
-            connect(addr, &cfg)
-                .await
-                .map(|(_, l)| l == leaf)
-                .unwrap_or(false)
-        }
-    };
-    let ok_at_least = |n: usize| {
-        let ok = ok.clone();
-        async move { ok.load(Ordering::Relaxed) >= n }
-    };
-    eventually("initial load", 20, || ok_at_least(30)).await;
+    let load = Load::default();
+    let clients: Vec<_> = (0..3)
+        .map(|w| tokio::spawn(load_client(w, addr, cfg.clone(), load.clone())))
+        .collect();
+    eventually("initial load", 20, || load.answered_at_least(30)).await;
 
-    // Bad rotation 1: a certificate with a key that does not belong to it.
-    let other_a = h.secret.ca.issue(&serving_request()).unwrap();
-    let other_b = h.secret.ca.issue(&serving_request()).unwrap();
-    h.secret.install_raw(&other_a.cert_pem, &other_b.key_pem);
-    eventually("mismatched pair refused", 10, || async {
-        tls_reloads(admin, "failed").await >= 1
-    })
-    .await;
-    assert!(
-        served_by(&first).await,
-        "old pair must stay after a bad rotation"
-    );
-    let before = ok.load(Ordering::Relaxed);
-    eventually("load continues", 20, || ok_at_least(before + 20)).await;
-
-    // Bad rotation 2: not PEM at all.
-    h.secret.install_raw("not a certificate", "not a key");
-    eventually("garbage refused", 10, || async {
-        tls_reloads(admin, "failed").await >= 2
-    })
-    .await;
-    assert!(
-        served_by(&first).await,
-        "old pair must stay after a bad rotation"
-    );
+    bad_rotations_keep_the_old_pair(&mut h, &cfg, &first, &load).await;
 
     // Good rotation: a new leaf from the same CA.
     let next = h.secret.ca.issue(&serving_request()).unwrap();
     h.secret.install(&next);
     let next_der = der(&next.cert_pem);
-    eventually("new certificate served", 10, || served_by(&next_der)).await;
-    let before = ok.load(Ordering::Relaxed);
+    eventually("new certificate served", 10, || {
+        served_by(addr, &cfg, &next_der)
+    })
+    .await;
+    let before = load.answered();
     eventually("load on the new certificate", 20, || {
-        ok_at_least(before + 30)
+        load.answered_at_least(before + 30)
     })
     .await;
 
-    stop.store(true, Ordering::Relaxed);
+    load.stop.store(true, Ordering::Relaxed);
     for c in clients {
         c.await.unwrap();
     }
-    let failures = failures.lock().unwrap().clone();
+    let failures = load.failures.lock().unwrap().clone();
     assert!(
         failures.is_empty(),
         "{} failed requests: {:?}",
         failures.len(),
         &failures[..failures.len().min(5)]
     );
-    let seen = seen.lock().unwrap().clone();
+    let seen = load.seen.lock().unwrap().clone();
     assert!(
         seen.contains(&next_der),
         "load clients never saw the new certificate"

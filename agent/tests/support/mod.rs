@@ -15,5 +15,6 @@
 pub mod nodes;
 pub mod process;
 pub mod pruning;
+pub mod pruning_agent;
 pub mod roster;
 pub mod wait;

@@ -4,6 +4,17 @@
 //! merge patch. Heartbeats are status patches too. Pods bound to the node
 //! go through the kubelet's admission ([`crate::pod_admission`], after
 //! `pkg/kubelet/kubelet.go` `HandlePodAdditions` and `rejectPod`).
+//!
+//! The one simulated kubelet: the emulator suites drive it call by call,
+//! and the scale harness (`e2e/src/scale/kubelet.rs`) runs 1,000 of them
+//! against a real API server, adding the Lease and the status loop.
+//! Simplified on purpose: on AlreadyExists the kubelet's patch through
+//! `nodes/status` reconciles its labels (`tryRegisterWithAPIServer`) and
+//! its first status update follows (`syncNodeStatus`); here one patch
+//! carries both, so a reboot's new boot ID arrives with the registration.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::core::v1::{Node, Pod, Taint};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
@@ -22,6 +33,15 @@ pub struct SimKubelet {
     labels: Value,
     register_taints: Vec<Value>,
     ready: bool,
+    internal_ip: Option<String>,
+    capacity: Value,
+    node_info: Value,
+    /// Each condition's status last reported and when it last changed:
+    /// the kubelet keeps `lastTransitionTime` while a status stays the same
+    /// (`ReadyCondition` and its siblings in
+    /// `pkg/kubelet/nodestatus/setters.go`). Shared by clones, as one
+    /// kubelet's memory is.
+    transitions: Arc<Mutex<HashMap<&'static str, (bool, String)>>>,
     client: kube::Client,
 }
 
@@ -59,6 +79,20 @@ impl SimKubelet {
             }),
             register_taints: Vec::new(),
             ready: true,
+            internal_ip: None,
+            capacity: json!({"cpu": "4", "memory": "16Gi", "pods": "110"}),
+            node_info: json!({
+                "machineID": "0123456789abcdef0123456789abcdef",
+                "systemUUID": "00000000-0000-0000-0000-000000000000",
+                "kernelVersion": "6.1.0",
+                "osImage": "Debian GNU/Linux 12 (bookworm)",
+                "containerRuntimeVersion": "containerd://1.7.0",
+                "kubeletVersion": "v1.32.0",
+                "kubeProxyVersion": "v1.32.0",
+                "operatingSystem": "linux",
+                "architecture": "amd64"
+            }),
+            transitions: Arc::default(),
             client,
         }
     }
@@ -75,10 +109,34 @@ impl SimKubelet {
         self
     }
 
+    /// `--node-ip`: reported as the node's InternalIP address.
+    pub fn with_internal_ip(mut self, ip: &str) -> Self {
+        self.internal_ip = Some(ip.to_string());
+        self
+    }
+
+    /// The machine's capacity, also reported as allocatable.
+    pub fn with_capacity(mut self, capacity: Value) -> Self {
+        self.capacity = capacity;
+        self
+    }
+
+    /// One field of `status.nodeInfo` (machine ID, versions); the boot ID is
+    /// the boot's.
+    pub fn with_node_info(mut self, field: &str, value: &str) -> Self {
+        self.node_info[field] = json!(value);
+        self
+    }
+
     /// What the `Ready` condition reports from now on (a freshly started
     /// kubelet reports NotReady until its runtime checks pass).
     pub fn set_ready(&mut self, ready: bool) {
         self.ready = ready;
+    }
+
+    /// The boot this kubelet runs on (a harness that names its boots).
+    pub fn set_boot_id(&mut self, boot_id: &str) {
+        self.boot_id = boot_id.to_string();
     }
 
     pub fn name(&self) -> &str {
@@ -93,13 +151,33 @@ impl SimKubelet {
         Api::all(self.client.clone())
     }
 
+    /// When condition `ty` last changed: now if it changes with this report.
+    fn transition(&self, ty: &'static str, status: bool, now: &str) -> String {
+        let mut since = self.transitions.lock().unwrap_or_else(|e| e.into_inner());
+        match since.get(ty) {
+            Some((s, at)) if *s == status => at.clone(),
+            _ => {
+                since.insert(ty, (status, now.to_string()));
+                now.to_string()
+            }
+        }
+    }
+
     /// The status this kubelet reports now.
     pub fn status(&self) -> Value {
         let now = util::now_rfc3339();
-        let cond = |t: &str, s: &str, reason: &str| {
+        let cond = |t: &'static str, s: &str, reason: &str| {
+            let since = self.transition(t, s == "True", &now);
             json!({"type": t, "status": s, "reason": reason, "message": reason,
-                   "lastHeartbeatTime": now, "lastTransitionTime": now})
+                   "lastHeartbeatTime": now, "lastTransitionTime": since})
         };
+        let mut addresses = Vec::new();
+        if let Some(ip) = &self.internal_ip {
+            addresses.push(json!({"type": "InternalIP", "address": ip}));
+        }
+        addresses.push(json!({"type": "Hostname", "address": self.name}));
+        let mut node_info = self.node_info.clone();
+        node_info["bootID"] = json!(self.boot_id);
         json!({
             "conditions": [
                 cond("MemoryPressure", "False", "KubeletHasSufficientMemory"),
@@ -111,21 +189,11 @@ impl SimKubelet {
                     cond("Ready", "False", "KubeletNotReady")
                 },
             ],
-            "addresses": [{"type": "Hostname", "address": self.name}],
-            "capacity": {"cpu": "4", "memory": "16Gi", "pods": "110"},
-            "allocatable": {"cpu": "4", "memory": "16Gi", "pods": "110"},
-            "nodeInfo": {
-                "bootID": self.boot_id,
-                "machineID": "0123456789abcdef0123456789abcdef",
-                "systemUUID": "00000000-0000-0000-0000-000000000000",
-                "kernelVersion": "6.1.0",
-                "osImage": "Debian GNU/Linux 12 (bookworm)",
-                "containerRuntimeVersion": "containerd://1.7.0",
-                "kubeletVersion": "v1.32.0",
-                "kubeProxyVersion": "v1.32.0",
-                "operatingSystem": "linux",
-                "architecture": "amd64"
-            }
+            "addresses": addresses,
+            "capacity": self.capacity,
+            "allocatable": self.capacity,
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
+            "nodeInfo": node_info,
         })
     }
 
@@ -284,4 +352,89 @@ pub struct PodAdmissions {
     pub kept: Vec<String>,
     /// Refused, with the reason written to their status.
     pub rejected: Vec<(String, String)>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kubelet() -> SimKubelet {
+        let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
+        SimKubelet::with_client(kube::Client::try_from(config).unwrap(), "n1")
+    }
+
+    fn condition<'a>(status: &'a Value, ty: &str) -> &'a Value {
+        status["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == ty)
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_condition_keeps_its_transition_time_until_its_status_changes() {
+        let mut k = kubelet();
+        k.set_ready(false);
+        // The kubelet's memory of transitions, seeded as an older report.
+        let old = "2020-01-01T00:00:00Z".to_string();
+        for ty in ["MemoryPressure", "DiskPressure", "PIDPressure"] {
+            k.transitions
+                .lock()
+                .unwrap()
+                .insert(ty, (false, old.clone()));
+        }
+        k.transitions
+            .lock()
+            .unwrap()
+            .insert("Ready", (false, old.clone()));
+        let s = k.status();
+        assert_eq!(condition(&s, "Ready")["lastTransitionTime"], old);
+        assert_eq!(condition(&s, "DiskPressure")["lastTransitionTime"], old);
+        // A clone is the same kubelet: the flip is remembered by both.
+        let mut clone = k.clone();
+        clone.set_ready(true);
+        let flipped = clone.status();
+        assert_eq!(condition(&flipped, "Ready")["status"], "True");
+        assert_ne!(condition(&flipped, "Ready")["lastTransitionTime"], old);
+        assert_eq!(
+            condition(&flipped, "DiskPressure")["lastTransitionTime"],
+            old
+        );
+        k.set_ready(true);
+        assert_eq!(
+            condition(&k.status(), "Ready")["lastTransitionTime"],
+            condition(&flipped, "Ready")["lastTransitionTime"]
+        );
+    }
+
+    #[tokio::test]
+    async fn the_machine_is_reported_as_configured() {
+        let mut k = kubelet()
+            .with_internal_ip("10.216.0.1")
+            .with_capacity(json!({"cpu": "8"}))
+            .with_node_info("kubeletVersion", "v1.36.2");
+        k.set_boot_id("boot-2");
+        let s = k.status();
+        assert_eq!(
+            s["addresses"],
+            json!([
+                {"type": "InternalIP", "address": "10.216.0.1"},
+                {"type": "Hostname", "address": "n1"},
+            ])
+        );
+        assert_eq!(s["capacity"], json!({"cpu": "8"}));
+        assert_eq!(s["allocatable"], json!({"cpu": "8"}));
+        assert_eq!(s["nodeInfo"]["kubeletVersion"], "v1.36.2");
+        assert_eq!(s["nodeInfo"]["bootID"], "boot-2");
+        assert_eq!(
+            kubelet().status()["addresses"],
+            json!([{"type": "Hostname", "address": "n1"}])
+        );
+        let node: Node = serde_json::from_value(k.initial_node()).unwrap();
+        assert_eq!(
+            node.status.and_then(|s| s.node_info).map(|i| i.boot_id),
+            Some("boot-2".into())
+        );
+    }
 }

@@ -32,7 +32,11 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 
-use cel::common::ast::{EntryExpr, Expr, IdedExpr, LiteralValue, SourceInfo};
+use cel::common::ast::operators as op;
+use cel::common::ast::{
+    CallExpr, ComprehensionExpr, EntryExpr, Expr, IdedExpr, ListExpr, LiteralValue, MapExpr,
+    SelectExpr, SourceInfo, StructExpr,
+};
 
 /// A CEL type as the checker sees it.
 #[derive(Clone, Debug, PartialEq)]
@@ -407,130 +411,109 @@ impl Checker<'_> {
     fn check(&mut self, e: &IdedExpr) -> Ty {
         match &e.expr {
             Expr::Unspecified => Ty::Dyn,
-            Expr::Literal(l) => match l {
-                LiteralValue::Boolean(_) => Ty::Bool,
-                LiteralValue::Bytes(_) => Ty::Bytes,
-                LiteralValue::Double(_) => Ty::Double,
-                LiteralValue::Int(_) => Ty::Int,
-                LiteralValue::Null => Ty::Null,
-                LiteralValue::String(_) => Ty::String,
-                LiteralValue::UInt(_) => Ty::Uint,
-            },
+            Expr::Literal(l) => literal_type(l),
             Expr::Ident(name) => match self.variable(name) {
                 Some(t) => t,
                 None => self.undeclared(e.id, name),
             },
-            Expr::Select(s) => {
-                // A qualified type name such as `Object.spec` is a type value.
-                if self.decls.patch_types
-                    && let Some(name) = qualified_name(e)
-                    && name.split('.').next() == Some("Object")
-                    && self.variable("Object").is_none()
-                {
-                    return Ty::Type;
-                }
-                let operand = self.check(&s.operand);
-                let field = self.select(e.id, &operand, &s.field);
-                if s.test { Ty::Bool } else { field }
-            }
-            Expr::List(l) => {
-                let mut elem = Ty::Free;
-                for x in &l.elements {
-                    let t = self.check(x);
-                    elem = self.join_elements(x.id, &elem, &t);
-                }
-                Ty::list(elem)
-            }
-            Expr::Map(m) => {
-                let (mut k, mut v) = (Ty::Free, Ty::Free);
-                for entry in &m.entries {
-                    if let EntryExpr::MapEntry(me) = &entry.expr {
-                        let kt = self.check(&me.key);
-                        let vt = self.check(&me.value);
-                        k = self.join_elements(me.key.id, &k, &kt);
-                        v = self.join_elements(me.value.id, &v, &vt);
-                    }
-                }
-                Ty::map(k, v)
-            }
-            Expr::Struct(st) => {
-                let Some(ty) = self.struct_type(&st.type_name) else {
-                    for entry in &st.entries {
-                        if let EntryExpr::StructField(f) = &entry.expr {
-                            self.check(&f.value);
-                        }
-                    }
-                    return self.undeclared(e.id, &st.type_name);
-                };
-                for entry in &st.entries {
-                    if let EntryExpr::StructField(f) = &entry.expr {
-                        let vt = self.check(&f.value);
-                        if let Ty::Object(o) = &ty
-                            && let Some(fields) = &o.fields
-                        {
-                            match fields.get(&f.field) {
-                                None => {
-                                    self.report(entry.id, format!("undefined field '{}'", f.field));
-                                }
-                                Some(ft) if !assignable(ft, &vt) => {
-                                    self.report(
-                                        entry.id,
-                                        format!(
-                                            "expected type of field '{}' is '{ft}' but provided type is '{vt}'",
-                                            f.field
-                                        ),
-                                    );
-                                }
-                                Some(_) => {}
-                            }
-                        }
-                    }
-                }
-                ty
-            }
-            Expr::Comprehension(c) => {
-                let range = self.check(&c.iter_range);
-                let (var1, var2) = match &range {
-                    Ty::List(elem) => (
-                        if c.iter_var2.is_some() {
-                            Ty::Int
-                        } else {
-                            (**elem).clone()
-                        },
-                        (**elem).clone(),
-                    ),
-                    Ty::Map(k, v) => ((**k).clone(), (**v).clone()),
-                    t if t.is_dyn() => (Ty::Dyn, Ty::Dyn),
-                    Ty::Error => (Ty::Error, Ty::Error),
-                    other => {
-                        let other = other.clone();
-                        self.report(
-                            c.iter_range.id,
-                            format!(
-                                "expression of type '{other}' cannot be range of a comprehension (must be list, map, or dynamic)"
-                            ),
-                        );
-                        (Ty::Error, Ty::Error)
-                    }
-                };
-                let accu = self.check(&c.accu_init);
-                let depth = self.scopes.len();
-                self.scopes.push((c.accu_var.clone(), accu.clone()));
-                self.scopes.push((c.iter_var.clone(), var1));
-                if let Some(v2) = &c.iter_var2 {
-                    self.scopes.push((v2.clone(), var2));
-                }
-                self.check(&c.loop_cond);
-                let step = self.check(&c.loop_step);
-                let accu = join(&accu, &step);
-                self.scopes.truncate(depth);
-                self.scopes.push((c.accu_var.clone(), accu));
-                let result = self.check(&c.result);
-                self.scopes.truncate(depth);
-                result
-            }
+            Expr::Select(s) => self.check_select(e, s),
+            Expr::List(l) => self.check_list(l),
+            Expr::Map(m) => self.check_map(m),
+            Expr::Struct(st) => self.check_struct(e.id, st),
+            Expr::Comprehension(c) => self.check_comprehension(c),
             Expr::Call(call) => self.call(e.id, call),
         }
+    }
+
+    fn check_select(&mut self, e: &IdedExpr, s: &SelectExpr) -> Ty {
+        // A qualified type name such as `Object.spec` is a type value.
+        if self.decls.patch_types
+            && let Some(name) = qualified_name(e)
+            && name.split('.').next() == Some("Object")
+            && self.variable("Object").is_none()
+        {
+            return Ty::Type;
+        }
+        let operand = self.check(&s.operand);
+        let field = self.select(e.id, &operand, &s.field);
+        if s.test { Ty::Bool } else { field }
+    }
+
+    fn check_list(&mut self, l: &ListExpr) -> Ty {
+        let mut elem = Ty::Free;
+        for x in &l.elements {
+            let t = self.check(x);
+            elem = self.join_elements(x.id, &elem, &t);
+        }
+        Ty::list(elem)
+    }
+
+    fn check_map(&mut self, m: &MapExpr) -> Ty {
+        let (mut k, mut v) = (Ty::Free, Ty::Free);
+        for entry in &m.entries {
+            if let EntryExpr::MapEntry(me) = &entry.expr {
+                let kt = self.check(&me.key);
+                let vt = self.check(&me.value);
+                k = self.join_elements(me.key.id, &k, &kt);
+                v = self.join_elements(me.value.id, &v, &vt);
+            }
+        }
+        Ty::map(k, v)
+    }
+
+    /// A struct literal: the values are checked even when the type is
+    /// undeclared, then each field against the type's declaration.
+    fn check_struct(&mut self, id: u64, st: &StructExpr) -> Ty {
+        let Some(ty) = self.struct_type(&st.type_name) else {
+            for entry in &st.entries {
+                if let EntryExpr::StructField(f) = &entry.expr {
+                    self.check(&f.value);
+                }
+            }
+            return self.undeclared(id, &st.type_name);
+        };
+        for entry in &st.entries {
+            if let EntryExpr::StructField(f) = &entry.expr {
+                let vt = self.check(&f.value);
+                if let Some(msg) = struct_field_issue(&ty, &f.field, &vt) {
+                    self.report(entry.id, msg);
+                }
+            }
+        }
+        ty
+    }
+
+    /// The range, then the accumulator, the loop with the variables in scope
+    /// and the result with the accumulator alone.
+    fn check_comprehension(&mut self, c: &ComprehensionExpr) -> Ty {
+        let range = self.check(&c.iter_range);
+        let (var1, var2) = match iteration_types(&range, c.iter_var2.is_some()) {
+            Some(types) => types,
+            None => {
+                self.report(
+                    c.iter_range.id,
+                    format!(
+                        "expression of type '{range}' cannot be range of a comprehension (must be list, map, or dynamic)"
+                    ),
+                );
+                (Ty::Error, Ty::Error)
+            }
+        };
+        let accu = self.check(&c.accu_init);
+        let depth = self.scopes.len();
+        self.scopes.push((c.accu_var.clone(), accu.clone()));
+        self.scopes.push((c.iter_var.clone(), var1));
+        if let Some(v2) = &c.iter_var2 {
+            self.scopes.push((v2.clone(), var2));
+        }
+        self.check(&c.loop_cond);
+        let step = self.check(&c.loop_step);
+        let accu = join(&accu, &step);
+        self.scopes.truncate(depth);
+        self.scopes.push((c.accu_var.clone(), accu));
+        let result = self.check(&c.result);
+        self.scopes.truncate(depth);
+        result
     }
 
     fn join_elements(&mut self, id: u64, prev: &Ty, t: &Ty) -> Ty {
@@ -575,8 +558,7 @@ impl Checker<'_> {
         )
     }
 
-    fn call(&mut self, id: u64, call: &cel::common::ast::CallExpr) -> Ty {
-        use cel::common::ast::operators as op;
+    fn call(&mut self, id: u64, call: &CallExpr) -> Ty {
         let name = call.func_name.as_str();
         // `ns.f(...)`: a namespaced library function, not a receiver call.
         if let Some(t) = &call.target
@@ -587,142 +569,252 @@ impl Checker<'_> {
             for a in &call.args {
                 self.check(a);
             }
-            return match name {
-                "encode" | "escapeKey" => Ty::String,
-                "decode" => Ty::Bytes,
-                _ => library_function(name).unwrap_or(Ty::Dyn),
-            };
+            return namespaced_function_type(name);
         }
         let target = call.target.as_ref().map(|t| self.check(t));
         let args: Vec<Ty> = call.args.iter().map(|a| self.check(a)).collect();
         if args.iter().chain(target.iter()).any(|t| *t == Ty::Error) {
             return Ty::Error;
         }
-        let all_dyn = |ts: &[Ty]| ts.iter().any(Ty::is_dyn);
-        match (name, target.as_ref(), args.as_slice()) {
-            (op::LOGICAL_AND | op::LOGICAL_OR, None, [a, b]) => {
-                if (assignable(&Ty::Bool, a)) && assignable(&Ty::Bool, b) {
-                    Ty::Bool
-                } else {
-                    self.no_overload(id, name, None, &args)
-                }
-            }
-            (op::LOGICAL_NOT | op::NOT_STRICTLY_FALSE, None, [a]) => {
-                if assignable(&Ty::Bool, a) {
-                    Ty::Bool
-                } else {
-                    self.no_overload(id, name, None, &args)
-                }
-            }
-            (op::NEGATE, None, [a]) => match a {
-                Ty::Int | Ty::Double | Ty::Duration => a.clone(),
-                t if t.is_dyn() => Ty::Dyn,
-                _ => self.no_overload(id, name, None, &args),
-            },
-            (op::EQUALS | op::NOT_EQUALS, None, [a, b]) => {
-                if assignable(a, b) || assignable(b, a) || (a.is_numeric() && b.is_numeric()) {
-                    Ty::Bool
-                } else {
-                    self.no_overload(id, name, None, &args)
-                }
-            }
-            (op::LESS | op::LESS_EQUALS | op::GREATER | op::GREATER_EQUALS, None, [a, b]) => {
-                let ordered = |t: &Ty| {
-                    t.is_numeric()
-                        || matches!(
-                            t,
-                            Ty::String | Ty::Bytes | Ty::Bool | Ty::Duration | Ty::Timestamp
-                        )
-                };
-                if all_dyn(&args) || (a.is_numeric() && b.is_numeric()) || (a == b && ordered(a)) {
-                    Ty::Bool
-                } else {
-                    self.no_overload(id, name, None, &args)
-                }
-            }
-            (op::ADD, None, [a, b]) => match (a, b) {
-                (Ty::List(_), Ty::List(_)) if assignable(a, b) || assignable(b, a) => join(a, b),
-                (Ty::Timestamp, Ty::Duration) | (Ty::Duration, Ty::Timestamp) => Ty::Timestamp,
-                _ if a == b
-                    && matches!(
-                        a,
-                        Ty::Int | Ty::Uint | Ty::Double | Ty::String | Ty::Bytes | Ty::Duration
-                    ) =>
-                {
-                    a.clone()
-                }
-                _ if all_dyn(&args) => {
-                    if a.is_dyn() {
-                        b.clone()
-                    } else {
-                        a.clone()
-                    }
-                }
-                _ => self.no_overload(id, name, None, &args),
-            },
-            (op::SUBSTRACT | op::MULTIPLY | op::DIVIDE | op::MODULO, None, [a, b]) => {
-                if a == b && (a.is_numeric() || (name == op::SUBSTRACT && *a == Ty::Duration)) {
-                    a.clone()
-                } else if name == op::SUBSTRACT && *a == Ty::Timestamp {
-                    match b {
-                        Ty::Timestamp => Ty::Duration,
-                        Ty::Duration => Ty::Timestamp,
-                        _ => self.no_overload(id, name, None, &args),
-                    }
-                } else if all_dyn(&args) {
-                    if a.is_dyn() { b.clone() } else { a.clone() }
-                } else {
-                    self.no_overload(id, name, None, &args)
-                }
-            }
-            (op::CONDITIONAL, None, [c, a, b]) => {
-                if !assignable(&Ty::Bool, c) {
-                    self.no_overload(id, name, None, &args)
-                } else if assignable(a, b) || assignable(b, a) {
-                    join(a, b)
-                } else {
-                    self.no_overload(id, name, None, &args)
-                }
-            }
-            (op::INDEX, None, [c, i]) => match c {
-                Ty::List(elem) if matches!(i, Ty::Int | Ty::Uint) || i.is_dyn() => (**elem).clone(),
-                Ty::Map(k, v) if assignable(k, i) => (**v).clone(),
-                t if t.is_dyn() => Ty::Dyn,
-                _ => self.no_overload(id, name, None, &args),
-            },
-            (op::IN, None, [x, c]) => match c {
-                Ty::List(elem) if assignable(elem, x) => Ty::Bool,
-                Ty::Map(k, _) if assignable(k, x) => Ty::Bool,
-                t if t.is_dyn() => Ty::Bool,
-                _ => self.no_overload(id, name, None, &args),
-            },
-            ("size", t, a) => {
-                let subject = match (t, a) {
-                    (Some(t), []) | (None, [t]) => t,
-                    _ => return self.no_overload(id, name, target.as_ref(), &args),
-                };
-                match subject {
-                    Ty::String | Ty::Bytes | Ty::List(_) | Ty::Map(..) => Ty::Int,
-                    s if s.is_dyn() => Ty::Int,
-                    _ => self.no_overload(id, name, target.as_ref(), &args),
-                }
-            }
-            ("contains" | "startsWith" | "endsWith" | "matches", Some(t), [a]) => {
-                let string_like = |x: &Ty| matches!(x, Ty::String) || x.is_dyn();
-                // `contains` is also the library's list and authorizer helper.
-                if (string_like(t) && string_like(a))
-                    || (name == "contains" && !matches!(t, Ty::String))
-                {
-                    Ty::Bool
-                } else {
-                    self.no_overload(id, name, target.as_ref(), &args)
-                }
-            }
-            _ => match library_function(name) {
+        match core_overload(name, target.as_ref(), &args) {
+            Overload::Typed(t) => t,
+            Overload::NoMatch => self.no_overload(id, name, target.as_ref(), &args),
+            Overload::NotCore => match library_function(name) {
                 Some(t) => t,
                 None => self.undeclared(id, name),
             },
         }
+    }
+}
+
+fn literal_type(l: &LiteralValue) -> Ty {
+    match l {
+        LiteralValue::Boolean(_) => Ty::Bool,
+        LiteralValue::Bytes(_) => Ty::Bytes,
+        LiteralValue::Double(_) => Ty::Double,
+        LiteralValue::Int(_) => Ty::Int,
+        LiteralValue::Null => Ty::Null,
+        LiteralValue::String(_) => Ty::String,
+        LiteralValue::UInt(_) => Ty::Uint,
+    }
+}
+
+/// What is wrong with setting `field` of a struct literal of type `ty` to a
+/// value of type `value`, if anything (only declared fields are known).
+fn struct_field_issue(ty: &Ty, field: &str, value: &Ty) -> Option<String> {
+    let Ty::Object(o) = ty else {
+        return None;
+    };
+    match o.fields.as_ref()?.get(field) {
+        None => Some(format!("undefined field '{field}'")),
+        Some(ft) if !assignable(ft, value) => Some(format!(
+            "expected type of field '{field}' is '{ft}' but provided type is '{value}'"
+        )),
+        Some(_) => None,
+    }
+}
+
+/// The types of a comprehension's two variables over `range`: a list's
+/// element (or index and element with two variables), a map's key and value;
+/// `None` when `range` cannot be iterated.
+fn iteration_types(range: &Ty, two_variables: bool) -> Option<(Ty, Ty)> {
+    Some(match range {
+        Ty::List(elem) => (
+            if two_variables {
+                Ty::Int
+            } else {
+                (**elem).clone()
+            },
+            (**elem).clone(),
+        ),
+        Ty::Map(k, v) => ((**k).clone(), (**v).clone()),
+        t if t.is_dyn() => (Ty::Dyn, Ty::Dyn),
+        Ty::Error => (Ty::Error, Ty::Error),
+        _ => return None,
+    })
+}
+
+/// The result of `ns.f(...)`, a function of a library namespace.
+fn namespaced_function_type(name: &str) -> Ty {
+    match name {
+        "encode" | "escapeKey" => Ty::String,
+        "decode" => Ty::Bytes,
+        _ => library_function(name).unwrap_or(Ty::Dyn),
+    }
+}
+
+/// What the core operators and functions make of a call's argument types.
+enum Overload {
+    /// The result type of the overload that takes them.
+    Typed(Ty),
+    /// A core function, but no overload takes these types.
+    NoMatch,
+    /// Not a core function of this shape: a library function, if any.
+    NotCore,
+}
+
+fn typed_if(ok: bool, t: Ty) -> Overload {
+    if ok {
+        Overload::Typed(t)
+    } else {
+        Overload::NoMatch
+    }
+}
+
+/// A `dyn` among the argument types.
+fn any_dyn(ts: &[Ty]) -> bool {
+    ts.iter().any(Ty::is_dyn)
+}
+
+/// The overloads of some of the core functions.
+type OverloadGroup = fn(&str, Option<&Ty>, &[Ty]) -> Overload;
+
+/// The core overloads for a call of `name`.
+fn core_overload(name: &str, target: Option<&Ty>, args: &[Ty]) -> Overload {
+    // Each group takes names of its own, so their order does not matter.
+    let groups: [OverloadGroup; 3] = [logic_overload, arithmetic_overload, function_overload];
+    for group in groups {
+        match group(name, target, args) {
+            Overload::NotCore => {}
+            found => return found,
+        }
+    }
+    Overload::NotCore
+}
+
+/// The logical, comparison, conditional, index and `in` operators.
+fn logic_overload(name: &str, target: Option<&Ty>, args: &[Ty]) -> Overload {
+    match (name, target, args) {
+        (op::LOGICAL_AND | op::LOGICAL_OR, None, [a, b]) => typed_if(
+            assignable(&Ty::Bool, a) && assignable(&Ty::Bool, b),
+            Ty::Bool,
+        ),
+        (op::LOGICAL_NOT | op::NOT_STRICTLY_FALSE, None, [a]) => {
+            typed_if(assignable(&Ty::Bool, a), Ty::Bool)
+        }
+        (op::EQUALS | op::NOT_EQUALS, None, [a, b]) => typed_if(
+            assignable(a, b) || assignable(b, a) || (a.is_numeric() && b.is_numeric()),
+            Ty::Bool,
+        ),
+        (op::LESS | op::LESS_EQUALS | op::GREATER | op::GREATER_EQUALS, None, [a, b]) => {
+            let ordered = |t: &Ty| {
+                t.is_numeric()
+                    || matches!(
+                        t,
+                        Ty::String | Ty::Bytes | Ty::Bool | Ty::Duration | Ty::Timestamp
+                    )
+            };
+            typed_if(
+                any_dyn(args) || (a.is_numeric() && b.is_numeric()) || (a == b && ordered(a)),
+                Ty::Bool,
+            )
+        }
+        (op::CONDITIONAL, None, [c, a, b]) => {
+            if !assignable(&Ty::Bool, c) {
+                Overload::NoMatch
+            } else if assignable(a, b) || assignable(b, a) {
+                Overload::Typed(join(a, b))
+            } else {
+                Overload::NoMatch
+            }
+        }
+        (op::INDEX, None, [c, i]) => match c {
+            Ty::List(elem) if matches!(i, Ty::Int | Ty::Uint) || i.is_dyn() => {
+                Overload::Typed((**elem).clone())
+            }
+            Ty::Map(k, v) if assignable(k, i) => Overload::Typed((**v).clone()),
+            t if t.is_dyn() => Overload::Typed(Ty::Dyn),
+            _ => Overload::NoMatch,
+        },
+        (op::IN, None, [x, c]) => match c {
+            Ty::List(elem) if assignable(elem, x) => Overload::Typed(Ty::Bool),
+            Ty::Map(k, _) if assignable(k, x) => Overload::Typed(Ty::Bool),
+            t if t.is_dyn() => Overload::Typed(Ty::Bool),
+            _ => Overload::NoMatch,
+        },
+        _ => Overload::NotCore,
+    }
+}
+
+/// Negation and the arithmetic operators.
+fn arithmetic_overload(name: &str, target: Option<&Ty>, args: &[Ty]) -> Overload {
+    match (name, target, args) {
+        (op::NEGATE, None, [a]) => match a {
+            Ty::Int | Ty::Double | Ty::Duration => Overload::Typed(a.clone()),
+            t if t.is_dyn() => Overload::Typed(Ty::Dyn),
+            _ => Overload::NoMatch,
+        },
+        (op::ADD, None, [a, b]) => match (a, b) {
+            (Ty::List(_), Ty::List(_)) if assignable(a, b) || assignable(b, a) => {
+                Overload::Typed(join(a, b))
+            }
+            (Ty::Timestamp, Ty::Duration) | (Ty::Duration, Ty::Timestamp) => {
+                Overload::Typed(Ty::Timestamp)
+            }
+            _ if a == b
+                && matches!(
+                    a,
+                    Ty::Int | Ty::Uint | Ty::Double | Ty::String | Ty::Bytes | Ty::Duration
+                ) =>
+            {
+                Overload::Typed(a.clone())
+            }
+            _ if any_dyn(args) => {
+                if a.is_dyn() {
+                    Overload::Typed(b.clone())
+                } else {
+                    Overload::Typed(a.clone())
+                }
+            }
+            _ => Overload::NoMatch,
+        },
+        (op::SUBSTRACT | op::MULTIPLY | op::DIVIDE | op::MODULO, None, [a, b]) => {
+            if a == b && (a.is_numeric() || (name == op::SUBSTRACT && *a == Ty::Duration)) {
+                Overload::Typed(a.clone())
+            } else if name == op::SUBSTRACT && *a == Ty::Timestamp {
+                match b {
+                    Ty::Timestamp => Overload::Typed(Ty::Duration),
+                    Ty::Duration => Overload::Typed(Ty::Timestamp),
+                    _ => Overload::NoMatch,
+                }
+            } else if any_dyn(args) {
+                if a.is_dyn() {
+                    Overload::Typed(b.clone())
+                } else {
+                    Overload::Typed(a.clone())
+                }
+            } else {
+                Overload::NoMatch
+            }
+        }
+        _ => Overload::NotCore,
+    }
+}
+
+/// `size` and the string predicates.
+fn function_overload(name: &str, target: Option<&Ty>, args: &[Ty]) -> Overload {
+    match (name, target, args) {
+        ("size", t, a) => {
+            let subject = match (t, a) {
+                (Some(t), []) | (None, [t]) => t,
+                _ => return Overload::NoMatch,
+            };
+            match subject {
+                Ty::String | Ty::Bytes | Ty::List(_) | Ty::Map(..) => Overload::Typed(Ty::Int),
+                s if s.is_dyn() => Overload::Typed(Ty::Int),
+                _ => Overload::NoMatch,
+            }
+        }
+        ("contains" | "startsWith" | "endsWith" | "matches", Some(t), [a]) => {
+            let string_like = |x: &Ty| matches!(x, Ty::String) || x.is_dyn();
+            // `contains` is also the library's list and authorizer helper.
+            typed_if(
+                (string_like(t) && string_like(a))
+                    || (name == "contains" && !matches!(t, Ty::String)),
+                Ty::Bool,
+            )
+        }
+        _ => Overload::NotCore,
     }
 }
 

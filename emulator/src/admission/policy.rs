@@ -330,15 +330,9 @@ fn object_type_names(expression: &str) -> Vec<String> {
     let mut out = Vec::new();
     let mut rest = expression;
     while let Some(pos) = rest.find("Object") {
-        let before_ok = rest[..pos]
-            .chars()
-            .last()
-            .is_none_or(|c| !(c.is_alphanumeric() || c == '_' || c == '.'));
         let tail = &rest[pos..];
-        let end = tail
-            .find(|c: char| !(c.is_alphanumeric() || c == '_' || c == '.'))
-            .unwrap_or(tail.len());
-        if before_ok && tail[end..].trim_start().starts_with('{') {
+        let end = tail.find(|c: char| !is_name_char(c)).unwrap_or(tail.len());
+        if starts_a_name(&rest[..pos]) && opens_a_literal(&tail[end..]) {
             out.push(tail[..end].to_string());
         }
         rest = &tail[end.max(1)..];
@@ -346,6 +340,22 @@ fn object_type_names(expression: &str) -> Vec<String> {
     out.sort();
     out.dedup();
     out
+}
+
+/// A character of a (qualified) type name.
+fn is_name_char(c: char) -> bool {
+    c.is_alphanumeric() || c == '_' || c == '.'
+}
+
+/// Whether a name can start right after `before` (not inside a longer one).
+fn starts_a_name(before: &str) -> bool {
+    before.chars().last().is_none_or(|c| !is_name_char(c))
+}
+
+/// Whether `after` a type name a struct literal's fields open.
+fn opens_a_literal(after: &str) -> bool {
+    // A string, not a char: brace counters that skip strings stay balanced.
+    after.trim_start().starts_with("{")
 }
 
 /// Evaluates a policy expression to JSON. `patch_types`: the `JSONPatch` and

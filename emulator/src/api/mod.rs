@@ -191,103 +191,18 @@ async fn resource(
     body: Bytes,
 ) -> Result<Response> {
     let watch = matches!(q.get("watch").map(String::as_str), Some("true" | "1"));
-    let verb = match (method.clone(), &t.name) {
-        (Method::GET, None) if watch => "watch",
-        (Method::GET, None) => "list",
-        (Method::GET, Some(_)) => "get",
-        (Method::POST, _) => "create",
-        (Method::PUT, _) => "update",
-        (Method::PATCH, _) => "patch",
-        (Method::DELETE, None) => "deletecollection",
-        (Method::DELETE, Some(_)) => "delete",
-        _ => "unknown",
-    };
+    let verb = verb_of(method, t.name.is_some(), watch);
     if let Some(node) = users::node_name_of(user) {
         // The Node authorizer decides for kubelets, always (RBAC binds
         // nothing to system:nodes, so its "no opinion" is a denial).
-        let selector = |field: &str| {
-            q.get("fieldSelector").and_then(|fs| {
-                fs.split(',')
-                    .find_map(|p| p.strip_prefix(field)?.strip_prefix('='))
-                    .map(str::to_string)
-            })
-        };
-        let listed_name = selector("metadata.name");
-        let pod_node = selector("spec.nodeName");
-        let bound = match (&t.name, t.res.key() == resources::PODS.key()) {
-            (Some(n), true) => st.store.get(t.res, &t.ns, n).and_then(|p| {
-                p.pointer("/spec/nodeName")
-                    .and_then(Value::as_str)
-                    .map(str::to_string)
-            }),
-            _ => None,
-        };
-        let r = crate::node_authz::NodeRequest {
-            verb,
-            group: t.res.group,
-            resource: t.res.plural,
-            subresource: &t.sub,
-            name: t
-                .name
-                .as_deref()
-                .or(listed_name.as_deref())
-                .unwrap_or_default(),
-            pod_node_selector: pod_node.as_deref(),
-            pod_bound_to: bound.as_deref(),
-        };
-        if let Err(why) = crate::node_authz::authorize(node, &r) {
-            let msg = crate::node_authz::denial(user, &r, &t.ns, &why);
-            return Err(match &t.name {
-                Some(n) => ApiError::forbidden(t.res.plural, t.res.group, n, &msg),
-                None => ApiError::new(
-                    403,
-                    "Forbidden",
-                    format!("{} is forbidden: {msg}", t.res.plural),
-                ),
-            });
-        }
+        authorize_kubelet(st, q, user, node, &t, verb)?;
     } else if let Some(policy) = &st.policy {
-        let resource = if t.sub.is_empty() {
-            t.res.plural.to_string()
-        } else {
-            format!("{}/{}", t.res.plural, t.sub)
-        };
-        let req = crate::rbac::Request {
-            user,
-            verb,
-            group: t.res.group,
-            resource,
-            namespace: &t.ns,
-            name: t.name.as_deref(),
-        };
-        if let Err(why) = policy.authorize(&req) {
-            return Err(match &t.name {
-                Some(n) => ApiError::forbidden(t.res.plural, t.res.group, n, &why),
-                None => {
-                    let what = if t.res.group.is_empty() {
-                        t.res.plural.to_string()
-                    } else {
-                        format!("{}.{}", t.res.plural, t.res.group)
-                    };
-                    ApiError::new(403, "Forbidden", format!("{what} is forbidden: {why}"))
-                }
-            });
-        }
+        authorize_by_rbac(policy, user, &t, verb)?;
     }
     match (method.clone(), t.name.clone(), t.sub.as_str()) {
         (Method::GET, None, _) if watch => watch_stream(st, &t, q, user, wants_table(headers)),
         (Method::GET, None, _) => list(st, &t, q, headers).map(IntoResponse::into_response),
-        (Method::GET, Some(name), "" | "status") => {
-            let obj = st
-                .store
-                .get(t.res, &t.ns, &name)
-                .ok_or_else(|| ApiError::not_found(t.res.plural, t.res.group, &name))?;
-            if wants_table(headers) {
-                let rv = rv_of(&obj).unwrap_or(0);
-                return Ok(Reply::ok(table::table(t.res, &[&obj], rv, None)).into_response());
-            }
-            Ok(Reply::ok((*obj).clone()).into_response())
-        }
+        (Method::GET, Some(name), "" | "status") => get_one(st, &t, &name, headers),
         (Method::POST, None, "") => create(st, &t, q, user, &body)
             .await
             .map(IntoResponse::into_response),
@@ -301,29 +216,7 @@ async fn resource(
                 .map(IntoResponse::into_response)
         }
         (Method::PATCH, Some(name), "" | "status") => {
-            let ct = headers
-                .get(http::header::CONTENT_TYPE)
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or_default();
-            let ct = ct.split(';').next().unwrap_or_default().trim().to_string();
-            let change = match ct.as_str() {
-                "application/json-patch+json" => Change::Json(
-                    serde_json::from_slice(&body)
-                        .map_err(|e| ApiError::bad_request(format!("invalid JSON patch: {e}")))?,
-                ),
-                "application/merge-patch+json" => Change::Merge(json_body(&body)?),
-                "application/strategic-merge-patch+json" => Change::Strategic(json_body(&body)?),
-                "application/apply-patch+yaml" => Change::Apply(yaml_or_json(&body)?),
-                other => {
-                    return Err(ApiError::new(
-                        415,
-                        "UnsupportedMediaType",
-                        format!(
-                            "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml, application/strategic-merge-patch+json (got {other:?})"
-                        ),
-                    ));
-                }
-            };
+            let change = patch_change(headers, &body)?;
             write(st, &t, &name, q, user, change)
                 .await
                 .map(IntoResponse::into_response)
@@ -333,4 +226,151 @@ async fn resource(
             .map(IntoResponse::into_response),
         _ => Err(ApiError::method_not_allowed()),
     }
+}
+
+/// The verb authorization sees for a request (`requestinfo.go`).
+fn verb_of(method: &Method, named: bool, watch: bool) -> &'static str {
+    match (method.clone(), named) {
+        (Method::GET, false) if watch => "watch",
+        (Method::GET, false) => "list",
+        (Method::GET, true) => "get",
+        (Method::POST, _) => "create",
+        (Method::PUT, _) => "update",
+        (Method::PATCH, _) => "patch",
+        (Method::DELETE, false) => "deletecollection",
+        (Method::DELETE, true) => "delete",
+        _ => "unknown",
+    }
+}
+
+/// The value `field` has in the request's field selector, if it names it.
+fn field_selector_value(q: &HashMap<String, String>, field: &str) -> Option<String> {
+    q.get("fieldSelector").and_then(|fs| {
+        fs.split(',')
+            .find_map(|p| p.strip_prefix(field)?.strip_prefix('='))
+            .map(str::to_string)
+    })
+}
+
+/// For a request on one pod: the node the stored pod is bound to.
+fn bound_node(st: &AppState, t: &Target) -> Option<String> {
+    match (&t.name, t.res.key() == resources::PODS.key()) {
+        (Some(n), true) => st.store.get(t.res, &t.ns, n).and_then(|p| {
+            p.pointer("/spec/nodeName")
+                .and_then(Value::as_str)
+                .map(str::to_string)
+        }),
+        _ => None,
+    }
+}
+
+/// The Node authorizer's decision for the kubelet of `node`.
+fn authorize_kubelet(
+    st: &AppState,
+    q: &HashMap<String, String>,
+    user: &users::Identity,
+    node: &str,
+    t: &Target,
+    verb: &str,
+) -> Result<()> {
+    let listed_name = field_selector_value(q, "metadata.name");
+    let pod_node = field_selector_value(q, "spec.nodeName");
+    let bound = bound_node(st, t);
+    let r = crate::node_authz::NodeRequest {
+        verb,
+        group: t.res.group,
+        resource: t.res.plural,
+        subresource: &t.sub,
+        name: t
+            .name
+            .as_deref()
+            .or(listed_name.as_deref())
+            .unwrap_or_default(),
+        pod_node_selector: pod_node.as_deref(),
+        pod_bound_to: bound.as_deref(),
+    };
+    crate::node_authz::authorize(node, &r).map_err(|why| {
+        let msg = crate::node_authz::denial(user, &r, &t.ns, &why);
+        match &t.name {
+            Some(n) => ApiError::forbidden(t.res.plural, t.res.group, n, &msg),
+            None => ApiError::new(
+                403,
+                "Forbidden",
+                format!("{} is forbidden: {msg}", t.res.plural),
+            ),
+        }
+    })
+}
+
+/// RBAC's decision for everyone else.
+fn authorize_by_rbac(
+    policy: &crate::rbac::Policy,
+    user: &users::Identity,
+    t: &Target,
+    verb: &str,
+) -> Result<()> {
+    let resource = if t.sub.is_empty() {
+        t.res.plural.to_string()
+    } else {
+        format!("{}/{}", t.res.plural, t.sub)
+    };
+    let req = crate::rbac::Request {
+        user,
+        verb,
+        group: t.res.group,
+        resource,
+        namespace: &t.ns,
+        name: t.name.as_deref(),
+    };
+    policy.authorize(&req).map_err(|why| match &t.name {
+        Some(n) => ApiError::forbidden(t.res.plural, t.res.group, n, &why),
+        None => {
+            let what = if t.res.group.is_empty() {
+                t.res.plural.to_string()
+            } else {
+                format!("{}.{}", t.res.plural, t.res.group)
+            };
+            ApiError::new(403, "Forbidden", format!("{what} is forbidden: {why}"))
+        }
+    })
+}
+
+/// GET of one object (or its status), as JSON or a one-row Table.
+fn get_one(st: &AppState, t: &Target, name: &str, headers: &HeaderMap) -> Result<Response> {
+    let obj = st
+        .store
+        .get(t.res, &t.ns, name)
+        .ok_or_else(|| ApiError::not_found(t.res.plural, t.res.group, name))?;
+    if wants_table(headers) {
+        let rv = rv_of(&obj).unwrap_or(0);
+        return Ok(Reply::ok(table::table(t.res, &[&obj], rv, None)).into_response());
+    }
+    Ok(Reply::ok((*obj).clone()).into_response())
+}
+
+/// The change a PATCH body describes, by its content type.
+fn patch_change(headers: &HeaderMap, body: &[u8]) -> Result<Change> {
+    let ct = headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    let ct = ct.split(';').next().unwrap_or_default().trim().to_string();
+    Ok(match ct.as_str() {
+        "application/json-patch+json" => Change::Json(
+            serde_json::from_slice(body)
+                .map_err(|e| ApiError::bad_request(format!("invalid JSON patch: {e}")))?,
+        ),
+        "application/merge-patch+json" => Change::Merge(json_body(body)?),
+        "application/strategic-merge-patch+json" => Change::Strategic(json_body(body)?),
+        "application/apply-patch+yaml" => Change::Apply(yaml_or_json(body)?),
+        other => {
+            return Err(ApiError::new(
+                415,
+                "UnsupportedMediaType",
+                format!(
+                    "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml, application/strategic-merge-patch+json (got {other:?})"
+                ),
+            ));
+        }
+    })
 }

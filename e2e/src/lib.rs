@@ -9,11 +9,14 @@
 pub mod cilium_operator;
 pub mod cluster;
 pub mod cluster_autoscaler;
+pub mod control_plane_flags;
 pub mod forged_review;
 pub mod karpenter;
 pub mod manifests;
+pub mod observe;
 pub mod process;
 pub mod readme;
+pub mod real_nodes;
 pub mod scale;
 pub mod standin;
 

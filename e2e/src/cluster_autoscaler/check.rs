@@ -13,7 +13,7 @@ pub const CHECK: &str = "cluster autoscaler";
 /// `cluster autoscaler` line (`PASS`, `FAIL`, `WARN`, `SKIP`), `absent`
 /// when the report has no such line, with the whole report (kept in `out`).
 pub async fn run(kubeconfig: &Path, out: &Path) -> anyhow::Result<(String, String)> {
-    let bin = crate::bin_path("nodegate-check");
+    let bin = crate::process::bin_path("nodegate-check");
     let child = tokio::process::Command::new(&bin)
         .env("KUBECONFIG", kubeconfig)
         .env("RUST_LOG", "error")

@@ -154,7 +154,7 @@ pub fn missing_nodegate() -> Option<String> {
         ("nodegate-roster", "nodegate-roster"),
         ("nodegate-check", "nodegate-check"),
     ] {
-        if !crate::bin_path(bin).exists() {
+        if !crate::process::bin_path(bin).exists() {
             return Some(format!("{bin} not built (cargo build -p {package})"));
         }
     }

@@ -123,7 +123,7 @@ impl Profile {
 
 /// `nodegate-webhook <args>`'s output.
 fn generate(args: &[String]) -> anyhow::Result<String> {
-    let bin = crate::bin_path("nodegate-webhook");
+    let bin = crate::process::bin_path("nodegate-webhook");
     let out = Command::new(&bin)
         .args(args)
         .output()
@@ -153,7 +153,7 @@ mod tests {
     /// `nodegate-webhook` built; skipped without it).
     #[test]
     fn a_generated_install_names_the_key_everywhere() {
-        if !crate::bin_path("nodegate-webhook").exists() {
+        if !crate::process::bin_path("nodegate-webhook").exists() {
             println!("skipped: nodegate-webhook not built");
             return;
         }

@@ -868,7 +868,7 @@ async fn setup(
         Some(&sts.to_string()),
     )?;
     autoscaler::configure(&cp.admin_kubeconfig)?;
-    let agent_bin = crate::bin_path("nodegate-agent");
+    let agent_bin = crate::process::bin_path("nodegate-agent");
     let fleet = Arc::new(Fleet::new(
         cp,
         pki,

@@ -13,6 +13,7 @@ use base64::Engine;
 use tokio::process::{Child, Command};
 use tokio::time::Instant;
 
+use super::control_plane_args::{self as args, Layout};
 use super::pki::{Pair, Pki, signing_key_pem};
 
 /// The Kubernetes binaries the harness needs, and where to find them.
@@ -42,17 +43,6 @@ pub fn on_path(name: &str) -> Option<PathBuf> {
 }
 
 /// `None` when everything is there, else the one-line reason to refuse.
-/// A controller's client limits; none (the component's defaults) for 0.
-fn client_limits(qps: u32) -> Vec<String> {
-    if qps == 0 {
-        return Vec::new();
-    }
-    vec![
-        format!("--kube-api-qps={qps}"),
-        format!("--kube-api-burst={qps}"),
-    ]
-}
-
 pub fn missing_binaries() -> Option<String> {
     let missing: Vec<&str> = KUBE_BINARIES
         .iter()
@@ -242,128 +232,56 @@ pub struct ControlPlane {
     pub procs: Vec<Proc>,
 }
 
+/// nodegate's requests by user, verb and resource: APF's per-FlowSchema
+/// counters give the totals, this log the breakdown. Nothing else is
+/// logged, so the audit costs the API server little.
+const AUDIT_POLICY: &str = r#"apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: Metadata
+    userGroups: ["system:serviceaccounts:nodegate"]
+  - level: None
+"#;
+
 impl ControlPlane {
+    /// Certificates and kubeconfigs in `dir`, then etcd and the API server
+    /// on `net` (waited for), then the controllers with `qps` as their
+    /// client limits.
     pub async fn start(dir: &Path, net: Net, pki: &Pki, qps: u32) -> anyhow::Result<Self> {
-        let log = dir.join("log");
-        std::fs::create_dir_all(&log)?;
+        std::fs::create_dir_all(dir.join("log"))?;
         net.up()?;
         let api_ip = net.ip(1);
         let lo = IpAddr::V4(Ipv4Addr::LOCALHOST);
         let api_port = free_port(api_ip)?;
         let server = format!("https://{api_ip}:{api_port}");
         let ca_pem = pki.ca_pem();
-        let pki_dir = dir.join("pki");
-        std::fs::create_dir_all(&pki_dir)?;
-        let w = |name: &str, data: &str| -> anyhow::Result<PathBuf> {
-            let p = pki_dir.join(name);
-            nodegate_certs::write_atomic(&p, data.as_bytes(), 0o600)?;
-            Ok(p)
+        write_pki(&dir.join("pki"), pki, &ca_pem, api_ip)?;
+        let admin_kubeconfig = write_kubeconfigs(dir, pki, &server, &ca_pem)?;
+        let layout = Layout {
+            dir: dir.to_path_buf(),
+            api_ip,
+            api_port,
+            etcd_port: free_port(lo)?,
+            etcd_peer_port: free_port(lo)?,
         };
-        let ca_file = w("ca.crt", &ca_pem)?;
-        let serving = pki.serving(
-            &[
-                "kubernetes".into(),
-                "kubernetes.default".into(),
-                "kubernetes.default.svc".into(),
-                "kubernetes.default.svc.cluster.local".into(),
-                "localhost".into(),
-            ],
-            &[api_ip, "10.96.0.1".parse()?, lo],
-        )?;
-        let tls_crt = w("apiserver.crt", &serving.cert_pem)?;
-        let tls_key = w("apiserver.key", &serving.key_pem)?;
-        let (sa_key, sa_pub) = signing_key_pem()?;
-        let sa_key = w("sa.key", &sa_key)?;
-        let sa_pub = w("sa.pub", &sa_pub)?;
-        let kc = |name: &str, cn: &str, orgs: &[&str]| -> anyhow::Result<PathBuf> {
-            let p = dir.join(format!("{name}.kubeconfig"));
-            write_kubeconfig(&p, &server, &ca_pem, Some(&pki.client(cn, orgs)?), None)?;
-            Ok(p)
-        };
-        let admin = kc("admin", "admin", &["system:masters"])?;
-        let kcm = kc("kcm", "system:kube-controller-manager", &[])?;
-        let sched = kc("scheduler", "system:kube-scheduler", &[])?;
-
-        let mut procs = Vec::new();
-        let (etcd_port, etcd_peer) = (free_port(lo)?, free_port(lo)?);
-        let etcd_url = format!("http://127.0.0.1:{etcd_port}");
-        let peer_url = format!("http://127.0.0.1:{etcd_peer}");
-        let etcd = on_path("etcd").context("etcd")?;
-        procs.push(Proc::spawn(
-            "etcd",
-            &log,
-            &etcd,
-            &[
-                "--data-dir".into(),
-                dir.join("etcd").display().to_string(),
-                "--name".into(),
-                "scale".into(),
-                "--listen-client-urls".into(),
-                etcd_url.clone(),
-                "--advertise-client-urls".into(),
-                etcd_url.clone(),
-                "--listen-peer-urls".into(),
-                peer_url.clone(),
-                "--initial-advertise-peer-urls".into(),
-                peer_url.clone(),
-                "--initial-cluster".into(),
-                format!("scale={peer_url}"),
-                // The default 2 GiB quota is reached by no run here; the
-                // history of 1,000 Leases renewed every 10 s is compacted by
-                // the API server every 5 min.
-                "--quota-backend-bytes".into(),
-                "8589934592".into(),
-            ],
-            &[],
-        )?);
-        let s = |p: &Path| p.display().to_string();
-        // nodegate's requests by user, verb and resource: APF's per-FlowSchema
-        // counters give the totals, this log the breakdown. Nothing else is
-        // logged, so the audit costs the API server little.
-        let audit_policy = dir.join("audit-policy.yaml");
-        std::fs::write(
-            &audit_policy,
-            "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n  - level: Metadata\n    userGroups: [\"system:serviceaccounts:nodegate\"]\n  - level: None\n",
-        )?;
-        let apiserver = kube_bin("kube-apiserver").context("kube-apiserver")?;
-        procs.push(Proc::spawn(
-            "kube-apiserver",
-            &log,
-            &apiserver,
-            &[
-                format!("--etcd-servers={etcd_url}"),
-                format!("--bind-address={api_ip}"),
-                format!("--advertise-address={api_ip}"),
-                format!("--secure-port={api_port}"),
-                "--service-cluster-ip-range=10.96.0.0/16".into(),
-                format!("--client-ca-file={}", s(&ca_file)),
-                format!("--tls-cert-file={}", s(&tls_crt)),
-                format!("--tls-private-key-file={}", s(&tls_key)),
-                format!("--service-account-key-file={}", s(&sa_pub)),
-                format!("--service-account-signing-key-file={}", s(&sa_key)),
-                "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
-                "--authorization-mode=Node,RBAC".into(),
-                "--enable-admission-plugins=NodeRestriction".into(),
-                // No kube-proxy: the API server resolves the webhook's
-                // Services to their endpoints itself.
-                "--enable-aggregator-routing=true".into(),
-                "--profiling=false".into(),
-                format!("--audit-policy-file={}", s(&audit_policy)),
-                format!("--audit-log-path={}", s(&log.join("audit.log"))),
-                "--audit-log-format=json".into(),
-                "--audit-log-maxsize=0".into(),
-            ],
-            &[],
-        )?);
-        let cp = Self {
+        let mut procs = vec![spawn_etcd(&layout)?];
+        procs.push(spawn_apiserver(&layout)?);
+        let mut cp = Self {
             dir: dir.to_path_buf(),
             net,
             server,
             ca_pem,
-            admin_kubeconfig: admin,
+            admin_kubeconfig,
             procs,
         };
-        let client = cp.admin_client().await?;
+        cp.wait_api_ready().await?;
+        cp.start_controllers(&layout, qps)?;
+        Ok(cp)
+    }
+
+    async fn wait_api_ready(&self) -> anyhow::Result<()> {
+        let client = self.admin_client().await?;
         wait_ok("kube-apiserver /readyz", Duration::from_secs(120), || {
             let client = client.clone();
             async move {
@@ -372,48 +290,32 @@ impl ControlPlane {
             }
         })
         .await?;
-        let mut cp = cp;
-        let kcm_bin = kube_bin("kube-controller-manager").context("kube-controller-manager")?;
-        cp.procs.push(Proc::spawn(
+        Ok(())
+    }
+
+    /// kube-controller-manager and kube-scheduler, each on a free loopback
+    /// port for its health endpoint.
+    fn start_controllers(&mut self, l: &Layout, qps: u32) -> anyhow::Result<()> {
+        let lo = IpAddr::V4(Ipv4Addr::LOCALHOST);
+        let kcm = kube_bin("kube-controller-manager").context("kube-controller-manager")?;
+        let kcm_args = args::kube_controller_manager(l, free_port(lo)?, qps)?;
+        self.procs.push(Proc::spawn(
             "kube-controller-manager",
-            &log,
-            &kcm_bin,
-            &[
-                format!("--kubeconfig={}", s(&kcm)),
-                format!("--authentication-kubeconfig={}", s(&kcm)),
-                format!("--authorization-kubeconfig={}", s(&kcm)),
-                format!("--service-account-private-key-file={}", s(&sa_key)),
-                format!("--root-ca-file={}", s(&ca_file)),
-                "--use-service-account-credentials".into(),
-                "--leader-elect=false".into(),
-                "--bind-address=127.0.0.1".into(),
-                format!("--secure-port={}", free_port(lo)?),
-                "--service-cluster-ip-range=10.96.0.0/16".into(),
-            ]
-            .into_iter()
-            .chain(client_limits(qps))
-            .collect::<Vec<_>>(),
+            &l.log(),
+            &kcm,
+            &kcm_args,
             &[],
         )?);
-        let sched_bin = kube_bin("kube-scheduler").context("kube-scheduler")?;
-        cp.procs.push(Proc::spawn(
+        let sched = kube_bin("kube-scheduler").context("kube-scheduler")?;
+        let sched_args = args::kube_scheduler(l, free_port(lo)?, qps)?;
+        self.procs.push(Proc::spawn(
             "kube-scheduler",
-            &log,
-            &sched_bin,
-            &[
-                format!("--kubeconfig={}", s(&sched)),
-                format!("--authentication-kubeconfig={}", s(&sched)),
-                format!("--authorization-kubeconfig={}", s(&sched)),
-                "--leader-elect=false".into(),
-                "--bind-address=127.0.0.1".into(),
-                format!("--secure-port={}", free_port(lo)?),
-            ]
-            .into_iter()
-            .chain(client_limits(qps))
-            .collect::<Vec<_>>(),
+            &l.log(),
+            &sched,
+            &sched_args,
             &[],
         )?);
-        Ok(cp)
+        Ok(())
     }
 
     pub async fn admin_client(&self) -> anyhow::Result<kube::Client> {
@@ -446,6 +348,69 @@ impl ControlPlane {
         }
         let _ = self.net.down();
     }
+}
+
+/// The CA, the API server's serving pair and the ServiceAccount signing
+/// pair in `pki_dir`, under the names e2e/control-plane/*.flags give them.
+fn write_pki(pki_dir: &Path, pki: &Pki, ca_pem: &str, api_ip: IpAddr) -> anyhow::Result<()> {
+    std::fs::create_dir_all(pki_dir)?;
+    let w = |name: &str, data: &str| {
+        nodegate_certs::write_atomic(&pki_dir.join(name), data.as_bytes(), 0o600)
+    };
+    w("ca.crt", ca_pem)?;
+    let serving = pki.serving(
+        &[
+            "kubernetes".into(),
+            "kubernetes.default".into(),
+            "kubernetes.default.svc".into(),
+            "kubernetes.default.svc.cluster.local".into(),
+            "localhost".into(),
+        ],
+        &[
+            api_ip,
+            "10.96.0.1".parse()?,
+            IpAddr::V4(Ipv4Addr::LOCALHOST),
+        ],
+    )?;
+    w("apiserver.crt", &serving.cert_pem)?;
+    w("apiserver.key", &serving.key_pem)?;
+    let (sa_key, sa_pub) = signing_key_pem()?;
+    w("sa.key", &sa_key)?;
+    w("sa.pub", &sa_pub)?;
+    Ok(())
+}
+
+/// The admin's, the controller-manager's and the scheduler's kubeconfigs in
+/// `dir`, each with a client certificate of its own; the admin's path.
+fn write_kubeconfigs(dir: &Path, pki: &Pki, server: &str, ca_pem: &str) -> anyhow::Result<PathBuf> {
+    let kc = |name: &str, cn: &str, orgs: &[&str]| -> anyhow::Result<PathBuf> {
+        let p = dir.join(format!("{name}.kubeconfig"));
+        write_kubeconfig(&p, server, ca_pem, Some(&pki.client(cn, orgs)?), None)?;
+        Ok(p)
+    };
+    let admin = kc("admin", "admin", &["system:masters"])?;
+    kc("kcm", "system:kube-controller-manager", &[])?;
+    kc("scheduler", "system:kube-scheduler", &[])?;
+    Ok(admin)
+}
+
+fn spawn_etcd(l: &Layout) -> anyhow::Result<Proc> {
+    let etcd = on_path("etcd").context("etcd")?;
+    Proc::spawn("etcd", &l.log(), &etcd, &args::etcd(l)?, &[])
+}
+
+/// The API server, with this harness's audit policy where the shared flags
+/// name it.
+fn spawn_apiserver(l: &Layout) -> anyhow::Result<Proc> {
+    std::fs::write(l.dir.join("audit-policy.yaml"), AUDIT_POLICY)?;
+    let apiserver = kube_bin("kube-apiserver").context("kube-apiserver")?;
+    Proc::spawn(
+        "kube-apiserver",
+        &l.log(),
+        &apiserver,
+        &args::kube_apiserver(l)?,
+        &[],
+    )
 }
 
 /// The DER of the first certificate in `pem`.

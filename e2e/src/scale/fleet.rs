@@ -255,10 +255,10 @@ impl Fleet {
         let shared = Arc::new(NodeShared {
             name: name.clone(),
             index: i,
+            kubelet: kubelet::sim_kubelet(client.clone(), &name, i),
             client,
             network_ready: false.into(),
             changed: Notify::new(),
-            transitions: Default::default(),
         });
         self.lock().insert(
             name,
@@ -298,9 +298,7 @@ impl Fleet {
         let me = self.clone();
         let task = tokio::spawn(async move {
             let registered = Instant::now();
-            if let Err(e) = kubelet::register(&shared, &boot_id).await {
-                tracing::warn!(error = %e, "registration failed");
-            }
+            kubelet::register(&shared, &boot_id).await;
             me.times()
                 .registered
                 .insert(shared.name.clone(), registered);

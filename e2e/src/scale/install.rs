@@ -242,6 +242,40 @@ pub async fn install_with(
     variant: &Variant,
 ) -> anyhow::Result<Install> {
     let kc = &cp.admin_kubeconfig;
+    apply_shipped(kc, variant)?;
+    // Both replicas' addresses on the dummy interface; the API server
+    // refuses loopback endpoints.
+    let ips: [IpAddr; 2] = [cp.net.ip(2), cp.net.ip(3)];
+    let port = free_port(ips[0])?.max(1024);
+    let services = webhook_services(ips);
+    for (svc, addrs) in &services {
+        route_service(kc, svc, addrs, port)?;
+    }
+    let files = configure_webhook(cp, pki, variant, &services, &ips)?;
+    let (webhooks, webhook_admin) = start_webhooks(cp, admin, variant, &ips, port, &files).await?;
+    let rosters = start_rosters(cp, admin).await?;
+    // The API server answers admission only once both replicas serve.
+    for url in &webhook_admin {
+        super::control_plane::wait_ok(
+            "a webhook replica's /readyz",
+            Duration::from_secs(60),
+            || {
+                let url = format!("{url}/readyz");
+                async move { http_ok(&url).await.then_some(()) }
+            },
+        )
+        .await?;
+    }
+    Ok(Install {
+        webhooks,
+        rosters,
+        webhook_admin,
+    })
+}
+
+/// The shipped files (or `variant`'s replacements), the accounting
+/// FlowSchema and the stand-in network agent's DaemonSet.
+fn apply_shipped(kc: &Path, variant: &Variant) -> anyhow::Result<()> {
     let base = manifests_dir();
     for f in SHIPPED {
         let file = base.join(f);
@@ -260,67 +294,95 @@ pub async fn install_with(
         &["apply", "--server-side", "-f", "-"],
         Some(NETWORK_AGENT_DS),
     )?;
+    Ok(())
+}
 
-    // Both replicas' addresses on the dummy interface; the API server
-    // refuses loopback endpoints.
-    let ips: [IpAddr; 2] = [cp.net.ip(2), cp.net.ip(3)];
-    let port = free_port(ips[0])?.max(1024);
-    let services = [
+/// The three webhook Services and the replicas each routes to: the first
+/// line both, each backup line its own.
+fn webhook_services(ips: [IpAddr; 2]) -> [(&'static str, Vec<IpAddr>); 3] {
+    [
         ("nodegate-webhook", vec![ips[0], ips[1]]),
         ("nodegate-webhook-0", vec![ips[0]]),
         ("nodegate-webhook-1", vec![ips[1]]),
-    ];
-    for (svc, addrs) in &services {
+    ]
+}
+
+/// `svc` without its selector (no webhook Pods exist to select), and its
+/// EndpointSlice and Endpoints to `addrs` by hand.
+fn route_service(kc: &Path, svc: &str, addrs: &[IpAddr], port: u16) -> anyhow::Result<()> {
+    kubectl(
+        kc,
+        &[
+            "-n",
+            "nodegate",
+            "patch",
+            "service",
+            svc,
+            "--type=json",
+            "-p",
+            r#"[{"op":"remove","path":"/spec/selector"}]"#,
+        ],
+        None,
+    )?;
+    for obj in endpoints(svc, addrs, port) {
         kubectl(
             kc,
-            &[
-                "-n",
-                "nodegate",
-                "patch",
-                "service",
-                svc,
-                "--type=json",
-                "-p",
-                r#"[{"op":"remove","path":"/spec/selector"}]"#,
-            ],
-            None,
+            &["apply", "--server-side", "-f", "-"],
+            Some(&obj.to_string()),
         )?;
-        let eps = json!({
-            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-            "metadata": {"name": format!("{svc}-scale"), "namespace": "nodegate",
-                         "labels": {"kubernetes.io/service-name": svc,
-                                    "endpointslice.kubernetes.io/managed-by": "nodegate-scale"}},
-            "addressType": "IPv4",
-            "ports": [{"name": "https", "port": port, "protocol": "TCP"}],
-            "endpoints": addrs.iter().map(|a| json!({"addresses": [a.to_string()], "conditions": {"ready": true}})).collect::<Vec<_>>(),
-        });
-        let ep = json!({
-            "apiVersion": "v1", "kind": "Endpoints",
-            "metadata": {"name": svc, "namespace": "nodegate"},
-            "subsets": [{"addresses": addrs.iter().map(|a| json!({"ip": a.to_string()})).collect::<Vec<_>>(),
-                         "ports": [{"name": "https", "port": port, "protocol": "TCP"}]}],
-        });
-        for obj in [eps, ep] {
-            kubectl(
-                kc,
-                &["apply", "--server-side", "-f", "-"],
-                Some(&obj.to_string()),
-            )?;
-        }
     }
+    Ok(())
+}
 
-    // The serving certificate for all three Services, from the cluster CA.
-    let mut dns = Vec::new();
-    for (svc, _) in &services {
-        for n in [
-            svc.to_string(),
-            format!("{svc}.nodegate"),
-            format!("{svc}.nodegate.svc"),
-        ] {
-            dns.push(n);
-        }
-    }
-    let serving = pki.serving(&dns, &ips)?;
+/// The EndpointSlice and the Endpoints of `svc` to `addrs` on `port`.
+fn endpoints(svc: &str, addrs: &[IpAddr], port: u16) -> [serde_json::Value; 2] {
+    let eps = json!({
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": format!("{svc}-scale"), "namespace": "nodegate",
+                     "labels": {"kubernetes.io/service-name": svc,
+                                "endpointslice.kubernetes.io/managed-by": "nodegate-scale"}},
+        "addressType": "IPv4",
+        "ports": [{"name": "https", "port": port, "protocol": "TCP"}],
+        "endpoints": addrs.iter().map(|a| json!({"addresses": [a.to_string()], "conditions": {"ready": true}})).collect::<Vec<_>>(),
+    });
+    let ep = json!({
+        "apiVersion": "v1", "kind": "Endpoints",
+        "metadata": {"name": svc, "namespace": "nodegate"},
+        "subsets": [{"addresses": addrs.iter().map(|a| json!({"ip": a.to_string()})).collect::<Vec<_>>(),
+                     "ports": [{"name": "https", "port": port, "protocol": "TCP"}]}],
+    });
+    [eps, ep]
+}
+
+/// The files the webhook's replicas serve with.
+struct WebhookFiles {
+    /// `tls.crt` and `tls.key` (and the CA) from `nodegate_certs::write_files`.
+    tls: PathBuf,
+    path_token: PathBuf,
+}
+
+/// The serving certificate for all three Services, from the cluster CA;
+/// the MutatingWebhookConfiguration (or `variant`'s) applied with the CA
+/// and a path token, as the README installs it: the lines call
+/// /mutate/<token>, and the webhook's --path-token-file holds the token.
+fn configure_webhook(
+    cp: &ControlPlane,
+    pki: &Pki,
+    variant: &Variant,
+    services: &[(&str, Vec<IpAddr>)],
+    ips: &[IpAddr],
+) -> anyhow::Result<WebhookFiles> {
+    let dns: Vec<String> = services
+        .iter()
+        .flat_map(|(svc, _)| {
+            [
+                svc.to_string(),
+                format!("{svc}.nodegate"),
+                format!("{svc}.nodegate.svc"),
+            ]
+        })
+        .collect();
+    let serving = pki.serving(&dns, ips)?;
     let tls = cp.dir.join("webhook-tls");
     nodegate_certs::write_files(
         &tls,
@@ -334,8 +396,6 @@ pub async fn install_with(
         Some(v) => serde_yaml::to_string(v)?,
         None => crate::process::shipped_webhook_config()?,
     };
-    // As the README installs it: the lines call /mutate/<token>, and the
-    // webhook's --path-token-file holds the token.
     let path_token = nodegate_certs::path_token();
     let token_file = tls.join("path-token");
     std::fs::write(&token_file, &path_token)?;
@@ -343,8 +403,27 @@ pub async fn install_with(
         &nodegate_certs::inject_ca_bundle(&cfg, &cp.ca_pem)?,
         &path_token,
     )?;
-    kubectl(kc, &["apply", "--server-side", "-f", "-"], Some(&with_ca))?;
+    kubectl(
+        &cp.admin_kubeconfig,
+        &["apply", "--server-side", "-f", "-"],
+        Some(&with_ca),
+    )?;
+    Ok(WebhookFiles {
+        tls,
+        path_token: token_file,
+    })
+}
 
+/// The webhook's two replicas, one on each of `ips`, as the
+/// `nodegate-webhook` ServiceAccount; with their admin URLs.
+async fn start_webhooks(
+    cp: &ControlPlane,
+    admin: &Client,
+    variant: &Variant,
+    ips: &[IpAddr; 2],
+    port: u16,
+    files: &WebhookFiles,
+) -> anyhow::Result<(Vec<Proc>, Vec<String>)> {
     let log = cp.dir.join("log");
     let token = sa_token(admin, "nodegate-webhook").await?;
     let wkc = cp.dir.join("webhook.kubeconfig");
@@ -354,27 +433,12 @@ pub async fn install_with(
     let mut webhook_admin = Vec::new();
     for (i, ip) in ips.iter().enumerate() {
         let admin_port = free_port(*ip)?;
-        let mut args = Vec::new();
-        for a in variant.args("webhook/statefulset.yaml")? {
-            if a.starts_with("--listen=") {
-                args.push(format!("--listen=0.0.0.0:{port}"));
-            } else if a.starts_with("--admin-listen=") {
-                args.push(format!("--admin-listen=0.0.0.0:{admin_port}"));
-            } else if a.starts_with("--tls-cert=") {
-                args.push(format!("--tls-cert={}", tls.join("tls.crt").display()));
-            } else if a.starts_with("--tls-key=") {
-                args.push(format!("--tls-key={}", tls.join("tls.key").display()));
-            } else if a.starts_with("--path-token-file=") {
-                args.push(format!("--path-token-file={}", token_file.display()));
-            } else {
-                args.push(a);
-            }
-        }
+        let shipped = variant.args("webhook/statefulset.yaml")?;
         webhooks.push(Proc::spawn(
             &format!("webhook-{i}"),
             &log,
             &webhook_bin,
-            &args,
+            &webhook_args(shipped, port, admin_port, files),
             &[
                 ("KUBECONFIG", wkc.display().to_string()),
                 ("POD_IP", ip.to_string()),
@@ -383,23 +447,48 @@ pub async fn install_with(
         )?);
         webhook_admin.push(format!("http://{ip}:{admin_port}"));
     }
+    Ok((webhooks, webhook_admin))
+}
 
+/// The StatefulSet's flags with this replica's ports and files in place of
+/// the Pod's.
+fn webhook_args(
+    shipped: Vec<String>,
+    port: u16,
+    admin_port: u16,
+    files: &WebhookFiles,
+) -> Vec<String> {
+    shipped
+        .into_iter()
+        .map(|a| {
+            if a.starts_with("--listen=") {
+                format!("--listen=0.0.0.0:{port}")
+            } else if a.starts_with("--admin-listen=") {
+                format!("--admin-listen=0.0.0.0:{admin_port}")
+            } else if a.starts_with("--tls-cert=") {
+                format!("--tls-cert={}", files.tls.join("tls.crt").display())
+            } else if a.starts_with("--tls-key=") {
+                format!("--tls-key={}", files.tls.join("tls.key").display())
+            } else if a.starts_with("--path-token-file=") {
+                format!("--path-token-file={}", files.path_token.display())
+            } else {
+                a
+            }
+        })
+        .collect()
+}
+
+/// The roster's two replicas with the Deployment's flags (leader election
+/// on its Lease), as the `nodegate-roster` ServiceAccount.
+async fn start_rosters(cp: &ControlPlane, admin: &Client) -> anyhow::Result<Vec<Proc>> {
+    let log = cp.dir.join("log");
     let token = sa_token(admin, "nodegate-roster").await?;
     let rkc = cp.dir.join("roster.kubeconfig");
     write_kubeconfig(&rkc, &cp.server, &cp.ca_pem, None, Some(&token))?;
     let roster_bin = existing("nodegate-roster")?;
     let mut rosters = Vec::new();
     for i in 0..2 {
-        let args: Vec<String> = shipped_args("../components/pruning/deployment.yaml")?
-            .into_iter()
-            .map(|a| {
-                if a.starts_with("--admin-listen=") {
-                    "--admin-listen=127.0.0.1:0".into()
-                } else {
-                    a
-                }
-            })
-            .collect();
+        let args = roster_args(shipped_args("../components/pruning/deployment.yaml")?);
         rosters.push(Proc::spawn(
             &format!("roster-{i}"),
             &log,
@@ -413,23 +502,22 @@ pub async fn install_with(
             ],
         )?);
     }
-    // The API server answers admission only once both replicas serve.
-    for url in &webhook_admin {
-        super::control_plane::wait_ok(
-            "a webhook replica's /readyz",
-            Duration::from_secs(60),
-            || {
-                let url = format!("{url}/readyz");
-                async move { http_ok(&url).await.then_some(()) }
-            },
-        )
-        .await?;
-    }
-    Ok(Install {
-        webhooks,
-        rosters,
-        webhook_admin,
-    })
+    Ok(rosters)
+}
+
+/// The Deployment's flags with the admin port on loopback, any free one:
+/// two replicas share the host.
+fn roster_args(shipped: Vec<String>) -> Vec<String> {
+    shipped
+        .into_iter()
+        .map(|a| {
+            if a.starts_with("--admin-listen=") {
+                "--admin-listen=127.0.0.1:0".into()
+            } else {
+                a
+            }
+        })
+        .collect()
 }
 
 fn existing(name: &str) -> anyhow::Result<PathBuf> {
@@ -457,4 +545,70 @@ pub async fn http_get(url: &str) -> Option<String> {
     out.status
         .success()
         .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_webhook_runs_with_the_statefulsets_flags_and_this_runs_ports_and_files() {
+        let shipped = shipped_args("webhook/statefulset.yaml").unwrap();
+        let files = WebhookFiles {
+            tls: "/s/webhook-tls".into(),
+            path_token: "/s/webhook-tls/path-token".into(),
+        };
+        let args = webhook_args(shipped.clone(), 9000, 9001, &files);
+        let replaced = [
+            "--listen=0.0.0.0:9000",
+            "--admin-listen=0.0.0.0:9001",
+            "--tls-cert=/s/webhook-tls/tls.crt",
+            "--tls-key=/s/webhook-tls/tls.key",
+            "--path-token-file=/s/webhook-tls/path-token",
+        ];
+        assert_eq!(args.len(), shipped.len());
+        for want in replaced {
+            assert!(args.iter().any(|a| a == want), "{want} in {args:?}");
+        }
+        let kept: Vec<_> = args
+            .iter()
+            .filter(|a| !replaced.contains(&a.as_str()))
+            .collect();
+        let flag = |a: &str| a.split('=').next().unwrap_or_default().to_string();
+        for a in kept {
+            assert!(shipped.contains(a), "{a} is the StatefulSet's");
+            assert!(!replaced.iter().any(|r| flag(r) == flag(a)), "{a}");
+        }
+    }
+
+    #[test]
+    fn the_roster_keeps_its_deployments_flags_but_the_admin_port() {
+        let shipped = shipped_args("../components/pruning/deployment.yaml").unwrap();
+        let args = roster_args(shipped.clone());
+        assert_eq!(args.len(), shipped.len());
+        for (a, s) in args.iter().zip(&shipped) {
+            if s.starts_with("--admin-listen=") {
+                assert_eq!(a, "--admin-listen=127.0.0.1:0");
+            } else {
+                assert_eq!(a, s);
+            }
+        }
+        assert!(args.iter().any(|a| a == "--admin-listen=127.0.0.1:0"));
+    }
+
+    #[test]
+    fn each_backup_line_routes_to_its_own_replica() {
+        let ips: [IpAddr; 2] = ["10.0.0.2".parse().unwrap(), "10.0.0.3".parse().unwrap()];
+        let [(first, both), (b0, one), (b1, other)] = webhook_services(ips);
+        assert_eq!((first, both), ("nodegate-webhook", ips.to_vec()));
+        assert_eq!((b0, one), ("nodegate-webhook-0", vec![ips[0]]));
+        assert_eq!((b1, other), ("nodegate-webhook-1", vec![ips[1]]));
+        let [slice, eps] = endpoints("nodegate-webhook", &ips, 9000);
+        assert_eq!(
+            slice["metadata"]["labels"]["kubernetes.io/service-name"],
+            "nodegate-webhook"
+        );
+        assert_eq!(slice["endpoints"].as_array().map(Vec::len), Some(2));
+        assert_eq!(eps["subsets"][0]["ports"][0]["port"], 9000);
+    }
 }

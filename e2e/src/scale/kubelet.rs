@@ -1,9 +1,8 @@
-//! One simulated kubelet: the API calls a kubelet makes for its Node, with
-//! its own client certificate (`system:node:<name>`), in the kubelet's order
-//! (`pkg/kubelet/kubelet_node_status.go`): at every start a Node create
-//! carrying the boot ID; on AlreadyExists a GET and a status patch, then the
-//! first status update (which carries a new boot ID after a reboot); then
-//! the Lease renewed every 10 s (`kube-node-lease`) and the status checked
+//! One simulated kubelet at scale: the emulator's [`SimKubelet`] (the one
+//! model of the kubelet's Node writes, `pkg/kubelet/kubelet_node_status.go`)
+//! with its own client certificate (`system:node:<name>`), plus what a
+//! kubelet does for hours that the emulator suites never wait for: the
+//! Lease renewed every 10 s (`kube-node-lease`) and the status checked
 //! every 10 s and written when it changed or every 5 minutes.
 
 use std::sync::Arc;
@@ -11,11 +10,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Patch, PatchParams, PostParams};
-use kube::{Api, Client};
+use kube::Api;
+use kube::api::PostParams;
+use nodegate_emulator::kubelet::SimKubelet;
 use serde_json::json;
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -29,7 +28,12 @@ pub const STATUS_REPORT: Duration = Duration::from_secs(300);
 pub struct NodeShared {
     pub name: String,
     pub index: usize,
-    pub client: Client,
+    pub client: kube::Client,
+    /// The node's kubelet, its boot and readiness set per write; clones
+    /// share its memory of condition transitions (Cluster Autoscaler copies
+    /// a template only from a node whose conditions have not moved for a
+    /// minute).
+    pub kubelet: SimKubelet,
     /// The stand-in network agent is ready: the kubelet reports the network
     /// ready and the agent's file probe passes.
     pub network_ready: AtomicBool,
@@ -37,12 +41,6 @@ pub struct NodeShared {
     /// notices a change within its 5 s period; nothing nodegate measures
     /// depends on when.
     pub changed: Notify,
-    /// Each condition's status last reported and when it last changed: the
-    /// kubelet keeps `lastTransitionTime` while a status stays the same
-    /// (Cluster Autoscaler copies a template only from a node whose
-    /// conditions have not moved for a minute), across its own restarts too,
-    /// as it reads them from the Node.
-    pub transitions: std::sync::Mutex<std::collections::HashMap<&'static str, (bool, String)>>,
 }
 
 impl std::fmt::Debug for NodeShared {
@@ -53,140 +51,54 @@ impl std::fmt::Debug for NodeShared {
     }
 }
 
-fn now() -> String {
-    Timestamp::now().to_string()
-}
-
-/// When condition `ty` last changed, now if it changes with this report.
-fn transition(node: &NodeShared, ty: &'static str, status: bool, now: &str) -> String {
-    let mut since = node.transitions.lock().unwrap_or_else(|e| e.into_inner());
-    match since.get(ty) {
-        Some((s, at)) if *s == status => at.clone(),
-        _ => {
-            since.insert(ty, (status, now.to_string()));
-            now.to_string()
-        }
-    }
-}
-
-fn conditions(node: &NodeShared, ready: bool) -> serde_json::Value {
-    let t = now();
-    let cond = |ty: &'static str, status: &str, reason: &str| {
-        let at = transition(node, ty, status == "True", &t);
-        json!({"type": ty, "status": status, "reason": reason, "message": reason,
-               "lastHeartbeatTime": t, "lastTransitionTime": at})
-    };
-    json!([
-        cond("MemoryPressure", "False", "KubeletHasSufficientMemory"),
-        cond("DiskPressure", "False", "KubeletHasNoDiskPressure"),
-        cond("PIDPressure", "False", "KubeletHasSufficientPID"),
-        if ready {
-            cond("Ready", "True", "KubeletReady")
-        } else {
-            cond("Ready", "False", "KubeletNotReady")
-        },
-    ])
-}
-
-fn status(node: &NodeShared, boot_id: &str, ready: bool) -> serde_json::Value {
-    let resources =
-        json!({"cpu": "8", "memory": "32Gi", "pods": "110", "ephemeral-storage": "100Gi"});
-    json!({
-        "capacity": resources,
-        "allocatable": resources,
-        "conditions": conditions(node, ready),
-        "addresses": [
-            {"type": "InternalIP", "address": node_ip(node.index)},
-            {"type": "Hostname", "address": node.name},
-        ],
-        "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
-        "nodeInfo": {
-            "machineID": format!("{:032x}", node.index),
-            "systemUUID": format!("{:032x}", node.index),
-            "bootID": boot_id,
-            "kernelVersion": "6.1.0", "osImage": "nodegate-scale", "containerRuntimeVersion": "containerd://1.6.20",
-            "kubeletVersion": "v1.36.2", "kubeProxyVersion": "", "operatingSystem": "linux", "architecture": "amd64",
-        },
-    })
-}
-
 /// A private address per node (never routed: nothing connects to it).
 pub fn node_ip(index: usize) -> String {
     format!("10.216.{}.{}", index / 250, index % 250 + 1)
 }
 
-/// The kubelet's first object (`initialNode`).
-fn initial(node: &NodeShared, boot_id: &str, ready: bool) -> anyhow::Result<Node> {
-    Ok(serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Node",
-        // The kubelet's `initialNode` annotates the attach/detach mode
-        // (`--enable-controller-attach-detach`, on by default).
-        "metadata": {"name": node.name,
-            "annotations": {"volumes.kubernetes.io/controller-managed-attach-detach": "true"},
-            "labels": {
-            "kubernetes.io/hostname": node.name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
-            "beta.kubernetes.io/os": "linux", "beta.kubernetes.io/arch": "amd64"}},
-        "spec": {},
-        "status": status(node, boot_id, ready),
-    }))?)
+/// Node `index`'s kubelet: its machine as the scale nodes report it.
+pub fn sim_kubelet(client: kube::Client, name: &str, index: usize) -> SimKubelet {
+    let id = format!("{index:032x}");
+    SimKubelet::with_client(client, name)
+        .with_label("beta.kubernetes.io/os", "linux")
+        .with_label("beta.kubernetes.io/arch", "amd64")
+        .with_internal_ip(&node_ip(index))
+        .with_capacity(
+            json!({"cpu": "8", "memory": "32Gi", "pods": "110", "ephemeral-storage": "100Gi"}),
+        )
+        .with_node_info("machineID", &id)
+        .with_node_info("systemUUID", &id)
+        .with_node_info("osImage", "nodegate-scale")
+        .with_node_info("containerRuntimeVersion", "containerd://1.6.20")
+        .with_node_info("kubeletVersion", "v1.36.2")
+        .with_node_info("kubeProxyVersion", "")
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum KubeletError {
-    #[error("node {0}: {1}")]
-    Api(String, #[source] kube::Error),
-    #[error("node {0}: {1}")]
-    Build(String, #[source] anyhow::Error),
+impl NodeShared {
+    /// The kubelet as it is on `boot_id`, reporting the network as it is now.
+    fn on_boot(&self, boot_id: &str) -> SimKubelet {
+        let mut k = self.kubelet.clone();
+        k.set_boot_id(boot_id);
+        k.set_ready(self.network_ready.load(Ordering::SeqCst));
+        k
+    }
 }
 
-/// Registration as `registerWithAPIServer` does it: create, and on
-/// AlreadyExists a GET and a status patch. Retries forever like the kubelet
-/// (7 s cap), so a refused create shows as a node that never appears.
-pub async fn register(node: &NodeShared, boot_id: &str) -> Result<(), KubeletError> {
-    let api: Api<Node> = Api::all(node.client.clone());
-    let ready = node.network_ready.load(Ordering::SeqCst);
-    let obj =
-        initial(node, boot_id, ready).map_err(|e| KubeletError::Build(node.name.clone(), e))?;
+/// Registration as `registerWithAPIServer` does it ([`SimKubelet::register`]).
+/// Retries forever like the kubelet (7 s cap), so a refused create shows as
+/// a node that never appears.
+pub async fn register(node: &NodeShared, boot_id: &str) {
     let mut backoff = Duration::from_millis(100);
-    loop {
-        match api.create(&PostParams::default(), &obj).await {
-            Ok(_) => return Ok(()),
-            Err(kube::Error::Api(s)) if s.code == 409 => {
-                // tryRegisterWithAPIServer: reconcile labels and annotations,
-                // then patch through nodes/status.
-                let _existing = api
-                    .get(&node.name)
-                    .await
-                    .map_err(|e| KubeletError::Api(node.name.clone(), e))?;
-                api.patch_status(
-                    &node.name,
-                    &PatchParams::default(),
-                    &Patch::Strategic(json!({})),
-                )
-                .await
-                .map_err(|e| KubeletError::Api(node.name.clone(), e))?;
-                return Ok(());
-            }
-            Err(e) => {
-                tracing::warn!(node = %node.name, error = %e, "node create failed; retrying");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(7));
-            }
-        }
+    while let Err(e) = node.on_boot(boot_id).register().await {
+        tracing::warn!(node = %node.name, error = %e, "node registration failed; retrying");
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(7));
     }
 }
 
 /// One status write (`tryUpdateNodeStatus`'s strategic merge patch).
-pub async fn write_status(node: &NodeShared, boot_id: &str) -> Result<(), KubeletError> {
-    let api: Api<Node> = Api::all(node.client.clone());
-    let ready = node.network_ready.load(Ordering::SeqCst);
-    api.patch_status(
-        &node.name,
-        &PatchParams::default(),
-        &Patch::Strategic(json!({"status": status(node, boot_id, ready)})),
-    )
-    .await
-    .map_err(|e| KubeletError::Api(node.name.clone(), e))?;
+pub async fn write_status(node: &NodeShared, boot_id: &str) -> anyhow::Result<()> {
+    node.on_boot(boot_id).heartbeat().await?;
     Ok(())
 }
 

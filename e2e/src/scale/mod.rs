@@ -5,6 +5,8 @@
 //!
 //! - [`control_plane`]: etcd, kube-apiserver, kube-controller-manager,
 //!   kube-scheduler as child processes, on a dummy interface's private /24;
+//!   [`control_plane_args`]: their command lines, from the flags shared with
+//!   the real-nodes harness (`e2e/control-plane/`);
 //! - [`pki`]: every certificate, from one in-memory CA;
 //! - [`install`]: the shipped manifests, the webhook and roster processes;
 //! - [`kubelet`]: one simulated kubelet; [`fleet`]: all of them, their pods
@@ -14,6 +16,7 @@
 //! - [`scenarios`]: storm, steady state, reboot wave, rollout, pruning.
 
 pub mod control_plane;
+pub mod control_plane_args;
 pub mod fleet;
 pub mod install;
 pub mod kubelet;

@@ -1,33 +1,40 @@
-//! What the scenarios assert, from watches of every Node and every Pod as
-//! the admin sees them: each Node version with its resourceVersion (etcd's
-//! revision, one counter for the whole cluster), whether it carries the
-//! gate and its boot ID; each Pod's binding with its resourceVersion. A pod
-//! bound while its node was gated is one whose binding revision falls
-//! after a gated version of the node and before the next ungated one.
+//! What the scenarios assert, from the one observer ([`crate::observe`])
+//! with a slim projection: of each Node version whether it carries the
+//! gate and its boot ID; of each bound Pod its node and whether it
+//! tolerates the gate. A pod bound while its node was gated is one whose
+//! first bound version falls after a gated version of the node and before
+//! the next ungated one.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Client, ResourceExt};
-use tokio::time::Instant;
+
+use crate::observe::{Observer, Projection, Seen, Watches};
 
 pub const GATE_KEY: &str = "nodegate.dev/agent-not-ready";
 
+/// What the scale harness keeps of a Node version.
 #[derive(Debug, Clone)]
-pub struct NodeVersion {
-    pub rv: u64,
-    pub seen: Instant,
+pub struct NodeState {
     pub gated: bool,
     pub boot_id: String,
 }
 
+impl Projection<Node> for NodeState {
+    fn project(node: &Node) -> Option<Self> {
+        Some(NodeState {
+            gated: is_gated(node),
+            boot_id: node
+                .status
+                .as_ref()
+                .and_then(|s| s.node_info.as_ref())
+                .map(|i| i.boot_id.clone())
+                .unwrap_or_default(),
+        })
+    }
+}
+
+/// What the scale harness keeps of a bound Pod's version.
 #[derive(Debug, Clone)]
 pub struct Binding {
-    pub rv: u64,
-    pub seen: Instant,
     pub node: String,
     /// The pod tolerates the gate (the agent's and the network agent's
     /// DaemonSet Pods tolerate every taint): its binding to a gated node is
@@ -35,20 +42,32 @@ pub struct Binding {
     pub tolerates_gate: bool,
 }
 
-#[derive(Debug, Default)]
-pub struct Record {
-    pub nodes: HashMap<String, Vec<NodeVersion>>,
-    /// First version of each pod seen with a node, by uid.
-    pub bindings: HashMap<String, Binding>,
+impl Projection<Pod> for Binding {
+    fn project(pod: &Pod) -> Option<Self> {
+        Some(Binding {
+            node: pod.spec.as_ref()?.node_name.clone()?,
+            tolerates_gate: tolerates_gate(pod),
+        })
+    }
 }
 
-pub type Shared = Arc<Mutex<Record>>;
+pub type NodeVersion = Seen<NodeState>;
+pub type Shared = Observer<NodeState, Binding>;
+pub type Record = crate::observe::Record<NodeState, Binding>;
 
-fn rv(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> u64 {
-    meta.resource_version
-        .as_deref()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0)
+/// The observer of every Node and every bound Pod.
+pub fn start(admin: kube::Config) -> anyhow::Result<Shared> {
+    Observer::start(
+        admin,
+        Watches {
+            pod_fields: Some("spec.nodeName!=".into()),
+        },
+    )
+}
+
+/// When the watch delivered `v`, on the harness's clock.
+pub fn seen(v: &NodeVersion) -> tokio::time::Instant {
+    tokio::time::Instant::from_std(v.at)
 }
 
 pub fn is_gated(node: &Node) -> bool {
@@ -61,92 +80,13 @@ pub fn is_gated(node: &Node) -> bool {
         })
 }
 
-/// Starts both watches on a thread and runtime of their own, with a client
-/// of their own: in the simulator's runtime they would queue behind 1,000
-/// kubelets' and agents' tasks, and a figure read from them would measure
-/// the simulator's backlog rather than the API server. They run until the
-/// process ends.
-pub fn start(admin: kube::Config) -> anyhow::Result<Shared> {
-    let rec: Shared = Arc::default();
-    let r = rec.clone();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    std::thread::Builder::new()
-        .name("observe".into())
-        .spawn(move || {
-            rt.block_on(async move {
-                match Client::try_from(admin) {
-                    Ok(client) => watch(client, r).await,
-                    Err(e) => tracing::error!(error = %e, "observer client"),
-                }
-            })
-        })?;
-    Ok(rec)
-}
-
-async fn watch(admin: Client, rec: Shared) {
-    let r = rec.clone();
-    let nodes: Api<Node> = Api::all(admin.clone());
-    let nodes = async move {
-        let s = watcher(nodes, watcher::Config::default())
-            .default_backoff()
-            .applied_objects();
-        let mut s = std::pin::pin!(s);
-        while let Some(ev) = s.next().await {
-            let Ok(node) = ev else { continue };
-            let v = NodeVersion {
-                rv: rv(&node.metadata),
-                seen: Instant::now(),
-                gated: is_gated(&node),
-                boot_id: node
-                    .status
-                    .as_ref()
-                    .and_then(|s| s.node_info.as_ref())
-                    .map(|i| i.boot_id.clone())
-                    .unwrap_or_default(),
-            };
-            tracing::debug!(node = %node.name_any(), rv = v.rv, gated = v.gated, "node version seen");
-            let mut rec = r.lock().unwrap_or_else(|e| e.into_inner());
-            let vs = rec.nodes.entry(node.name_any()).or_default();
-            // A relist delivers versions already seen.
-            if vs.last().is_none_or(|l| l.rv < v.rv) {
-                vs.push(v);
-            }
-        }
-    };
-    let pods: Api<Pod> = Api::all(admin);
-    let pods = async move {
-        let s = watcher(pods, watcher::Config::default().fields("spec.nodeName!="))
-            .default_backoff()
-            .applied_objects();
-        let mut s = std::pin::pin!(s);
-        while let Some(ev) = s.next().await {
-            let Ok(pod) = ev else { continue };
-            let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else {
-                continue;
-            };
-            let mut rec = rec.lock().unwrap_or_else(|e| e.into_inner());
-            rec.bindings
-                .entry(pod.uid().unwrap_or_default())
-                .or_insert(Binding {
-                    rv: rv(&pod.metadata),
-                    seen: Instant::now(),
-                    node,
-                    tolerates_gate: tolerates_gate(&pod),
-                });
-        }
-    };
-    futures::join!(nodes, pods);
-}
-
 /// Was `node` gated at revision `at` (its latest version at or before it)?
 pub fn gated_at(versions: &[NodeVersion], at: u64) -> bool {
     versions
         .iter()
         .rev()
         .find(|v| v.rv <= at)
-        .is_some_and(|v| v.gated)
+        .is_some_and(|v| v.obj.gated)
 }
 
 /// Does `pod` tolerate the gate's NoSchedule taint (as the scheduler's
@@ -171,11 +111,16 @@ pub fn tolerates_gate(pod: &Pod) -> bool {
 
 /// Pods that do not tolerate the gate bound to a node while it was gated.
 pub fn bound_while_gated(rec: &Record, since_rv: u64) -> Vec<String> {
-    rec.bindings
+    rec.pods
         .iter()
-        .filter(|(_, b)| b.rv > since_rv && !b.tolerates_gate)
-        .filter(|(_, b)| rec.nodes.get(&b.node).is_some_and(|vs| gated_at(vs, b.rv)))
-        .map(|(uid, b)| format!("{uid} on {}", b.node))
+        .filter_map(|(uid, vs)| Some((uid, vs.first()?)))
+        .filter(|(_, b)| b.rv > since_rv && !b.obj.tolerates_gate)
+        .filter(|(_, b)| {
+            rec.nodes
+                .get(&b.obj.node)
+                .is_some_and(|vs| gated_at(vs, b.rv))
+        })
+        .map(|(uid, b)| format!("{uid} on {}", b.obj.node))
         .collect()
 }
 
@@ -230,5 +175,50 @@ mod tests {
         for (t, want) in cases {
             assert_eq!(tolerates_gate(&pod(t.clone())), want, "{t}");
         }
+    }
+
+    fn seen<T>(rv: u64, obj: T) -> Seen<T> {
+        Seen {
+            at: std::time::Instant::now(),
+            rv,
+            deleted: false,
+            obj,
+        }
+    }
+
+    fn state(gated: bool) -> NodeState {
+        NodeState {
+            gated,
+            boot_id: String::new(),
+        }
+    }
+
+    #[test]
+    fn a_pod_counts_as_bound_while_gated_by_its_first_bound_version() {
+        let mut rec = Record::default();
+        // n1 gated from 10 to 20, ungated after.
+        rec.nodes.insert(
+            "n1".into(),
+            vec![seen(10, state(true)), seen(20, state(false))],
+        );
+        let bound = |node: &str, tolerates_gate: bool| Binding {
+            node: node.into(),
+            tolerates_gate,
+        };
+        // Bound at 15 (gated), later versions after 20 change nothing.
+        rec.pods.insert(
+            "early".into(),
+            vec![seen(15, bound("n1", false)), seen(25, bound("n1", false))],
+        );
+        // Tolerates the gate: the agent's and the network agent's pods.
+        rec.pods
+            .insert("daemon".into(), vec![seen(12, bound("n1", true))]);
+        rec.pods
+            .insert("late".into(), vec![seen(21, bound("n1", false))]);
+        assert_eq!(bound_while_gated(&rec, 0), ["early on n1"]);
+        // Only bindings after `since_rv` count.
+        assert!(bound_while_gated(&rec, 15).is_empty());
+        assert!(gated_at(&rec.nodes["n1"], 19));
+        assert!(!gated_at(&rec.nodes["n1"], 9));
     }
 }

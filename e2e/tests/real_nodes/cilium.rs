@@ -10,15 +10,30 @@
 //! Node writes of both from the API server's audit log, with a quiet window
 //! after the node settled in which neither may write again (no loop).
 
-use std::process::{Child, Stdio};
-
 use k8s_openapi::jiff::Timestamp;
 use nodegate_e2e::cilium_operator::decide::has_cilium_is_up_condition;
 
-use super::*;
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use nodegate_e2e::real_nodes::harness::{Harness, figure, step, wait};
+use nodegate_e2e::real_nodes::live::{agent_pod, live_node, live_pods, node_names, workload};
+use nodegate_e2e::real_nodes::objects::{
+    NS, boot_gated, boot_id, gated, name_of, node_of, ns_of, pod_ready, taints,
+};
+use nodegate_e2e::real_nodes::record::{
+    Recorder, Seen, first_version, uids_bound_to, versions_after,
+};
+use nodegate_e2e::real_nodes::scenario::{Ctx, crash_to_new_boot};
+
+use crate::cilium_operator::{Operator, Writes, writes};
+use crate::strict::{Install, switch};
 
 const CILIUM_KEY: &str = "node.cilium.io/agent-not-ready";
-const CILIUM_NS: &str = "kube-system";
+
+pub(crate) const CILIUM_NS: &str = "kube-system";
+
 /// The node this module joins, crashes and reboots: the first `nodeN` from
 /// node5 on that the harness never made (a rerun on a kept cluster joins
 /// another).
@@ -28,16 +43,13 @@ fn fresh_node(h: &Harness) -> String {
         .find(|n| !h.node_dir(n).exists())
         .unwrap()
 }
+
 /// Crash reboots in a row.
 const CRASHES: usize = 10;
+
 /// After a node settled, neither nodegate nor the operator may write it
 /// again for this long: a loop between them would.
 const QUIET: Duration = Duration::from_secs(8);
-const OPERATOR_USER: &str = "system:serviceaccount:kube-system:cilium-operator";
-const NODEGATE_USERS: [&str; 2] = [
-    "system:serviceaccount:nodegate:nodegate-agent",
-    "system:serviceaccount:nodegate:nodegate-webhook",
-];
 
 fn operator_tainted(n: &Node) -> bool {
     taints(n).iter().any(|(k, _)| k == CILIUM_KEY)
@@ -64,104 +76,6 @@ fn owned_by_daemonset(p: &Pod) -> bool {
         .owner_references
         .as_ref()
         .is_some_and(|o| o.iter().any(|o| o.kind == "DaemonSet"))
-}
-
-/// The stand-in operator, a process on the host with its own
-/// ServiceAccount's token, as the chart runs it with its own credentials.
-struct Operator {
-    child: Child,
-}
-
-impl Operator {
-    fn start(h: &Harness) -> Operator {
-        let dir = repo_dir().join("e2e/real-nodes/cilium");
-        h.kubectl(&format!("apply -f {}", dir.display()));
-        let token = h.kubectl(&format!(
-            "-n {CILIUM_NS} create token cilium-operator --duration=4h"
-        ));
-        let server = h.kubectl("config view --minify -o jsonpath={.clusters[0].cluster.server}");
-        let kc = h.state.join("cilium-operator.kubeconfig");
-        std::fs::write(
-            &kc,
-            format!(
-                "apiVersion: v1\nkind: Config\nclusters: [{{name: c, cluster: {{server: \"{server}\", certificate-authority: \"{}\"}}}}]\nusers: [{{name: u, user: {{token: \"{}\"}}}}]\ncontexts: [{{name: c, context: {{cluster: c, user: u}}}}]\ncurrent-context: c\n",
-                h.state.join("pki/ca.crt").display(),
-                token.trim()
-            ),
-        )
-        .unwrap();
-        let log = std::fs::File::create(h.state.join("log/cilium-operator.log")).unwrap();
-        let child = Command::new(repo_dir().join("target/debug/cilium-operator-standin"))
-            .arg("--kubeconfig")
-            .arg(&kc)
-            .stdout(Stdio::from(log.try_clone().unwrap()))
-            .stderr(Stdio::from(log))
-            .spawn()
-            .expect("cilium-operator-standin is built (cargo build -p nodegate-e2e --bins)");
-        Operator { child }
-    }
-}
-
-impl Drop for Operator {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Node writes (patch, update; main resource and status) from the API
-/// server's audit log.
-#[derive(Debug, Default, Clone, Copy, PartialEq)]
-struct Writes {
-    nodegate: u64,
-    operator: u64,
-    /// Writes of either that the API server refused (a failed `test`).
-    refused: u64,
-}
-
-impl Writes {
-    fn total(&self) -> u64 {
-        self.nodegate + self.operator
-    }
-}
-
-fn writes(h: &Harness, nodes: &[&str], from: Timestamp, to: Timestamp) -> Writes {
-    let log = std::fs::read_to_string(h.state.join("log/audit.log")).unwrap_or_default();
-    let mut w = Writes::default();
-    for line in log.lines() {
-        let Ok(e) = serde_json::from_str::<serde_json::Value>(line) else {
-            continue;
-        };
-        let at: Option<Timestamp> = e["requestReceivedTimestamp"]
-            .as_str()
-            .and_then(|t| t.parse().ok());
-        let name = e["objectRef"]["name"].as_str().unwrap_or_default();
-        if e["stage"] != "ResponseComplete"
-            || e["objectRef"]["resource"] != "nodes"
-            || !matches!(e["verb"].as_str(), Some("patch" | "update"))
-            || !nodes.contains(&name)
-            || at.is_none_or(|t| t < from || t > to)
-        {
-            continue;
-        }
-        let user = e["user"]["username"].as_str().unwrap_or_default();
-        let ok = e["responseStatus"]["code"]
-            .as_u64()
-            .is_some_and(|c| (200..300).contains(&c));
-        let counter = if user == OPERATOR_USER {
-            &mut w.operator
-        } else if NODEGATE_USERS.contains(&user) {
-            &mut w.nodegate
-        } else {
-            continue;
-        };
-        if ok {
-            *counter += 1;
-        } else {
-            w.refused += 1;
-        }
-    }
-    w
 }
 
 /// The network agent of `node` turns healthy: its CNI config is on disk
@@ -287,7 +201,7 @@ async fn measure(
 ) -> (Gating, u64) {
     let Ctx { h, rec, .. } = c;
     let t_health = healthy(h, node);
-    let health_rv = last_rv(rec);
+    let health_rv = rec.last_rv();
     let ready = agent_ready_version(rec, node, gated_rv, boot).await;
     let nodegate_ms = ready.at.saturating_duration_since(t_health).as_millis();
     settle(c, node, what).await;
@@ -339,7 +253,7 @@ fn summary(name: &str, runs: &[Gating]) {
     figure(&format!("{name}_versions_per_run"), format!("{v:?}"));
 }
 
-pub(super) async fn cilium(c: &Ctx) {
+pub(crate) async fn cilium(c: &Ctx) {
     let Ctx { h, client, .. } = c;
     step("beside cilium-operator: its stand-in and a Cilium DaemonSet with Cilium's probes");
     let _operator = Operator::start(h);
@@ -370,9 +284,9 @@ pub(super) async fn cilium(c: &Ctx) {
     summary("cilium_graceful", &graceful);
     // Strict mode: the operator removes every effect of its own key, and
     // nodegate's boot gate is not under it.
-    strict::switch(c, strict::Install::Strict).await;
+    switch(c, Install::Strict).await;
     graceful.push(reboot(c, &node, "cilium_strict_crash", Reboot::Strict).await);
-    strict::switch(c, strict::Install::Default).await;
+    switch(c, Install::Default).await;
     agent_rollout(c).await;
     cilium_rollout(c).await;
     runs.extend(crashes);
@@ -397,7 +311,7 @@ async fn join(c: &Ctx, node: &str) -> Gating {
     let Ctx { h, client, rec, .. } = c;
     step("cilium: a node joins");
     let start = Timestamp::now();
-    let before = last_rv(rec);
+    let before = rec.last_rv();
     h.kubectl(&format!(
         "apply -f - <<'EOF'\n{}EOF",
         workload("cilium-pinned", node, 2)
@@ -443,9 +357,8 @@ enum Reboot {
 async fn reboot(c: &Ctx, node: &str, what: &str, kind: Reboot) -> Gating {
     let Ctx { h, client, rec, .. } = c;
     step(&format!("cilium: {what}"));
-    let old_boot = boot_id(&live_node(client, node).await.unwrap()).unwrap();
     let start = Timestamp::now();
-    let before = last_rv(rec);
+    let before = rec.last_rv();
     let bound_before = uids_bound_to(rec, node, before);
     if kind == Reboot::Graceful {
         // The machine stops its pods: the network agent goes down with them.
@@ -465,21 +378,9 @@ async fn reboot(c: &Ctx, node: &str, what: &str, kind: Reboot) -> Gating {
         )
         .await;
     }
-    h.cluster(&["crash", node]);
-    let new_boot = first_version(
-        rec,
-        node,
-        before,
-        "the first version on the new boot",
-        120,
-        |n| boot_id(n).is_some_and(|b| b != old_boot),
-    )
-    .await;
-    assert!(
-        gated(&new_boot.obj),
-        "{what}: the first version of the new boot lacks nodegate's gate: {:?}",
-        taints(&new_boot.obj)
-    );
+    let crash = crash_to_new_boot(c, node, &[]).await;
+    crash.assert_gated(what);
+    let new_boot = crash.first;
     let boot = boot_id(&new_boot.obj).unwrap();
     let first_gated = versions_after(rec, node, before)
         .into_iter()
@@ -497,7 +398,7 @@ async fn reboot(c: &Ctx, node: &str, what: &str, kind: Reboot) -> Gating {
     .await;
     if kind == Reboot::Strict {
         assert!(
-            strict::boot_gated(&new_boot.obj),
+            boot_gated(&new_boot.obj),
             "{what}: the first version of the new boot lacks the boot gate"
         );
     }
@@ -506,7 +407,7 @@ async fn reboot(c: &Ctx, node: &str, what: &str, kind: Reboot) -> Gating {
     if kind == Reboot::Strict {
         let lost: Vec<u64> = versions_after(rec, node, new_boot.rv - 1)
             .into_iter()
-            .filter(|s| s.rv < ready_rv && !strict::boot_gated(&s.obj))
+            .filter(|s| s.rv < ready_rv && !boot_gated(&s.obj))
             .map(|s| s.rv)
             .collect();
         assert!(
@@ -539,7 +440,7 @@ async fn agent_rollout(c: &Ctx) {
     step("cilium: nodegate's agent DaemonSet rolls");
     let nodes = node_names(client).await;
     let start = Timestamp::now();
-    let before = last_rv(rec);
+    let before = rec.last_rv();
     h.kubectl(&format!("-n {NS} rollout restart daemonset/nodegate-agent"));
     h.kubectl(&format!(
         "-n {NS} rollout status daemonset/nodegate-agent --timeout=300s"
@@ -579,7 +480,7 @@ async fn cilium_rollout(c: &Ctx) {
     step("cilium: the Cilium DaemonSet rolls");
     let nodes = node_names(client).await;
     let start = Timestamp::now();
-    let before = last_rv(rec);
+    let before = rec.last_rv();
     let old: BTreeSet<String> = live_pods(client)
         .await
         .iter()

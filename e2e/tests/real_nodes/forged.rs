@@ -13,11 +13,11 @@ use nodegate_e2e::forged_review::{PATHS, review};
 use nodegate_e2e::scale::metrics::parse;
 use serde_json::Value;
 
-use super::strict::boot_gated;
-use super::{
-    Ctx, NS, figure, gated, last_rv, live_node, live_pods, name_of, ok, pod_ready, replica_hosts,
-    step, versions_after, wait,
-};
+use nodegate_e2e::real_nodes::harness::{Harness, figure, ok, step, wait};
+use nodegate_e2e::real_nodes::live::{live_node, live_pods, replica_hosts};
+use nodegate_e2e::real_nodes::objects::{NS, boot_gated, gated, name_of, pod_ready};
+use nodegate_e2e::real_nodes::record::versions_after;
+use nodegate_e2e::real_nodes::scenario::Ctx;
 
 const REFUSED: &str = "nodegate_webhook_unauthenticated_side_effects_total";
 const FORGER: &str = "nodegate-e2e-forger";
@@ -65,7 +65,7 @@ fn pod_netns_pid(c: &Ctx, ip: &str) -> String {
 
 /// Sends the forged reviews of a ready, ungated `node` every way and
 /// asserts they changed nothing; `mode` names the install in the figures.
-pub(super) async fn forged_reviews(c: &Ctx, node: &str, mode: &str) {
+pub(crate) async fn forged_reviews(c: &Ctx, node: &str, mode: &str) {
     let Ctx { h, client, rec, .. } = c;
     step(&format!(
         "forged reviews ({mode}): from a pod, another node's host network and the service proxy; nothing re-gated"
@@ -85,77 +85,30 @@ pub(super) async fn forged_reviews(c: &Ctx, node: &str, mode: &str) {
         .find(|n| n.as_str() != node)
         .cloned()
         .unwrap();
-    h.kubectl(&format!(
-        "run {FORGER} --image=localhost/pause:1 --image-pull-policy=Never --restart=Never \
-         --overrides='{{\"spec\":{{\"nodeName\":\"{other}\",\"terminationGracePeriodSeconds\":1}}}}'"
-    ));
-    let pod_ip = wait("the forger pod running", 120, async || {
-        live_pods(client)
-            .await
-            .into_iter()
-            .find(|p| name_of(p) == FORGER && pod_ready(p))
-            .and_then(|p| p.status?.pod_ip)
-    })
-    .await;
-    let pid = pod_netns_pid(c, &pod_ip);
-    let before_rv = last_rv(rec);
+    let pid = start_forger(c, &other).await;
+    let before_rv = rec.last_rv();
     let refused_before = refused(c, &hosts);
 
-    let mut sent: BTreeMap<&str, u64> = BTreeMap::new();
-    let mut answered = 0;
-    let mut send = |from: &'static str, command: String| {
-        let out = ok(&format!("forged review from {from}"), h.sh(&command));
-        let (body, code) = out.trim_end().rsplit_once('\n').unwrap_or(("", out.trim()));
-        *sent.entry(from).or_default() += 1;
-        let v: Value = serde_json::from_str(body).unwrap_or_default();
-        if code == "200" && v["response"]["allowed"] == true {
-            answered += 1;
-        } else {
-            println!("{from}: HTTP {code} {body}");
-        }
-    };
+    let mut sent = Sent::default();
     for file in ["forged-create.json", "forged-status.json"] {
         for (_, ip) in &hosts {
             for path in PATHS {
                 let url = format!("https://{ip}:9443{path}");
-                send("a pod", curl(&format!("nsenter -t {pid} -n"), file, &url));
-                send(
+                sent.direct(
+                    h,
+                    "a pod",
+                    curl(&format!("nsenter -t {pid} -n"), file, &url),
+                );
+                sent.direct(
+                    h,
                     "a node's host network",
                     curl(&format!("ip netns exec ng-{other}"), file, &url),
                 );
             }
         }
     }
-    // Anyone with `create services/proxy` in the namespace: every line's Service.
-    for service in [
-        "nodegate-webhook",
-        "nodegate-webhook-0",
-        "nodegate-webhook-1",
-    ] {
-        for path in ["mutate", ""] {
-            let out = ok(
-                "forged review through the service proxy",
-                h.sh(&format!(
-                    "kubectl create --raw /api/v1/namespaces/{NS}/services/https:{service}:443/proxy/{path} \
-                     -f forged-create.json"
-                )),
-            );
-            *sent.entry("the service proxy").or_default() += 1;
-            let v: Value = serde_json::from_str(&out).unwrap_or_default();
-            if v["response"]["allowed"] == true {
-                answered += 1;
-            } else {
-                println!("service proxy {service}/{path}: {out}");
-            }
-        }
-    }
-    let total: u64 = sent.values().sum();
-    for (from, n) in &sent {
-        println!("forged reviews from {from}: {n}");
-    }
-    figure(&format!("forged_{mode}_reviews_sent"), total);
-    figure(&format!("forged_{mode}_answered"), answered);
-    assert_eq!(answered, total, "every forged review gets an answer");
+    sent.through_service_proxy(h);
+    let total = sent.report(mode);
     // Each review would have written the stored Node: the webhook counts
     // each write it refused, which is also when its decision was made.
     let counted = wait(
@@ -169,7 +122,94 @@ pub(super) async fn forged_reviews(c: &Ctx, node: &str, mode: &str) {
     .await;
     figure(&format!("forged_{mode}_side_effects_refused"), counted);
     assert_eq!(counted, total);
-    let regated: Vec<_> = versions_after(rec, node, before_rv)
+    nothing_regated(c, node, mode, before_rv).await;
+    h.kubectl(&format!("delete pod {FORGER} --wait=false"));
+}
+
+/// Runs the forger's pod on `other` and returns the pid of a process in its
+/// network namespace.
+async fn start_forger(c: &Ctx, other: &str) -> String {
+    c.h.kubectl(&format!(
+        "run {FORGER} --image=localhost/pause:1 --image-pull-policy=Never --restart=Never \
+         --overrides='{{\"spec\":{{\"nodeName\":\"{other}\",\"terminationGracePeriodSeconds\":1}}}}'"
+    ));
+    let pod_ip = wait("the forger pod running", 120, async || {
+        live_pods(&c.client)
+            .await
+            .into_iter()
+            .find(|p| name_of(p) == FORGER && pod_ready(p))
+            .and_then(|p| p.status?.pod_ip)
+    })
+    .await;
+    pod_netns_pid(c, &pod_ip)
+}
+
+/// The forged reviews sent, by where from, and how many were answered.
+#[derive(Default)]
+struct Sent {
+    from: BTreeMap<&'static str, u64>,
+    answered: u64,
+}
+
+impl Sent {
+    /// Runs `command` (a curl that prints the HTTP code after the body) as
+    /// a forger `from` somewhere.
+    fn direct(&mut self, h: &Harness, from: &'static str, command: String) {
+        let out = ok(&format!("forged review from {from}"), h.sh(&command));
+        let (body, code) = out.trim_end().rsplit_once('\n').unwrap_or(("", out.trim()));
+        *self.from.entry(from).or_default() += 1;
+        let v: Value = serde_json::from_str(body).unwrap_or_default();
+        if code == "200" && v["response"]["allowed"] == true {
+            self.answered += 1;
+        } else {
+            println!("{from}: HTTP {code} {body}");
+        }
+    }
+
+    /// Anyone with `create services/proxy` in the namespace: every line's Service.
+    fn through_service_proxy(&mut self, h: &Harness) {
+        for service in [
+            "nodegate-webhook",
+            "nodegate-webhook-0",
+            "nodegate-webhook-1",
+        ] {
+            for path in ["mutate", ""] {
+                let out = ok(
+                    "forged review through the service proxy",
+                    h.sh(&format!(
+                        "kubectl create --raw /api/v1/namespaces/{NS}/services/https:{service}:443/proxy/{path} \
+                         -f forged-create.json"
+                    )),
+                );
+                *self.from.entry("the service proxy").or_default() += 1;
+                let v: Value = serde_json::from_str(&out).unwrap_or_default();
+                if v["response"]["allowed"] == true {
+                    self.answered += 1;
+                } else {
+                    println!("service proxy {service}/{path}: {out}");
+                }
+            }
+        }
+    }
+
+    /// Prints the counts as figures, asserts every review was answered, and
+    /// returns how many were sent.
+    fn report(&self, mode: &str) -> u64 {
+        let total: u64 = self.from.values().sum();
+        for (from, n) in &self.from {
+            println!("forged reviews from {from}: {n}");
+        }
+        figure(&format!("forged_{mode}_reviews_sent"), total);
+        figure(&format!("forged_{mode}_answered"), self.answered);
+        assert_eq!(self.answered, total, "every forged review gets an answer");
+        total
+    }
+}
+
+/// No version of `node` since `before_rv` carries either gate, nor does the
+/// stored Node.
+async fn nothing_regated(c: &Ctx, node: &str, mode: &str, before_rv: u64) {
+    let regated: Vec<_> = versions_after(&c.rec, node, before_rv)
         .into_iter()
         .filter(|s| gated(&s.obj) || boot_gated(&s.obj))
         .collect();
@@ -179,10 +219,9 @@ pub(super) async fn forged_reviews(c: &Ctx, node: &str, mode: &str) {
         "a forged review re-gated {node} ({} versions)",
         regated.len()
     );
-    let now = live_node(client, node).await.unwrap();
+    let now = live_node(&c.client, node).await.unwrap();
     assert!(
         !gated(&now) && !boot_gated(&now),
         "{node} gated by a forged review"
     );
-    h.kubectl(&format!("delete pod {FORGER} --wait=false"));
 }

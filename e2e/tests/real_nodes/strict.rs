@@ -5,65 +5,46 @@
 //! workload kind's fate is printed as figures for docs/strict-mode.md.
 
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::jiff::Timestamp;
 
-use super::*;
+use std::collections::BTreeSet;
+use std::time::Instant;
 
-/// Label of every workload this module creates.
-const LABEL: &str = "nodegate-e2e=strict";
-/// The DaemonSet that tolerates every taint, as log and metrics agents do.
-const TOLERATING: &str = "strict-logs-";
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, Patch, PatchParams};
+use nodegate_e2e::real_nodes::harness::{figure, step, wait};
+use nodegate_e2e::real_nodes::live::{
+    agent_pod, all_nodegate_ready, lease_renewals, live_node, live_pods, node_names,
+    restart_counts, stolen_agent_client, wait_gated, wait_no_pod,
+};
+use nodegate_e2e::real_nodes::objects::{
+    GATE, NS, boot_gated, name_of, node_of, phase, pod_ready, taints_json,
+};
+use nodegate_e2e::real_nodes::record::{Recorder, Seen, first_version, gated_windows};
+use nodegate_e2e::real_nodes::scenario::{Ctx, crash_to_new_boot, ready_and_ungated};
+use serde_json::json;
 
-pub(super) fn boot_gated(n: &Node) -> bool {
-    taints(n).iter().any(|(k, e)| k == GATE && e == "NoExecute")
-}
-
-fn phase(p: &Pod) -> &str {
-    p.status
-        .as_ref()
-        .and_then(|s| s.phase.as_deref())
-        .unwrap_or_default()
-}
-
-fn is_strict_workload(p: &Pod) -> bool {
-    p.metadata
-        .labels
-        .as_ref()
-        .is_some_and(|l| l.get("nodegate-e2e").map(String::as_str) == Some("strict"))
-}
-
-/// The latest start of a container of `p` and its restarts: a later start
-/// or more restarts is a container (re)started by the kubelet.
-fn starts(p: &Pod) -> (Option<Timestamp>, i32) {
-    let cs = p
-        .status
-        .as_ref()
-        .and_then(|s| s.container_statuses.clone())
-        .unwrap_or_default();
-    let at = cs
-        .iter()
-        .filter_map(|c| c.state.as_ref()?.running.as_ref()?.started_at.as_ref())
-        .map(|t| t.0)
-        .max();
-    (at, cs.iter().map(|c| c.restart_count).sum())
-}
+use crate::forged::forged_reviews;
+use crate::install::my_nodegate;
+use crate::strict_workloads::{
+    LABEL, TOLERATING, is_strict_workload, place, place_and_crash, started_again, workloads,
+};
 
 /// Which install `my-nodegate/` holds.
 #[derive(Clone, Copy, PartialEq, Debug)]
-pub(super) enum Install {
+pub(crate) enum Install {
     Default,
     Strict,
     StrictAdmissionPolicy,
 }
 
-pub(super) async fn strict_mode(c: &Ctx) {
+pub(crate) async fn strict_mode(c: &Ctx) {
     let node = "node3";
     assert!(
         node_names(&c.client).await.iter().any(|n| n == node),
         "{node} is gone"
     );
     switch(c, Install::Strict).await;
-    super::forged::forged_reviews(c, node, "strict").await;
+    forged_reviews(c, node, "strict").await;
     stolen_token_cannot_evict(c, node).await;
     let (fig, _) = place_and_crash(c, node, "strict").await;
     assert_eq!(fig.started_before_ready, 0, "strict mode let pods start");
@@ -96,10 +77,10 @@ pub(super) async fn strict_mode(c: &Ctx) {
 /// Applies `to` as an upgrade users make (`kubectl apply -k`), waits for
 /// both rollouts, and asserts that it gated or disrupted nothing: the
 /// agents' shutdown re-taint never carries the boot gate.
-pub(super) async fn switch(c: &Ctx, to: Install) {
+pub(crate) async fn switch(c: &Ctx, to: Install) {
     let Ctx { h, client, rec, .. } = c;
     step(&format!("switch the install to {to:?}: nothing evicted"));
-    let before = last_rv(rec);
+    let before = rec.last_rv();
     let base = match to {
         Install::StrictAdmissionPolicy => "../manifests/overlays/admission-policy",
         _ => "../manifests",
@@ -176,289 +157,12 @@ fn assert_nothing_disrupted(rec: &Recorder, since: u64, what: &str) {
     );
     assert!(disrupted.is_empty(), "{what} disrupted {disrupted:?}");
     let gated: Vec<String> = rec
-        .nodes
-        .lock()
-        .unwrap()
+        .nodes()
         .iter()
         .filter(|s| s.rv > since && boot_gated(&s.obj))
         .filter_map(|s| s.obj.metadata.name.clone())
         .collect();
     assert!(gated.is_empty(), "{what} put the boot gate on {gated:?}");
-}
-
-fn workloads(node: &str) -> String {
-    let pod = |name: &str, extra: &str| {
-        format!(
-            "metadata: {{labels: {{app: {name}, nodegate-e2e: strict}}}}
-    spec:
-      terminationGracePeriodSeconds: 1{extra}
-      containers:
-        - {{name: main, image: localhost/pause:1, imagePullPolicy: Never}}"
-        )
-    };
-    let sel = |name: &str| format!("selector: {{matchLabels: {{app: {name}}}}}");
-    format!(
-        "apiVersion: apps/v1
-kind: Deployment
-metadata: {{name: strict-deploy, namespace: default, labels: {{nodegate-e2e: strict}}}}
-spec:
-  replicas: 2
-  {}
-  template:
-    {}
----
-apiVersion: apps/v1
-kind: StatefulSet
-metadata: {{name: strict-sts, namespace: default, labels: {{nodegate-e2e: strict}}}}
-spec:
-  serviceName: strict-sts
-  replicas: 1
-  {}
-  template:
-    {}
----
-apiVersion: batch/v1
-kind: Job
-metadata: {{name: strict-job, namespace: default, labels: {{nodegate-e2e: strict}}}}
-spec:
-  backoffLimit: 6
-  template:
-    {}
----
-apiVersion: apps/v1
-kind: DaemonSet
-metadata: {{name: strict-ds, namespace: default, labels: {{nodegate-e2e: strict}}}}
-spec:
-  {}
-  template:
-    {}
----
-apiVersion: apps/v1
-kind: DaemonSet
-metadata: {{name: strict-logs, namespace: default, labels: {{nodegate-e2e: strict}}}}
-spec:
-  {}
-  template:
-    {}
----
-apiVersion: v1
-kind: Pod
-metadata: {{name: strict-bare, namespace: default, labels: {{app: strict-bare, nodegate-e2e: strict}}}}
-spec:
-  nodeSelector: {{kubernetes.io/hostname: {node}}}
-  terminationGracePeriodSeconds: 1
-  containers:
-    - {{name: main, image: localhost/pause:1, imagePullPolicy: Never}}
-",
-        sel("strict-deploy"),
-        pod("strict-deploy", ""),
-        sel("strict-sts"),
-        pod("strict-sts", ""),
-        pod("strict-job", "\n      restartPolicy: Never"),
-        sel("strict-ds"),
-        pod("strict-ds", ""),
-        sel("strict-logs"),
-        pod("strict-logs", "\n      tolerations: [{operator: Exists}]"),
-    )
-}
-
-/// What one crash showed.
-struct Fates {
-    /// Untolerating pods bound before the crash whose container the kubelet
-    /// started again before the agent was ready.
-    started_before_ready: usize,
-    /// The untolerating pods bound before the crash that were deleted (by
-    /// the eviction controller or their DaemonSet's controller) before the
-    /// kubelet refused them.
-    deleted: Vec<String>,
-}
-
-/// Puts every kind of workload on `node` (the other nodes cordoned while
-/// they are placed, as nothing pins them), crashes it with its network
-/// agent not ready on the new boot, follows each pod until the agent is
-/// ready, and prints what happened to each kind as `<label>_*` figures.
-async fn place_and_crash(c: &Ctx, node: &str, label: &str) -> (Fates, u64) {
-    let Ctx { h, client, rec, .. } = c;
-    step(&format!(
-        "{label}: every kind of workload on {node}, then a crash reboot"
-    ));
-    let before = place(c, node).await;
-
-    let old_boot = boot_id(&live_node(client, node).await.unwrap()).unwrap();
-    let before_crash = last_rv(rec);
-    let t_crash = Instant::now();
-    h.cluster(&["crash", node]);
-    let first_new = first_version(
-        rec,
-        node,
-        before_crash,
-        "the first version on the new boot",
-        120,
-        |n| boot_id(n).is_some_and(|b| b != old_boot),
-    )
-    .await;
-    let gate = first_version(rec, node, before_crash, "the boot gate", 120, boot_gated).await;
-    figure(
-        &format!("{label}_crash_to_boot_gate_ms"),
-        (gate.at - t_crash).as_millis(),
-    );
-    figure(
-        &format!("{label}_boot_gate_before_new_boot_status"),
-        gate.rv <= first_new.rv,
-    );
-
-    // Until the agent is ready: each untolerating pod is refused by the
-    // kubelet or evicted by the taint-eviction controller; the tolerating
-    // one runs again.
-    let untolerating: BTreeMap<&String, &String> = before
-        .iter()
-        .filter(|(_, (n, _))| !n.starts_with(TOLERATING))
-        .map(|(u, (n, _))| (u, n))
-        .collect();
-    let settled = wait(
-        "every untolerating pod of the node refused or evicted",
-        180,
-        async || {
-            let mut out = BTreeMap::new();
-            for s in rec.pods().into_iter().filter(|s| s.rv > before_crash) {
-                let uid = s.obj.metadata.uid.clone().unwrap_or_default();
-                if !untolerating.contains_key(&uid) {
-                    continue;
-                }
-                let status = s.obj.status.as_ref();
-                if phase(&s.obj) == "Failed" {
-                    let why = format!(
-                        "refused: {} {}",
-                        status.and_then(|s| s.reason.clone()).unwrap_or_default(),
-                        status.and_then(|s| s.message.clone()).unwrap_or_default()
-                    );
-                    out.entry(uid.clone()).or_insert((s.rv, why));
-                } else if s.deleted || s.obj.metadata.deletion_timestamp.is_some() {
-                    out.entry(uid).or_insert((s.rv, "deleted".to_string()));
-                }
-            }
-            (out.len() == untolerating.len()).then_some(out)
-        },
-    )
-    .await;
-    let node_now = live_node(client, node).await.unwrap();
-    assert!(
-        boot_gated(&node_now),
-        "{node} lost the boot gate before its agent was ready"
-    );
-    let refused = settled
-        .values()
-        .filter(|(_, w)| w.starts_with("refused"))
-        .count();
-    figure(&format!("{label}_refused_by_kubelet"), refused);
-    figure(
-        &format!("{label}_evicted_by_controller_first"),
-        settled.len() - refused,
-    );
-    for (uid, (rv, why)) in &settled {
-        println!("  {}: {why} (rv {rv})", untolerating[uid]);
-    }
-    let first_refusal = settled.values().map(|(rv, _)| *rv).min().unwrap();
-    figure(
-        &format!("{label}_boot_gate_before_first_refusal"),
-        gate.rv < first_refusal,
-    );
-
-    let tolerating_started = wait(
-        "the tolerating DaemonSet pod running again on the node",
-        180,
-        async || {
-            live_pods(client).await.into_iter().find(|p| {
-                name_of(p).starts_with(TOLERATING)
-                    && node_of(p) == Some(node)
-                    && pod_ready(p)
-                    && before
-                        .get(p.metadata.uid.as_deref().unwrap_or_default())
-                        .is_none_or(|(_, s)| starts(p) != *s)
-            })
-        },
-    )
-    .await;
-    figure(
-        &format!("{label}_tolerating_pod_running_after_crash_ms"),
-        t_crash.elapsed().as_millis(),
-    );
-    println!(
-        "  {} (tolerates the gate) runs before the agent is ready",
-        name_of(&tolerating_started)
-    );
-    assert!(boot_gated(&live_node(client, node).await.unwrap()));
-
-    // Replacements of the controllers' pods, while the node is gated.
-    for (prefix, count, what) in [
-        ("strict-deploy-", 2, "deployment"),
-        ("strict-sts-", 1, "statefulset"),
-        ("strict-job-", 1, "job"),
-    ] {
-        ready_elsewhere(client, prefix, node, count).await;
-        figure(
-            &format!("{label}_{what}_ready_again_after_crash_ms"),
-            t_crash.elapsed().as_millis(),
-        );
-    }
-    let jobs: Api<Job> = Api::namespaced(client.clone(), "default");
-    let job = jobs.get("strict-job").await.unwrap();
-    figure(
-        &format!("{label}_job_failed_pods"),
-        job.status.and_then(|s| s.failed).unwrap_or(0),
-    );
-    let live = live_pods(client).await;
-    let wheres: Vec<String> = live
-        .iter()
-        .filter(|p| is_strict_workload(p) && !name_of(p).starts_with("strict-logs"))
-        .filter(|p| !name_of(p).starts_with("strict-ds") && pod_ready(p))
-        .map(|p| format!("{}@{}", name_of(p), node_of(p).unwrap_or("-")))
-        .collect();
-    println!("  running while {node} is gated: {wheres:?}");
-    assert!(
-        live.iter().all(
-            |p| !(is_strict_workload(p) && node_of(p) == Some(node) && pod_ready(p))
-                || name_of(p).starts_with(TOLERATING)
-        ),
-        "an untolerating workload runs on gated {node}"
-    );
-    figure(
-        &format!("{label}_bare_pod_lost"),
-        !live
-            .iter()
-            .any(|p| name_of(p) == "strict-bare" && pod_ready(p)),
-    );
-
-    // Nothing bound before the crash (re)started before the agent was ready.
-    let started = started_again(rec, before_crash, &before, false);
-    figure(&format!("{label}_started_before_ready"), started.len());
-    println!("  started again before the agent was ready: {started:?}");
-
-    let untaint_rv = ready_and_ungated(c, node, &format!("{label}_ready_to_untaint_ms")).await;
-    let t_untaint = Instant::now();
-    wait(
-        "the DaemonSet's pod Ready on the node again",
-        180,
-        async || {
-            live_pods(client).await.into_iter().find(|p| {
-                name_of(p).starts_with("strict-ds-") && node_of(p) == Some(node) && pod_ready(p)
-            })
-        },
-    )
-    .await;
-    figure(
-        &format!("{label}_untaint_to_daemonset_pod_ready_ms"),
-        t_untaint.elapsed().as_millis(),
-    );
-    let fates = Fates {
-        started_before_ready: started.len(),
-        deleted: settled
-            .iter()
-            .filter(|(_, (_, why))| why == "deleted")
-            .map(|(uid, _)| untolerating[uid].clone())
-            .collect(),
-    };
-    (fates, untaint_rv)
 }
 
 /// The alternative without a taint (strict mode off): the runtime's CNI
@@ -470,9 +174,8 @@ async fn cni_conf_on_tmpfs(c: &Ctx, node: &str) {
     let Ctx { h, client, rec, .. } = c;
     step("strict off, CNI config on tmpfs: a crash reboot, the pods wait on the node");
     let before = place(c, node).await;
-    let before_crash = last_rv(rec);
-    let t_crash = Instant::now();
-    h.cluster(&["crash", node, "--cni-conf-on-tmpfs"]);
+    let crash = crash_to_new_boot(c, node, &["--cni-conf-on-tmpfs"]).await;
+    let (before_crash, t_crash) = (crash.before, crash.at);
     wait_gated(client, node, true, 120).await;
     // The kubelet has synced its pods (a pod status written on this boot)
     // before the agent is made ready.
@@ -537,86 +240,6 @@ async fn cni_conf_on_tmpfs(c: &Ctx, node: &str) {
     );
 }
 
-/// Every kind of workload Ready on `node` (the previous set deleted first),
-/// placed there by cordoning the other nodes while they are scheduled
-/// (nothing pins them).
-async fn place(c: &Ctx, node: &str) -> Placed {
-    let Ctx { h, client, .. } = c;
-    h.kubectl(&format!(
-        "delete deploy,sts,job,ds,pod -l {LABEL} --wait=true --timeout=120s"
-    ));
-    let others: Vec<String> = node_names(client)
-        .await
-        .into_iter()
-        .filter(|n| n != node)
-        .collect();
-    h.kubectl(&format!("cordon {}", others.join(" ")));
-    h.kubectl(&format!("apply -f - <<'EOF'\n{}EOF", workloads(node)));
-    let on_node = wait("every strict workload Ready on the node", 180, async || {
-        let pods: Vec<Pod> = live_pods(client)
-            .await
-            .into_iter()
-            .filter(|p| is_strict_workload(p) && node_of(p) == Some(node))
-            .filter(|p| p.metadata.deletion_timestamp.is_none())
-            .collect();
-        // Deployment 2, StatefulSet 1, Job 1, two DaemonSets, the bare pod.
-        (pods.len() == 7 && pods.iter().all(pod_ready)).then_some(pods)
-    })
-    .await;
-    h.kubectl(&format!("uncordon {}", others.join(" ")));
-    on_node
-        .iter()
-        .map(|p| {
-            (
-                p.metadata.uid.clone().unwrap(),
-                (name_of(p).to_string(), starts(p)),
-            )
-        })
-        .collect()
-}
-
-/// The pods `place` put on the node: uid → (name, their containers' starts).
-type Placed = BTreeMap<String, (String, (Option<Timestamp>, i32))>;
-
-/// Placed pods whose containers (re)started in a version after `since`;
-/// the tolerating DaemonSet's pod counts only with `tolerating`.
-fn started_again(
-    rec: &Recorder,
-    since: u64,
-    placed: &Placed,
-    tolerating: bool,
-) -> BTreeSet<String> {
-    rec.pods()
-        .into_iter()
-        .filter(|s| s.rv > since)
-        .filter_map(|s| {
-            let (name, was) = placed.get(s.obj.metadata.uid.as_deref()?)?;
-            let (at, restarts) = starts(&s.obj);
-            let again = restarts > was.1 || (at.is_some() && at > was.0);
-            (again && (tolerating || !name.starts_with(TOLERATING))).then(|| name.clone())
-        })
-        .collect()
-}
-
-/// Waits until `count` pods named `prefix…` are Ready on nodes other than
-/// `node` (a controller's replacements of the pods `node` refused).
-async fn ready_elsewhere(client: &kube::Client, prefix: &str, node: &str, count: usize) {
-    wait(
-        &format!("{count} {prefix}* Ready off {node}"),
-        180,
-        async || {
-            let ready = live_pods(client)
-                .await
-                .iter()
-                .filter(|p| name_of(p).starts_with(prefix) && node_of(p) != Some(node))
-                .filter(|p| p.metadata.deletion_timestamp.is_none() && pod_ready(p))
-                .count();
-            (ready >= count).then_some(())
-        },
-    )
-    .await;
-}
-
 /// A rollout of the agent DaemonSet on every node: each old agent's
 /// shutdown re-taint adds the ordinary taint only.
 async fn agent_rollout(c: &Ctx) {
@@ -635,7 +258,7 @@ async fn agent_rollout(c: &Ctx) {
         (pods.len() >= 7 && pods.iter().all(pod_ready)).then_some(())
     })
     .await;
-    let before = last_rv(rec);
+    let before = rec.last_rv();
     let t0 = Instant::now();
     h.kubectl(&format!("-n {NS} rollout restart daemonset/nodegate-agent"));
     h.kubectl(&format!(
@@ -657,7 +280,7 @@ async fn agent_rollout(c: &Ctx) {
 async fn kubelet_restart_on_same_boot(c: &Ctx, node: &str) {
     let Ctx { h, client, rec, .. } = c;
     step("strict: a kubelet restart on the same boot evicts nothing");
-    let before = last_rv(rec);
+    let before = rec.last_rv();
     let restarts_before = restart_counts(client, node).await;
     h.cluster(&["kubelet-restart", node]);
     lease_renewals(h, node, 2).await;
@@ -681,9 +304,8 @@ async fn webhook_unreachable(c: &Ctx, node: &str) {
         "-n {NS} scale statefulset nodegate-webhook --replicas=0"
     ));
     wait_no_pod(client, "nodegate-webhook-").await;
-    let before_crash = last_rv(rec);
-    let t_crash = Instant::now();
-    h.cluster(&["crash", node]);
+    let crash = crash_to_new_boot(c, node, &[]).await;
+    let (before_crash, t_crash) = (crash.before, crash.at);
     let gate = first_version(
         rec,
         node,

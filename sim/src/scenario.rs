@@ -787,7 +787,25 @@ async fn scale_out(
     wait_all_bound(admin, Duration::from_secs(20))
         .await
         .context("after scale-out")?;
+    wait_safety_net(c.truths, Duration::from_secs(20)).await;
     Ok((kubelets, tainted_at_create))
+}
+
+/// Waits until the start-up safety net of every agent whose node was
+/// untainted at create has tainted it: without the webhook the pods bind
+/// before it runs, and a reboot that began first would hide it. At the
+/// deadline the wave starts anyway and the report shows the count.
+async fn wait_safety_net(truths: &Truths, deadline: Duration) {
+    let end = Instant::now() + deadline;
+    while Instant::now() < end {
+        let waiting = lock(truths)
+            .values()
+            .any(|t| t.untainted_at_create && !t.safety_net_seen);
+        if !waiting {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// Reboot wave, with new work arriving meanwhile: the first nodes by name

@@ -19,10 +19,14 @@ use support::install::{
 };
 use support::{check, failed, line};
 
+fn default_taint() -> TaintSpec {
+    DEFAULT_TAINT.parse().unwrap()
+}
+
 /// Strict mode's boot gate, as the component sets it: nodegate's default
 /// taint with effect NoExecute.
 fn gate() -> String {
-    let t: TaintSpec = DEFAULT_TAINT.parse().unwrap();
+    let t = default_taint();
     TaintSpec::new(t.key(), t.value(), Effect::NoExecute)
         .unwrap()
         .to_string()
@@ -258,11 +262,7 @@ fn retaint(emu: &Emulator, res: &ResourceDef, name: &str, taint: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reports_the_cilium_operator() {
     const CHECK: &str = "cilium operator";
-    let own_key = DEFAULT_TAINT
-        .parse::<TaintSpec>()
-        .unwrap()
-        .key()
-        .to_string();
+    let own_key = default_taint().key().to_string();
     let (emu, _webhook, home) = installed(None).await;
     let kubeconfig = home.path().join("kubeconfig");
     // Another kube-system pod: not Cilium's.
@@ -342,11 +342,7 @@ fn cluster_autoscaler(args: &[&str]) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reports_the_autoscalers() {
     const CA: &str = "cluster autoscaler";
-    let key = DEFAULT_TAINT
-        .parse::<TaintSpec>()
-        .unwrap()
-        .key()
-        .to_string();
+    let key = default_taint().key().to_string();
     let (emu, _webhook, home) = installed(None).await;
     let kubeconfig = home.path().join("kubeconfig");
     let (code, out) = check(&kubeconfig, &[]);

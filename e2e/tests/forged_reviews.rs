@@ -25,6 +25,10 @@ use nodegate_shared::TaintSpec;
 use nodegate_shared::keys::DEFAULT_TAINT;
 use serde_json::{Value, json};
 
+mod support;
+
+use support::registration::registered_and_ready;
+
 const BOOT_GATE: &str = "nodegate.dev/agent-not-ready=true:NoExecute";
 const UNAUTHENTICATED: &str = "nodegate_webhook_unauthenticated_side_effects_total";
 const REREGISTRATIONS: &str = "nodegate_webhook_reregistration_patches_total";
@@ -243,14 +247,7 @@ async fn in_strict_mode_forged_reviews_evict_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forged_create_through_the_service_proxy_regates_nothing() {
     let c = Cluster::start().await.unwrap();
-    let name = c.node_name("proxied");
-    let kubelet = c.kubelet(&name).await.unwrap();
-    kubelet.register().await.unwrap();
-    let agent = c.agent_client(&name).await.unwrap();
-    StandInAgent::default()
-        .mark_ready(&agent, &name)
-        .await
-        .unwrap();
+    let (name, _kubelet, _agent) = registered_and_ready(&c, "proxied").await;
     let admin = c.client(users::ADMIN).await.unwrap();
     let api: Api<Node> = Api::all(admin.clone());
     let stored = serde_json::to_value(api.get(&name).await.unwrap()).unwrap();

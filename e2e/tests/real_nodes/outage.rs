@@ -142,11 +142,10 @@ pub(crate) async fn webhook_host_down(c: &Ctx) {
     );
     tokio::time::sleep_until((t0 + Duration::from_secs(60)).into()).await;
     // Boots it: a new boot ID, reachable again.
-    let crash = crash_from_boot(c, &host, old_boot.clone(), &[]).await;
-    let (before, first) = (crash.before, crash.first);
+    let crash = crash_from_boot(c, &host, old_boot, &[]).await;
     figure(
         "webhook_host_down_first_new_boot_version_gated",
-        gated(&first.obj),
+        gated(&crash.first.obj),
     );
     // Back after the grace period, the kubelet's fast status update
     // (`fastNodeStatusUpdate`, pkg/kubelet/kubelet_node_status.go: the stored
@@ -155,9 +154,9 @@ pub(crate) async fn webhook_host_down(c: &Ctx) {
     // carries the node lifecycle controller's unreachable/not-ready taint, and
     // the webhook's `Rule::StatusShowsReboot` must put the gate on before that taint goes.
     let gate_at = wait_gated(client, &host, true, 120).await;
-    let new_boot: Vec<Seen<Node>> = versions_after(rec, &host, before)
+    let new_boot: Vec<Seen<Node>> = versions_after(rec, &host, crash.before)
         .into_iter()
-        .filter(|s| boot_id(&s.obj).is_some_and(|b| b != old_boot) && s.at <= gate_at)
+        .filter(|s| boot_id(&s.obj).is_some_and(|b| b != crash.old_boot) && s.at <= gate_at)
         .collect();
     let open: Vec<u64> = new_boot
         .iter()

@@ -28,6 +28,7 @@ pub(crate) fn is_strict_workload(p: &Pod) -> bool {
         .is_some_and(|l| l.get("nodegate-e2e").map(String::as_str) == Some("strict"))
 }
 
+/// The latest start of a container of `p` and its restarts: a later start
 /// or more restarts is a container (re)started by the kubelet.
 pub(crate) fn starts(p: &Pod) -> (Option<Timestamp>, i32) {
     let cs = p
@@ -130,6 +131,9 @@ pub(crate) struct Fates {
     pub(crate) deleted: Vec<String>,
 }
 
+/// Puts every kind of workload on `node` (the other nodes cordoned while
+/// they are placed, as nothing pins them), crashes it with its network
+/// agent not ready on the new boot, follows each pod until the agent is
 /// ready, and prints what happened to each kind as `<label>_*` figures.
 pub(crate) async fn place_and_crash(c: &Ctx, node: &str, label: &str) -> (Fates, u64) {
     step(&format!(
@@ -189,6 +193,9 @@ pub(crate) async fn place_and_crash(c: &Ctx, node: &str, label: &str) -> (Fates,
     (fates, untaint_rv)
 }
 
+/// Waits until every untolerating pod `placed` on `node` was refused by the
+/// kubelet or deleted in a version after `since`, prints how many of each as
+/// `<label>_*` figures, and asserts that the node still carried strict mode's
 /// boot gate then.
 pub(crate) async fn refused_or_evicted(
     c: &Ctx,
@@ -239,7 +246,8 @@ pub(crate) async fn refused_or_evicted(
     settled
 }
 
-/// or deleted.
+/// What a pod's version says became of it: refused by the kubelet (Failed,
+/// with its reason and message) or deleted.
 pub(crate) fn fate(s: &Seen<Pod>) -> Option<String> {
     let status = s.obj.status.as_ref();
     if phase(&s.obj) == "Failed" {
@@ -255,6 +263,9 @@ pub(crate) fn fate(s: &Seen<Pod>) -> Option<String> {
     }
 }
 
+/// Waits until the DaemonSet pod that tolerates every taint runs again on
+/// `node` (Ready, its containers started anew), prints when as a figure and
+/// asserts that the boot gate is still on: a tolerating pod runs before
 /// its agent is ready.
 pub(crate) async fn tolerating_runs_again(
     c: &Ctx,
@@ -287,7 +298,9 @@ pub(crate) async fn tolerating_runs_again(
     assert!(boot_gated(&live_node(&c.client, node).await.unwrap()));
 }
 
-/// `node` is gated, and nothing untolerating runs on it.
+/// Waits until the controllers' replacements of the refused pods are Ready
+/// on other nodes, printing when as figures, while `node` is gated; then
+/// asserts that nothing untolerating runs on it.
 pub(crate) async fn replaced_while_gated(c: &Ctx, node: &str, label: &str, crash: &Crash) {
     for (prefix, count, what) in [
         ("strict-deploy-", 2, "deployment"),
@@ -329,6 +342,8 @@ pub(crate) async fn replaced_while_gated(c: &Ctx, node: &str, label: &str, crash
     );
 }
 
+/// Every kind of workload Ready on `node` (the previous set deleted first),
+/// placed there by cordoning the other nodes while they are scheduled
 /// (nothing pins them).
 pub(crate) async fn place(c: &Ctx, node: &str) -> Placed {
     let Ctx { h, client, .. } = c;
@@ -368,6 +383,7 @@ pub(crate) async fn place(c: &Ctx, node: &str) -> Placed {
 /// The pods `place` put on the node: uid → (name, their containers' starts).
 pub(crate) type Placed = BTreeMap<String, (String, (Option<Timestamp>, i32))>;
 
+/// Placed pods whose containers (re)started in a version after `since`;
 /// the tolerating DaemonSet's pod counts only with `tolerating`.
 pub(crate) fn started_again(
     rec: &Recorder,
@@ -387,6 +403,7 @@ pub(crate) fn started_again(
         .collect()
 }
 
+/// Waits until `count` pods named `prefix…` are Ready on nodes other than
 /// `node` (a controller's replacements of the pods `node` refused).
 pub(crate) async fn ready_elsewhere(client: &kube::Client, prefix: &str, node: &str, count: usize) {
     wait(

@@ -182,11 +182,8 @@ mod tests {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 
+    use super::test_request as request;
     use super::*;
-
-    fn request() -> ServingRequest {
-        test_request()
-    }
 
     fn verifier(ca_pem: &str) -> Arc<WebPkiServerVerifier> {
         let mut roots = rustls::RootCertStore::empty();

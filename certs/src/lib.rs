@@ -5,11 +5,11 @@
 //! fallback), so the leaf carries every service DNS form as a SAN and the CA
 //! PEM goes into `clientConfig.caBundle` of the MutatingWebhookConfiguration.
 
-pub mod ca;
-pub mod error;
-pub mod files;
+mod ca;
+mod error;
+mod files;
 pub mod trust;
-pub mod webhook_config;
+mod webhook_config;
 
 pub use ca::{Ca, ServingCert, ServingRequest};
 pub use error::CertError;

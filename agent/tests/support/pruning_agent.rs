@@ -22,11 +22,11 @@ use super::wait::eventually;
 /// The temp dir of a pruning agent (also its publishers' home), the hook's
 /// records in `hooks` and the agent's `state` dir.
 pub struct Pruning {
-    pub dir: TempDir,
+    dir: TempDir,
     pub hooks: PathBuf,
     pub state: PathBuf,
     /// The recording hook (`pruning::hook`) for `--on-node-delete`.
-    pub hook_cmd: String,
+    hook_cmd: String,
 }
 
 impl Pruning {

@@ -354,8 +354,7 @@ fn starts_a_name(before: &str) -> bool {
 
 /// Whether `after` a type name a struct literal's fields open.
 fn opens_a_literal(after: &str) -> bool {
-    // A string, not a char: brace counters that skip strings stay balanced.
-    after.trim_start().starts_with("{")
+    after.trim_start().starts_with('{')
 }
 
 /// Evaluates a policy expression to JSON. `patch_types`: the `JSONPatch` and

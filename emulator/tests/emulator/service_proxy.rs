@@ -3,7 +3,6 @@
 //! endpoints (503 without one), and the request is forwarded over TLS whose
 //! certificate nobody verifies.
 
-use http_body_util::BodyExt;
 use nodegate_emulator::fake_webhook::{FakeReply, FakeWebhook};
 use nodegate_emulator::{Emulator, EmulatorOptions};
 use serde_json::{Value, json};
@@ -27,25 +26,17 @@ fn rbac() -> Vec<String> {
 
 /// POSTs `body` to `path` as `user`: status and JSON answer.
 async fn post(emu: &Emulator, user: &str, path: &str, body: &Value) -> (u16, Value) {
-    let kc = kube::config::Kubeconfig::from_yaml(&emu.kubeconfig_yaml(user)).unwrap();
-    let mut cfg =
-        kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
-            .await
-            .unwrap();
-    // kube retries a 503 with backoff for minutes; the 503 is the answer here.
-    cfg.default_retry = false;
-    let client = kube::Client::try_from(cfg).unwrap();
-    let req = http::Request::post(path)
-        .header(http::header::CONTENT_TYPE, "application/json")
-        .body(kube::client::Body::from(serde_json::to_vec(body).unwrap()))
+    let r = emu
+        .raw(
+            Some(user),
+            "POST",
+            path,
+            "application/json",
+            serde_json::to_vec(body).unwrap(),
+        )
+        .await
         .unwrap();
-    let resp = client.send(req).await.unwrap();
-    let status = resp.status().as_u16();
-    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-    (
-        status,
-        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-    )
+    (r.status, r.json().unwrap_or(Value::Null))
 }
 
 /// Refused without `create` on `services/proxy`, 503 while the Service

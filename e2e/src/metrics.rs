@@ -172,4 +172,28 @@ mod tests {
         assert!((quantile(&b, 0.5) - 0.1).abs() < 1e-9);
         assert!((quantile(&b, 0.75) - 0.15).abs() < 1e-9);
     }
+
+    /// The API server's counters carry empty labels (`subresource=""` for a
+    /// main-resource write): matching one must not match a non-empty value.
+    #[test]
+    fn sum_matches_empty_label_values_exactly() {
+        let s = parse(concat!(
+            "# HELP apiserver_request_total x\n",
+            "apiserver_request_total{code=\"422\",resource=\"nodes\",subresource=\"\",verb=\"PATCH\"} 3\n",
+            "apiserver_request_total{code=\"422\",resource=\"nodes\",subresource=\"status\",verb=\"PATCH\"} 5\n",
+            "apiserver_request_total{code=\"200\",resource=\"nodes\",subresource=\"\",verb=\"PATCH\"} 7\n",
+            "apiserver_request_total{code=\"422\",resource=\"pods\",verb=\"PATCH\",subresource=\"\"} 11\n",
+        ));
+        let want = [
+            ("resource", "nodes"),
+            ("verb", "PATCH"),
+            ("code", "422"),
+            ("subresource", ""),
+        ];
+        assert_eq!(s.sum("apiserver_request_total", &want), 3.0);
+        assert_eq!(
+            s.sum("apiserver_request_total", &[("subresource", "")]),
+            21.0
+        );
+    }
 }

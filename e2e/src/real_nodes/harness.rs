@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
+use crate::metrics::parse;
 use crate::readme::{repo_dir, shell, stdout_if_ok, user_dir};
 
 use super::lines::Lines;
@@ -59,6 +60,21 @@ impl Harness {
         kubeconfig_config(&self.kubeconfig).await
     }
 
+    /// A kubeconfig at `path` for this cluster that authenticates with
+    /// `token` alone, as whoever holds a ServiceAccount's token uses it.
+    pub fn token_kubeconfig(&self, path: &Path, token: &str) -> PathBuf {
+        let server = self.kubectl("config view --minify -o jsonpath={.clusters[0].cluster.server}");
+        std::fs::write(
+            path,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters: [{{name: c, cluster: {{server: \"{server}\", certificate-authority: \"{}\"}}}}]\nusers: [{{name: u, user: {{token: \"{token}\"}}}}]\ncontexts: [{{name: c, context: {{cluster: c, user: u}}}}]\ncurrent-context: c\n",
+                self.state.join("pki/ca.crt").display()
+            ),
+        )
+        .expect("write a token kubeconfig");
+        path.to_path_buf()
+    }
+
     pub async fn client(&self) -> kube::Client {
         kubeconfig_client(&self.kubeconfig).await
     }
@@ -72,17 +88,15 @@ impl Harness {
     /// `test` failed, or a validation), any writer: the API server's own
     /// request counter has no user.
     pub fn node_patches_refused(&self) -> u64 {
-        let text = self.kubectl("get --raw /metrics");
-        text.lines()
-            .filter(|l| l.starts_with("apiserver_request_total{"))
-            .filter(|l| {
-                l.contains("resource=\"nodes\"")
-                    && l.contains("verb=\"PATCH\"")
-                    && l.contains("code=\"422\"")
-                    && l.contains("subresource=\"\"")
-            })
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum::<f64>() as u64
+        parse(&self.kubectl("get --raw /metrics")).sum(
+            "apiserver_request_total",
+            &[
+                ("resource", "nodes"),
+                ("verb", "PATCH"),
+                ("code", "422"),
+                ("subresource", ""),
+            ],
+        ) as u64
     }
 
     /// Fail-open calls, every line.

@@ -3,29 +3,25 @@
 
 use std::collections::BTreeMap;
 
+use crate::metrics::{Scrape, parse};
+
 /// The first line of nodegate's admission (each backup line is
 /// `replica-<i>.` this).
 pub const WEBHOOK: &str = "nodes.nodegate.dev";
 
 /// `metric`'s samples summed per webhook name, for nodegate's lines only
 /// (`nodes.nodegate.dev` and each `replica-<i>.nodes.nodegate.dev`).
-pub fn by_line(text: &str, metric: &str) -> BTreeMap<String, u64> {
+fn by_line(scrape: &Scrape, metric: &str) -> BTreeMap<String, u64> {
     let mut out = BTreeMap::new();
-    for l in text.lines().filter(|l| l.starts_with(metric)) {
-        let Some(name) = l
-            .split("name=\"")
-            .nth(1)
-            .and_then(|r| r.split('"').next())
+    for s in scrape.0.iter().filter(|s| s.name == metric) {
+        let Some(name) = s
+            .labels
+            .get("name")
             .filter(|n| *n == WEBHOOK || n.ends_with(&format!(".{WEBHOOK}")))
         else {
             continue;
         };
-        let v = l
-            .rsplit(' ')
-            .next()
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(0.0);
-        *out.entry(name.to_string()).or_default() += v as u64;
+        *out.entry(name.clone()).or_default() += s.value as u64;
     }
     out
 }
@@ -39,9 +35,10 @@ pub struct Lines {
 
 impl Lines {
     pub fn from_metrics(text: &str) -> Lines {
+        let scrape = parse(text);
         Lines {
-            fail_open: by_line(text, "apiserver_admission_webhook_fail_open_count"),
-            calls: by_line(text, "apiserver_admission_webhook_request_total"),
+            fail_open: by_line(&scrape, "apiserver_admission_webhook_fail_open_count"),
+            calls: by_line(&scrape, "apiserver_admission_webhook_request_total"),
         }
     }
 

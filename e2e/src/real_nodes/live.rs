@@ -215,15 +215,5 @@ pub async fn stolen_agent_client(h: &Harness, agent: &Pod) -> kube::Client {
     ));
     let token = token.trim();
     assert!(token.starts_with("ey"), "not a JWT: {token:.20}");
-    let kc = h.work.path().join("stolen.kubeconfig");
-    let server = h.kubectl("config view --minify -o jsonpath={.clusters[0].cluster.server}");
-    std::fs::write(
-        &kc,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters: [{{name: c, cluster: {{server: \"{server}\", certificate-authority: \"{}\"}}}}]\nusers: [{{name: u, user: {{token: \"{token}\"}}}}]\ncontexts: [{{name: c, context: {{cluster: c, user: u}}}}]\ncurrent-context: c\n",
-            h.state.join("pki/ca.crt").display()
-        ),
-    )
-    .expect("write the thief's kubeconfig");
-    kubeconfig_client(&kc).await
+    kubeconfig_client(&h.token_kubeconfig(&h.work.path().join("stolen.kubeconfig"), token)).await
 }

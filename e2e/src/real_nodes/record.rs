@@ -12,7 +12,7 @@ pub use crate::observe::Seen;
 use crate::observe::{Observer, Watches};
 
 use super::harness::wait;
-use super::objects::{NS, gated, name_of, node_of, ns_of};
+use super::objects::{NS, gated, name_of, node_of, ns_of, uid_of};
 
 /// Every version of every Node and Pod since the start.
 pub type Recorder = Observer<Node, Pod>;
@@ -70,7 +70,7 @@ pub fn bound_between(
             && s.rv < to
             && node_of(&s.obj) == Some(node)
             && ns_of(&s.obj) != NS
-            && !bound_before.contains(&s.obj.metadata.uid.clone().unwrap_or_default())
+            && !bound_before.contains(uid_of(&s.obj))
         {
             out.insert(name_of(&s.obj).to_string());
         }

@@ -65,12 +65,6 @@ impl Crash {
 /// boot.
 pub async fn crash_to_new_boot(c: &Ctx, node: &str, extra: &[&str]) -> Crash {
     let old_boot = current_boot(&c.client, node).await;
-    crash_from_boot(c, node, old_boot, extra).await
-}
-
-/// As [`crash_to_new_boot`], for a node already down (its boot read
-/// before it went).
-pub async fn crash_from_boot(c: &Ctx, node: &str, old_boot: String, extra: &[&str]) -> Crash {
     let before = c.rec.last_rv();
     let at = Instant::now();
     let mut args = vec!["crash", node];

@@ -12,7 +12,8 @@
 //! - [`kubelet`]: one simulated kubelet; [`fleet`]: all of them, their pods
 //!   and their agents;
 //! - [`observe`]: the Node and Pod watches the goals are checked on;
-//! - [`metrics`]: Prometheus text, quantiles, RSS and CPU;
+//! - [`crate::metrics`] (shared with the real-node suite): Prometheus text,
+//!   quantiles, RSS and CPU;
 //! - [`scenarios`]: storm, steady state, reboot wave, rollout, pruning.
 
 pub mod control_plane;
@@ -20,7 +21,6 @@ pub mod control_plane_args;
 pub mod fleet;
 pub mod install;
 pub mod kubelet;
-pub mod metrics;
 pub mod observe;
 pub mod pki;
 pub mod scenarios;
@@ -29,6 +29,8 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
+
+use crate::metrics;
 
 pub use control_plane::missing_binaries;
 pub use scenarios::Report;

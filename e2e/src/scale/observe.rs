@@ -8,8 +8,7 @@
 use k8s_openapi::api::core::v1::{Node, Pod};
 
 use crate::observe::{Observer, Projection, Seen, Watches};
-
-pub const GATE_KEY: &str = "nodegate.dev/agent-not-ready";
+use crate::real_nodes::objects::{GATE, boot_id, gated};
 
 /// What the scale harness keeps of a Node version.
 #[derive(Debug, Clone)]
@@ -21,13 +20,8 @@ pub struct NodeState {
 impl Projection<Node> for NodeState {
     fn project(node: &Node) -> Option<Self> {
         Some(NodeState {
-            gated: is_gated(node),
-            boot_id: node
-                .status
-                .as_ref()
-                .and_then(|s| s.node_info.as_ref())
-                .map(|i| i.boot_id.clone())
-                .unwrap_or_default(),
+            gated: gated(node),
+            boot_id: boot_id(node).unwrap_or_default(),
         })
     }
 }
@@ -70,16 +64,6 @@ pub fn seen(v: &NodeVersion) -> tokio::time::Instant {
     tokio::time::Instant::from_std(v.at)
 }
 
-pub fn is_gated(node: &Node) -> bool {
-    node.spec
-        .as_ref()
-        .and_then(|s| s.taints.as_ref())
-        .is_some_and(|ts| {
-            ts.iter()
-                .any(|t| t.key == GATE_KEY && t.effect == "NoSchedule")
-        })
-}
-
 /// Was `node` gated at revision `at` (its latest version at or before it)?
 pub fn gated_at(versions: &[NodeVersion], at: u64) -> bool {
     versions
@@ -98,11 +82,7 @@ pub fn tolerates_gate(pod: &Pod) -> bool {
             let key = t.key.as_deref().unwrap_or("");
             let exists = t.operator.as_deref() == Some("Exists");
             let effect = t.effect.as_deref().unwrap_or("");
-            let key_ok = if key.is_empty() {
-                exists
-            } else {
-                key == GATE_KEY
-            };
+            let key_ok = if key.is_empty() { exists } else { key == GATE };
             let value_ok = exists || t.value.as_deref() == Some("true");
             key_ok && value_ok && (effect.is_empty() || effect == "NoSchedule")
         })
@@ -151,19 +131,16 @@ mod tests {
         let cases = [
             (serde_json::json!([{"operator": "Exists"}]), true),
             (
-                serde_json::json!([{"key": GATE_KEY, "operator": "Exists"}]),
+                serde_json::json!([{"key": GATE, "operator": "Exists"}]),
                 true,
             ),
             (
-                serde_json::json!([{"key": GATE_KEY, "value": "true", "effect": "NoSchedule"}]),
+                serde_json::json!([{"key": GATE, "value": "true", "effect": "NoSchedule"}]),
                 true,
             ),
+            (serde_json::json!([{"key": GATE, "value": "false"}]), false),
             (
-                serde_json::json!([{"key": GATE_KEY, "value": "false"}]),
-                false,
-            ),
-            (
-                serde_json::json!([{"key": GATE_KEY, "operator": "Exists", "effect": "NoExecute"}]),
+                serde_json::json!([{"key": GATE, "operator": "Exists", "effect": "NoExecute"}]),
                 false,
             ),
             (

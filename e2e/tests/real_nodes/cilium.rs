@@ -20,7 +20,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use nodegate_e2e::real_nodes::harness::{Harness, figure, step, wait};
 use nodegate_e2e::real_nodes::live::{agent_pod, live_node, live_pods, node_names, workload};
 use nodegate_e2e::real_nodes::objects::{
-    NS, boot_gated, boot_id, gated, name_of, node_of, ns_of, pod_ready, taints,
+    NS, boot_gated, boot_id, gated, name_of, node_of, ns_of, pod_ready, taints, uid_of,
 };
 use nodegate_e2e::real_nodes::record::{
     Recorder, Seen, first_version, uids_bound_to, versions_after,
@@ -158,7 +158,7 @@ fn assert_gated_until_ready(
         .into_iter()
         .filter(|s| s.rv > first_gated && s.rv < ready_rv)
         .filter(|s| node_of(&s.obj) == Some(node) && !owned_by_daemonset(&s.obj))
-        .filter(|s| !bound_before.contains(s.obj.metadata.uid.as_deref().unwrap_or_default()))
+        .filter(|s| !bound_before.contains(uid_of(&s.obj)))
         .map(|s| name_of(&s.obj).to_string())
         .collect();
     assert!(
@@ -503,7 +503,7 @@ async fn cilium_rollout(c: &Ctx) {
                         cs.iter()
                             .all(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()))
                     });
-                let fresh = !old.contains(p.metadata.uid.as_deref().unwrap_or_default());
+                let fresh = !old.contains(uid_of(&p));
                 if let Some(n) = node_of(&p).filter(|_| is_cilium(&p) && fresh && running)
                     && up.insert(n.to_string())
                 {

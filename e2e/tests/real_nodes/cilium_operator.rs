@@ -30,17 +30,7 @@ impl Operator {
         let token = h.kubectl(&format!(
             "-n {CILIUM_NS} create token cilium-operator --duration=4h"
         ));
-        let server = h.kubectl("config view --minify -o jsonpath={.clusters[0].cluster.server}");
-        let kc = h.state.join("cilium-operator.kubeconfig");
-        std::fs::write(
-            &kc,
-            format!(
-                "apiVersion: v1\nkind: Config\nclusters: [{{name: c, cluster: {{server: \"{server}\", certificate-authority: \"{}\"}}}}]\nusers: [{{name: u, user: {{token: \"{}\"}}}}]\ncontexts: [{{name: c, context: {{cluster: c, user: u}}}}]\ncurrent-context: c\n",
-                h.state.join("pki/ca.crt").display(),
-                token.trim()
-            ),
-        )
-        .unwrap();
+        let kc = h.token_kubeconfig(&h.state.join("cilium-operator.kubeconfig"), token.trim());
         let log = std::fs::File::create(h.state.join("log/cilium-operator.log")).unwrap();
         let child = Command::new(repo_dir().join("target/debug/cilium-operator-standin"))
             .arg("--kubeconfig")

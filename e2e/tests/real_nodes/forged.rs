@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 
 use nodegate_e2e::forged_review::{PATHS, review};
-use nodegate_e2e::scale::metrics::parse;
+use nodegate_e2e::metrics::parse;
 use serde_json::Value;
 
 use nodegate_e2e::real_nodes::harness::{Harness, figure, ok, step, wait};

@@ -4,7 +4,7 @@
 
 use nodegate_e2e::readme::install_commands;
 use nodegate_e2e::real_nodes::harness::{Harness, figure, ok, step};
-use nodegate_e2e::real_nodes::lines::{Lines, WEBHOOK};
+use nodegate_e2e::real_nodes::lines::Lines;
 use nodegate_e2e::real_nodes::live::{all_nodegate_ready, wait_gated};
 
 /// The README's install, verbatim, on nodes whose network agent runs.
@@ -35,7 +35,7 @@ pub(crate) async fn install(h: &Harness, client: &kube::Client, nodes0: &[String
     // Steady state: every Node write of the install went to the first line.
     figure(
         "first_line_calls_during_install",
-        lines.calls.get(WEBHOOK).copied().unwrap_or(0),
+        Lines::first_line(&lines.calls),
     );
     let backup_calls = Lines::backups(&lines.calls).sum::<u64>();
     figure("backup_calls_during_install", backup_calls);

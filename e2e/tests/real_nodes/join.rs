@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, Patch, PatchParams};
 use nodegate_e2e::real_nodes::harness::{Harness, figure, step, wait};
-use nodegate_e2e::real_nodes::lines::WEBHOOK;
+use nodegate_e2e::real_nodes::lines::Lines;
 use nodegate_e2e::real_nodes::live::{
     agent_pod, live_node, live_pods, stolen_agent_client, workload,
 };
@@ -83,12 +83,7 @@ pub(crate) async fn join(c: &Ctx) {
     );
     figure(
         "join_ready_first_line_calls",
-        h.lines()
-            .since(&lines)
-            .calls
-            .get(WEBHOOK)
-            .copied()
-            .unwrap_or(0),
+        Lines::first_line(&h.lines().since(&lines).calls),
     );
     let stored = live_node(client, "node3").await.unwrap();
     println!("node3's taints once ready: {:?}", taints(&stored));

@@ -8,12 +8,13 @@ use k8s_openapi::api::core::v1::Node;
 use nodegate_e2e::real_nodes::admission::Window;
 use nodegate_e2e::real_nodes::harness::{figure, step, wait};
 use nodegate_e2e::real_nodes::live::{
-    all_nodegate_ready, connected_replica_host, current_boot, live_node, live_pods, node_names,
-    wait_gated,
+    all_nodegate_ready, connected_replica_host, live_node, live_pods, node_names, wait_gated,
 };
-use nodegate_e2e::real_nodes::objects::{NS, boot_id, gated, held_by_node_lifecycle, name_of};
+use nodegate_e2e::real_nodes::objects::{
+    NS, boot_id, gated, held_by_node_lifecycle, name_of, phase,
+};
 use nodegate_e2e::real_nodes::record::{Seen, versions_after};
-use nodegate_e2e::real_nodes::scenario::{Ctx, crash_from_boot, crash_to_new_boot};
+use nodegate_e2e::real_nodes::scenario::{Ctx, crash_to_new_boot};
 
 /// The webhook's Pods deleted and every node cordoned.
 pub(crate) async fn webhook_drained(c: &Ctx) {
@@ -27,10 +28,10 @@ pub(crate) async fn webhook_drained(c: &Ctx) {
         "-n {NS} delete pod -l app.kubernetes.io/name=nodegate-webhook --wait=false"
     ));
     wait("no webhook Pod running", 120, async || {
-        (!live_pods(client).await.iter().any(|p| {
-            name_of(p).starts_with("nodegate-webhook-")
-                && p.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Pending")
-        }))
+        (!live_pods(client)
+            .await
+            .iter()
+            .any(|p| name_of(p).starts_with("nodegate-webhook-") && phase(p) != "Pending"))
         .then_some(())
     })
     .await;
@@ -118,7 +119,6 @@ pub(crate) async fn webhook_host_down(c: &Ctx) {
     } = c;
     step("a webhook replica's node down for 60 s, unreachable: no Node left ungated");
     let host = connected_replica_host(h, client).await;
-    let old_boot = current_boot(client, &host).await;
     let window = Window::open(h, prober);
     let t0 = Instant::now();
     // Unreachable first: the killed processes' FINs never arrive, as when
@@ -141,8 +141,9 @@ pub(crate) async fn webhook_host_down(c: &Ctx) {
         not_ready.as_millis(),
     );
     tokio::time::sleep_until((t0 + Duration::from_secs(60)).into()).await;
-    // Boots it: a new boot ID, reachable again.
-    let crash = crash_from_boot(c, &host, old_boot, &[]).await;
+    // Boots it: a new boot ID, reachable again. (Down, it wrote nothing: the
+    // stored Node still names the old boot.)
+    let crash = crash_to_new_boot(c, &host, &[]).await;
     figure(
         "webhook_host_down_first_new_boot_version_gated",
         gated(&crash.first.obj),

@@ -17,7 +17,7 @@ use nodegate_e2e::real_nodes::live::{
     restart_counts, stolen_agent_client, wait_gated, wait_no_pod,
 };
 use nodegate_e2e::real_nodes::objects::{
-    GATE, NS, boot_gated, name_of, node_of, phase, pod_ready, taints_json,
+    GATE, NS, boot_gated, name_of, node_of, phase, pod_ready, taints_json, uid_of,
 };
 use nodegate_e2e::real_nodes::record::{Recorder, Seen, first_version, gated_windows};
 use nodegate_e2e::real_nodes::scenario::{Ctx, crash_to_new_boot, ready_and_ungated};
@@ -148,7 +148,7 @@ fn assert_nothing_disrupted(rec: &Recorder, since: u64, what: &str) {
         .pods()
         .into_iter()
         .filter(|s| s.rv > since && is_strict_workload(&s.obj) && ending(s))
-        .filter(|s| !already.contains(s.obj.metadata.uid.as_deref().unwrap_or_default()))
+        .filter(|s| !already.contains(uid_of(&s.obj)))
         .map(|s| name_of(&s.obj).to_string())
         .collect();
     figure(
@@ -186,10 +186,7 @@ async fn cni_conf_on_tmpfs(c: &Ctx, node: &str) {
     let moved: BTreeSet<String> = rec
         .pods()
         .into_iter()
-        .filter(|s| {
-            s.rv > before_crash
-                && before.contains_key(s.obj.metadata.uid.as_deref().unwrap_or_default())
-        })
+        .filter(|s| s.rv > before_crash && before.contains_key(uid_of(&s.obj)))
         .filter(|s| {
             s.deleted || s.obj.metadata.deletion_timestamp.is_some() || phase(&s.obj) == "Failed"
         })

@@ -4,8 +4,8 @@
 use std::collections::BTreeMap;
 
 use super::Report;
+use crate::metrics::{self, Scrape, bucket_delta, quantile};
 use crate::scale::install::http_get;
-use crate::scale::metrics::{self, Scrape, bucket_delta, quantile};
 
 /// Every webhook replica's request-duration buckets, summed.
 pub(super) async fn webhook_buckets(urls: &[String]) -> Vec<(f64, f64)> {

@@ -29,9 +29,9 @@ use serde_json::json;
 use tokio::time::Instant;
 
 use super::fleet::{Fleet, Times};
-use super::metrics;
 use super::observe::{Shared, percentile};
 use super::pki::Pki;
+use crate::metrics;
 
 /// Figures and missed goals of a run.
 #[derive(Debug, Default)]
@@ -110,10 +110,6 @@ fn started_after_ready(
         .iter()
         .filter(|n| matches!((started.get(*n), times.network_ready.get(*n)), (Some(a), Some(rd)) if a > rd))
         .count()
-}
-
-fn max_rv(rec: &Shared) -> u64 {
-    rec.last_rv()
 }
 
 /// Every node in `names` has a version and its latest one is ungated.

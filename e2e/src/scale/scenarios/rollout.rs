@@ -9,7 +9,7 @@ use k8s_openapi::api::apps::v1::DaemonSet;
 use kube::Api;
 use tokio::time::Instant;
 
-use super::{Ctx, P50_P99_MAX, Report, all_ungated, max_rv, ms, ms_quantiles};
+use super::{Ctx, P50_P99_MAX, Report, all_ungated, ms, ms_quantiles};
 use crate::scale::control_plane::wait_ok;
 use crate::scale::install::kubectl;
 use crate::scale::observe::{Record, seen};
@@ -17,7 +17,7 @@ use crate::scale::observe::{Record, seen};
 pub async fn rollout(c: &Ctx<'_>, r: &mut Report, kubeconfig: &Path) -> anyhow::Result<()> {
     println!("\n== agent rollout");
     let names = c.fleet.names();
-    let rv0 = max_rv(&c.rec);
+    let rv0 = c.rec.last_rv();
     let t0 = Instant::now();
     kubectl(
         kubeconfig,

@@ -9,7 +9,7 @@ use k8s_openapi::jiff::Timestamp;
 
 use super::audit::{agent_watch_rate, agent_watches, audit_counts};
 use super::{Ctx, Report, cpu, cpu_figures};
-use crate::scale::metrics::{self, Scrape};
+use crate::metrics::{self, Scrape};
 
 const NODEGATE_FLOW: &str = "nodegate-scale-accounting";
 const KUBELET_FLOWS: [&str; 2] = ["system-nodes", "system-node-high"];

@@ -12,9 +12,9 @@ use super::{
     Ctx, P50_P99, P50_P99_MAX, Report, after_registration, all_ungated, bound_pods, cpu,
     cpu_figures, deployment, ms, ms_quantiles, started_after_ready,
 };
+use crate::metrics::{self, Scrape};
 use crate::scale::control_plane::wait_ok;
 use crate::scale::fleet::{Times, node_name};
-use crate::scale::metrics::{self, Scrape};
 use crate::scale::observe::{self, Record, percentile};
 
 pub async fn storm(c: &Ctx<'_>, r: &mut Report, n: usize, within: Duration) -> anyhow::Result<()> {

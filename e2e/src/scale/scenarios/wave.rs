@@ -9,12 +9,12 @@ use tokio::time::Instant;
 
 use super::latency::write_latency;
 use super::{
-    Ctx, P50_P99, Report, after_registration, bound_pods, deployment, max_rv, ms, ms_quantiles,
+    Ctx, P50_P99, Report, after_registration, bound_pods, deployment, ms, ms_quantiles,
     started_after_ready,
 };
+use crate::metrics;
 use crate::scale::control_plane::wait_ok;
 use crate::scale::fleet::{Times, node_name};
-use crate::scale::metrics;
 use crate::scale::observe::{self, NodeVersion, Record, seen};
 
 pub async fn wave(c: &Ctx<'_>, r: &mut Report, n: usize, every: usize) -> anyhow::Result<()> {
@@ -23,7 +23,7 @@ pub async fn wave(c: &Ctx<'_>, r: &mut Report, n: usize, every: usize) -> anyhow
     println!("\n== reboot wave: {k} nodes");
     let boots = Boots {
         old: old_boots(c, &wave),
-        rv0: max_rv(&c.rec),
+        rv0: c.rec.last_rv(),
     };
     let before = metrics::apiserver(&c.admin).await?;
     let t0 = Instant::now();

@@ -5,7 +5,7 @@
 //! `k8s.io/apimachinery/pkg/fields/selector.go` (`ParseSelector`) and
 //! `k8s.io/apimachinery/pkg/apis/meta/v1/helpers.go` (`LabelSelectorAsSelector`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use serde_json::Value;
 
@@ -56,6 +56,19 @@ fn set_values(rest: &str, full: &str) -> Result<Vec<String>, ApiError> {
         .map(|v| v.trim().to_string())
         .filter(|v| !v.is_empty())
         .collect())
+}
+
+/// The `labelSelector` and `fieldSelector` of a list or watch query (absent
+/// ones select everything).
+pub fn of_query(
+    q: &HashMap<String, String>,
+    res: &ResourceDef,
+) -> Result<(LabelSelector, FieldSelector), ApiError> {
+    let get = |k: &str| q.get(k).map(String::as_str).unwrap_or("");
+    Ok((
+        LabelSelector::parse(get("labelSelector"))?,
+        FieldSelector::parse(get("fieldSelector"), res)?,
+    ))
 }
 
 impl LabelSelector {

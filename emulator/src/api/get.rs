@@ -12,7 +12,7 @@ use http::HeaderMap;
 use serde_json::{Value, json};
 
 use super::scope::*;
-use crate::selectors::{FieldSelector, LabelSelector};
+use crate::selectors;
 use crate::status::ApiError;
 use crate::table;
 
@@ -22,11 +22,7 @@ pub(crate) fn list(
     q: &HashMap<String, String>,
     headers: &HeaderMap,
 ) -> Result<Reply> {
-    let ls = LabelSelector::parse(q.get("labelSelector").map(String::as_str).unwrap_or(""))?;
-    let fs = FieldSelector::parse(
-        q.get("fieldSelector").map(String::as_str).unwrap_or(""),
-        t.res,
-    )?;
+    let (ls, fs) = selectors::of_query(q, t.res)?;
     let ns = (!t.ns.is_empty()).then_some(t.ns.as_str());
     let (items, mut rv) = st.store.list(t.res, ns);
     let start = match q.get("continue").filter(|c| !c.is_empty()) {

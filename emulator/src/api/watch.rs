@@ -20,7 +20,7 @@ use tokio::sync::{broadcast, mpsc, watch};
 use super::scope::*;
 use crate::fanout::Fanout;
 use crate::resources::ResourceDef;
-use crate::selectors::{FieldSelector, LabelSelector};
+use crate::selectors::{self, FieldSelector, LabelSelector};
 use crate::status::ApiError;
 use crate::store::{EventType, StoredEvent, TypeKey, rv_of};
 use crate::table;
@@ -42,14 +42,12 @@ pub(crate) struct WatchFilter {
 
 impl WatchFilter {
     fn of(t: &Target, q: &HashMap<String, String>) -> Result<Self> {
+        let (ls, fs) = selectors::of_query(q, t.res)?;
         Ok(Self {
             key: t.res.key(),
             ns: (!t.ns.is_empty()).then(|| t.ns.clone()),
-            ls: LabelSelector::parse(q.get("labelSelector").map(String::as_str).unwrap_or(""))?,
-            fs: FieldSelector::parse(
-                q.get("fieldSelector").map(String::as_str).unwrap_or(""),
-                t.res,
-            )?,
+            ls,
+            fs,
         })
     }
 

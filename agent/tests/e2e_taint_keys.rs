@@ -246,7 +246,7 @@ async fn switching_key_profiles_leaves_no_node_ungated_and_no_stale_taint() {
     let read = |f: &str| std::fs::read_to_string(repo.join(PROFILE).join(f)).unwrap();
     let webhook = nodegate_e2e::WebhookProcess::start(nodegate_e2e::WebhookOptions {
         taints: vec![NEW.into()],
-        kubeconfig: Some(emu.kubeconfig(users::WEBHOOK).unwrap()),
+        kubeconfig: Some(emu.webhook_kubeconfig().unwrap()),
         ..Default::default()
     })
     .await

@@ -76,7 +76,7 @@ impl Cluster {
         })
         .await?;
         let webhook = WebhookProcess::start(WebhookOptions {
-            kubeconfig: Some(emu.kubeconfig(users::WEBHOOK)?),
+            kubeconfig: Some(emu.webhook_kubeconfig()?),
             path_token: true,
             ..Default::default()
         })
@@ -191,10 +191,7 @@ impl Cluster {
     /// The pod is an object only (no kubelet runs it); on a real cluster it
     /// is deleted when the `Cluster` drops, which also ends the token.
     pub async fn agent_kubeconfig(&self, node: &str) -> anyhow::Result<PathBuf> {
-        use k8s_openapi::api::authentication::v1::{
-            BoundObjectReference, TokenRequest, TokenRequestSpec,
-        };
-        use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+        use k8s_openapi::api::core::v1::Pod;
         use kube::api::{Api, PostParams};
         let admin = self.client(users::ADMIN).await?;
         let name = self.name(&format!("agent-{node}"));
@@ -211,14 +208,38 @@ impl Cluster {
             other => other?,
         };
         self.delete_on_drop("pods", "nodegate", &name);
+        self.pod_token_kubeconfig(
+            "nodegate-agent",
+            &name,
+            pod.metadata.uid.clone(),
+            &format!("kubeconfig-agent-{node}"),
+        )
+        .await
+    }
+
+    /// A kubeconfig holding only a token of ServiceAccount `nodegate/<sa>`
+    /// bound to Pod `nodegate/<pod>` (`uid`), written to `file` in scratch.
+    async fn pod_token_kubeconfig(
+        &self,
+        sa: &str,
+        pod: &str,
+        uid: Option<String>,
+        file: &str,
+    ) -> anyhow::Result<PathBuf> {
+        use k8s_openapi::api::authentication::v1::{
+            BoundObjectReference, TokenRequest, TokenRequestSpec,
+        };
+        use k8s_openapi::api::core::v1::ServiceAccount;
+        use kube::api::{Api, PostParams};
+        let admin = self.client(users::ADMIN).await?;
         let request = TokenRequest {
             spec: TokenRequestSpec {
                 audiences: Vec::new(),
                 bound_object_ref: Some(BoundObjectReference {
                     api_version: Some("v1".into()),
                     kind: Some("Pod".into()),
-                    name: Some(name.clone()),
-                    uid: pod.metadata.uid.clone(),
+                    name: Some(pod.into()),
+                    uid,
                 }),
                 expiration_seconds: Some(3600),
             },
@@ -226,7 +247,7 @@ impl Cluster {
         };
         let sas: Api<ServiceAccount> = Api::namespaced(admin, "nodegate");
         let token = sas
-            .create_token_request("nodegate-agent", &PostParams::default(), &request)
+            .create_token_request(sa, &PostParams::default(), &request)
             .await?
             .status
             .context("TokenRequest without status")?
@@ -243,9 +264,29 @@ impl Cluster {
             token: Some(token.into()),
             ..Default::default()
         };
-        let file = self.scratch().join(format!("kubeconfig-agent-{node}"));
+        let file = self.scratch().join(file);
         write_private(&file, &kc)?;
         Ok(file)
+    }
+
+    /// A kube client with the webhook's own credential: a token bound to its
+    /// StatefulSet's first Pod, `nodegate/nodegate-webhook-0` (the emulator
+    /// stores one; a real install runs it).
+    pub async fn webhook_client(&self) -> anyhow::Result<kube::Client> {
+        use k8s_openapi::api::core::v1::Pod;
+        use kube::api::Api;
+        const POD: &str = "nodegate-webhook-0";
+        if let Cluster::Emulated { emu, .. } = self {
+            return emu.webhook_client().await;
+        }
+        let pods: Api<Pod> = Api::namespaced(self.client(users::ADMIN).await?, "nodegate");
+        let uid = pods.get(POD).await?.metadata.uid;
+        let file = self
+            .pod_token_kubeconfig("nodegate-webhook", POD, uid, "kubeconfig-webhook-pod")
+            .await?;
+        let kc = kube::config::Kubeconfig::read_from(file)?;
+        let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
+        Ok(kube::Client::try_from(cfg)?)
     }
 
     /// A kube client with the agent's pod-bound credential for `node`

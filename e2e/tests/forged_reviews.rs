@@ -32,6 +32,28 @@ use support::registration::registered_and_ready;
 const BOOT_GATE: &str = "nodegate.dev/agent-not-ready=true:NoExecute";
 const UNAUTHENTICATED: &str = "nodegate_webhook_unauthenticated_side_effects_total";
 const REREGISTRATIONS: &str = "nodegate_webhook_reregistration_patches_total";
+const FOREIGN: &str = "nodegate_webhook_foreign_side_effects_total";
+/// A controller that may create Nodes and nothing else (Cluster API's,
+/// virtual-kubelet's, an autoscaler's provider).
+const NODE_CREATOR: &str = "system:serviceaccount:capi-system:capi-manager";
+
+/// A ClusterRole with `create nodes` only, bound to `user`.
+fn node_creator_rbac(user: &str) -> String {
+    let name = user.replace(':', "-");
+    format!(
+        r#"apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {{name: {name}}}
+rules: [{{apiGroups: [""], resources: [nodes], verbs: [create]}}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {{name: {name}}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: {name}}}
+subjects: [{{apiGroup: rbac.authorization.k8s.io, kind: User, name: "{user}"}}]
+"#
+    )
+}
 
 /// nodegate's gates on the node (the API server's own not-ready taint,
 /// which no node lifecycle controller removes here, left out).
@@ -84,14 +106,16 @@ async fn post(client: &kube::Client, path: &str, body: &Value) -> (u16, String) 
 /// An emulator with the shipped RBAC and confinement, and a webhook serving
 /// with a path token (and strict mode's boot gate when `strict`).
 async fn install(strict: bool) -> (Emulator, WebhookProcess) {
+    let mut rbac = shipped_rbac().unwrap();
+    rbac.push(node_creator_rbac(NODE_CREATOR));
     let emu = Emulator::start(EmulatorOptions {
-        rbac: Some(shipped_rbac().unwrap()),
+        rbac: Some(rbac),
         ..Default::default()
     })
     .await
     .unwrap();
     let webhook = WebhookProcess::start(WebhookOptions {
-        kubeconfig: Some(emu.kubeconfig(users::WEBHOOK).unwrap()),
+        kubeconfig: Some(emu.webhook_kubeconfig().unwrap()),
         path_token: true,
         extra_args: if strict {
             vec![format!("--boot-taint={BOOT_GATE}")]
@@ -266,5 +290,109 @@ async fn a_forged_create_through_the_service_proxy_regates_nothing() {
     while tokio::time::Instant::now() < end {
         assert!(taints(&api.get(&name).await.unwrap()).is_empty());
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Anyone who may create Nodes posts a copy of a ready node with a new boot
+/// ID, as the node's kubelet re-registering after a reboot would. The API
+/// server runs mutating admission before the store answers AlreadyExists, so
+/// a re-taint would stay (in strict mode with the evicting gate). Only the
+/// node's own kubelet may move the webhook to write: the node keeps every
+/// version it had, and the refusal is counted.
+async fn a_node_creators_create_changes_nothing(strict: bool) {
+    let (emu, webhook) = install(strict).await;
+    let gates: Vec<&str> = if strict {
+        vec![DEFAULT_TAINT, BOOT_GATE]
+    } else {
+        vec![DEFAULT_TAINT]
+    };
+    let (_kubelet, api) = ready_node(&emu, "victim", &gates).await;
+    let before = api.get("victim").await.unwrap();
+    let mut copy = serde_json::to_value(&before).unwrap();
+    copy["status"]["nodeInfo"]["bootID"] = json!("ffffffff-0000-4000-8000-000000000001");
+    for field in ["resourceVersion", "uid", "creationTimestamp", "managedFields"] {
+        copy["metadata"].as_object_mut().unwrap().remove(field);
+    }
+    let creator: Api<Node> = Api::all(emu.client(NODE_CREATOR).await.unwrap());
+    let copy: Node = serde_json::from_value(copy).unwrap();
+    match creator.create(&Default::default(), &copy).await {
+        Err(kube::Error::Api(e)) => assert_eq!(e.code, 409, "{}", e.message),
+        other => panic!("the copy's create: {other:?}"),
+    }
+    let after = api.get("victim").await.unwrap();
+    assert_eq!(
+        after.metadata.resource_version, before.metadata.resource_version,
+        "no new version of the node: {:?}",
+        taints(&after)
+    );
+    let m = webhook.metrics().await.unwrap();
+    let scrape = parse(&m);
+    assert_eq!(scrape.sum(FOREIGN, &[("rule", "reregistration")]), 1.0, "{m}");
+    assert_eq!(scrape.sum(REREGISTRATIONS, &[("result", "ok")]), 0.0, "{m}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_creators_create_regates_nothing() {
+    a_node_creators_create_changes_nothing(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_strict_mode_a_node_creators_create_evicts_nothing() {
+    a_node_creators_create_changes_nothing(true).await;
+}
+
+/// The same create by a user whose only right is `create nodes`, on the
+/// emulator and on a real cluster (NODEGATE_E2E_KUBECONFIG) with nodegate
+/// installed as the README says: AlreadyExists, and no new version of the
+/// node, in whichever mode the install runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_creator_regates_nothing_on_either_cluster() {
+    let user = "nodegate-e2e-node-creator";
+    let rbac = node_creator_rbac(user);
+    let c = Cluster::start_with_rbac(vec![rbac.clone()]).await.unwrap();
+    if c.is_real() {
+        let mut apply = c.kubectl(users::ADMIN).unwrap();
+        apply
+            .args(["apply", "-f", "-"])
+            .stdin(std::process::Stdio::piped());
+        let mut child = apply.spawn().unwrap();
+        use tokio::io::AsyncWriteExt;
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(rbac.as_bytes()).await.unwrap();
+        drop(stdin);
+        assert!(child.wait().await.unwrap().success());
+        c.delete_on_drop("clusterroles", "", user);
+        c.delete_on_drop("clusterrolebindings", "", user);
+    }
+    let (name, _kubelet, _agent) = registered_and_ready(&c, "creator").await;
+    let api: Api<Node> = Api::all(c.client(users::ADMIN).await.unwrap());
+    let before = api.get(&name).await.unwrap();
+    let mut copy = serde_json::to_value(&before).unwrap();
+    copy["status"]["nodeInfo"]["bootID"] = json!("ffffffff-0000-4000-8000-000000000002");
+    for field in ["resourceVersion", "uid", "creationTimestamp", "managedFields"] {
+        copy["metadata"].as_object_mut().unwrap().remove(field);
+    }
+    let creator: Api<Node> = Api::all(c.client(user).await.unwrap());
+    let copy: Node = serde_json::from_value(copy).unwrap();
+    // RBAC in a real cluster may take a moment to reach the authorizer's cache.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match creator.create(&Default::default(), &copy).await {
+            Err(kube::Error::Api(e)) if e.code == 409 => break,
+            Err(kube::Error::Api(e)) if e.code == 403 && tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            other => panic!("the copy's create: {other:?}"),
+        }
+    }
+    let after = api.get(&name).await.unwrap();
+    assert!(taints(&after).is_empty(), "re-gated: {:?}", taints(&after));
+    // A real cluster's controllers may write the node meanwhile; here
+    // nothing else does.
+    if !c.is_real() {
+        assert_eq!(
+            after.metadata.resource_version,
+            before.metadata.resource_version
+        );
     }
 }

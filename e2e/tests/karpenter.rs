@@ -26,7 +26,7 @@ use nodegate_e2e::karpenter::{
 };
 use nodegate_e2e::process::shipped_rbac;
 use nodegate_e2e::{WebhookOptions, WebhookProcess};
-use nodegate_emulator::{Emulator, EmulatorOptions, users};
+use nodegate_emulator::{Emulator, EmulatorOptions};
 use nodegate_shared::TaintSpec;
 use nodegate_webhook::{confinement, webhook_config};
 
@@ -130,7 +130,7 @@ async fn cluster(gate: &str) -> (Emulator, WebhookProcess) {
     .unwrap();
     let webhook = WebhookProcess::start(WebhookOptions {
         taints: vec![gate.to_string()],
-        kubeconfig: Some(emu.kubeconfig(users::WEBHOOK).unwrap()),
+        kubeconfig: Some(emu.webhook_kubeconfig().unwrap()),
         // No Service endpoints to drain at the end.
         extra_args: vec!["--shutdown-delay".into(), "0s".into()],
         ..Default::default()

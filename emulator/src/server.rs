@@ -243,18 +243,65 @@ impl Emulator {
     /// the DaemonSet controller would make it) is stored if missing: a
     /// pod-bound token authenticates only while its pod exists.
     pub fn agent_token(&self, node: &str) -> String {
-        let pod_name = format!("nodegate-agent-{node}");
-        let pod = match self.store.get(&resources::PODS, "nodegate", &pod_name) {
+        let mut extra = self.pod_claims(
+            "nodegate-agent",
+            &format!("nodegate-agent-{node}"),
+            Some(node),
+        );
+        extra.insert(users::NODE_NAME_EXTRA.into(), vec![node.into()]);
+        if let Some(n) = self.store.get(&resources::NODES, "", node)
+            && let Some(uid) = n["metadata"]["uid"].as_str()
+        {
+            extra.insert(users::NODE_UID_EXTRA.into(), vec![uid.into()]);
+        }
+        users::token_with_extra(users::AGENT, &extra)
+    }
+
+    /// The webhook's pod-bound token: the one a projected token of its
+    /// StatefulSet's first Pod (`nodegate/nodegate-webhook-0`) carries.
+    pub fn webhook_token(&self) -> String {
+        let extra = self.pod_claims("nodegate-webhook", "nodegate-webhook-0", None);
+        users::token_with_extra(users::WEBHOOK, &extra)
+    }
+
+    /// A kubeconfig with [`Emulator::webhook_token`], as the webhook's Pod
+    /// has it.
+    pub fn webhook_kubeconfig(&self) -> anyhow::Result<PathBuf> {
+        let path = self.dir.path().join("kubeconfig-webhook-pod");
+        let text = self.kubeconfig_yaml_with_token(users::WEBHOOK, &self.webhook_token());
+        std::fs::write(&path, text).context("writing kubeconfig")?;
+        Ok(path)
+    }
+
+    /// A kube client with [`Emulator::webhook_token`].
+    pub async fn webhook_client(&self) -> anyhow::Result<kube::Client> {
+        let kc = kube::config::Kubeconfig::from_yaml(
+            &self.kubeconfig_yaml_with_token(users::WEBHOOK, &self.webhook_token()),
+        )?;
+        let cfg =
+            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+                .await?;
+        Ok(kube::Client::try_from(cfg)?)
+    }
+
+    /// The pod claims of a token bound to Pod `nodegate/<pod_name>` of
+    /// ServiceAccount `sa` (on `node`, when given), storing the Pod if missing
+    /// as its controller would make it.
+    fn pod_claims(&self, sa: &str, pod_name: &str, node: Option<&str>) -> users::Extra {
+        let pod = match self.store.get(&resources::PODS, "nodegate", pod_name) {
             Some(p) => (*p).clone(),
             None => {
-                let pod = serde_json::json!({
+                let mut pod = serde_json::json!({
                     "apiVersion": "v1", "kind": "Pod",
                     "metadata": {"name": pod_name, "namespace": "nodegate",
-                                 "labels": {"app.kubernetes.io/name": "nodegate-agent"}},
-                    "spec": {"nodeName": node, "serviceAccountName": "nodegate-agent",
+                                 "labels": {"app.kubernetes.io/name": sa}},
+                    "spec": {"serviceAccountName": sa,
                              "tolerations": [{"operator": "Exists"}],
-                             "containers": [{"name": "agent", "image": "nodegate/nodegate-agent"}]},
+                             "containers": [{"name": sa.trim_start_matches("nodegate-"), "image": format!("nodegate/{sa}")}]},
                 });
+                if let Some(node) = node {
+                    pod["spec"]["nodeName"] = node.into();
+                }
                 // Another call may have stored it in between: take that one.
                 match self
                     .store
@@ -263,7 +310,7 @@ impl Emulator {
                     Ok(stored) => stored,
                     Err(_) => self
                         .store
-                        .get(&resources::PODS, "nodegate", &pod_name)
+                        .get(&resources::PODS, "nodegate", pod_name)
                         .map(|p| (*p).clone())
                         .unwrap_or(pod),
                 }
@@ -274,15 +321,9 @@ impl Emulator {
             .unwrap_or_default()
             .to_string();
         let mut extra = users::Extra::new();
-        extra.insert(users::NODE_NAME_EXTRA.into(), vec![node.into()]);
-        extra.insert(users::POD_NAME_EXTRA.into(), vec![pod_name]);
+        extra.insert(users::POD_NAME_EXTRA.into(), vec![pod_name.into()]);
         extra.insert(users::POD_UID_EXTRA.into(), vec![pod_uid]);
-        if let Some(n) = self.store.get(&resources::NODES, "", node)
-            && let Some(uid) = n["metadata"]["uid"].as_str()
-        {
-            extra.insert(users::NODE_UID_EXTRA.into(), vec![uid.into()]);
-        }
-        users::token_with_extra(users::AGENT, &extra)
+        extra
     }
 
     fn kubeconfig_yaml_with_token(&self, user: &str, token: &str) -> String {

@@ -657,7 +657,7 @@ pub async fn run_scenario(o: &RunOptions, with_webhook: bool) -> anyhow::Result<
     let mut webhook = None;
     if with_webhook {
         let w = WebhookProcess::start(WebhookOptions {
-            kubeconfig: Some(emu.kubeconfig(users::WEBHOOK)?),
+            kubeconfig: Some(emu.webhook_kubeconfig()?),
             // No Service endpoints to drain at the end of a run.
             extra_args: vec!["--shutdown-delay".into(), "0s".into()],
             ..Default::default()

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use nodegate_e2e::process::{WebhookOptions, WebhookProcess};
-use nodegate_emulator::{Emulator, EmulatorOptions, users};
+use nodegate_emulator::{Emulator, EmulatorOptions};
 
 use crate::publishers;
 
@@ -21,7 +21,7 @@ pub async fn serve(kubeconfig_out: PathBuf, user: &str) -> anyhow::Result<()> {
     })
     .await?;
     let mut webhook = WebhookProcess::start(WebhookOptions {
-        kubeconfig: Some(emu.kubeconfig(users::WEBHOOK)?),
+        kubeconfig: Some(emu.webhook_kubeconfig()?),
         // As the README installs it: only the API server's reviews act.
         path_token: true,
         ..Default::default()

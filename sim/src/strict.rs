@@ -81,7 +81,7 @@ pub async fn strict_scenario(o: &RunOptions, strict: bool) -> anyhow::Result<Str
         boot_taints.push(o.boot_taint.clone());
     }
     let mut webhook = WebhookProcess::start(WebhookOptions {
-        kubeconfig: Some(emu.kubeconfig(users::WEBHOOK)?),
+        kubeconfig: Some(emu.webhook_kubeconfig()?),
         extra_args,
         ..Default::default()
     })

@@ -62,6 +62,10 @@ impl Webhook {
                 } else {
                     tracing::debug!(uid = %req.uid, node = %req.name, operation = ?req.operation, "{}", d.why);
                 }
+                if let Some(which) = d.foreign {
+                    self.metrics.foreign(which);
+                    tracing::debug!(uid = %req.uid, node = %req.name, user = ?req.user_info.username, ?which, "a reboot claimed by a write that is not the node's kubelet's: no write of the stored node");
+                }
                 if let Some(job) = d.reboot_job.as_ref().filter(|_| !may_act) {
                     self.metrics.unauthenticated(true);
                     tracing::debug!(uid = %req.uid, node = %job.node, "a status write showing a reboot, not posted to the configured path: no background patch");

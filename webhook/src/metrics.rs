@@ -11,7 +11,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::rules::Reason;
+use crate::rules::{Foreign, Reason};
 
 /// `operation` label values, in [`Op`] order.
 const OPERATIONS: [&str; 5] = ["CREATE", "UPDATE", "DELETE", "CONNECT", "UNKNOWN"];
@@ -148,6 +148,7 @@ pub struct Metrics {
     background: [Counter; 4],
     reregistrations: [Counter; 4],
     unauthenticated: [Counter; 2],
+    foreign: [Counter; 2],
     tls_reloads: [Counter; 2],
     refused: [[Counter; 7]; 2],
     connections: [Gauge; 2],
@@ -218,6 +219,14 @@ impl Metrics {
             "Writes of a stored Node a review asked for but did not get: it was not posted to the configuration's /mutate/<token> path, so anyone could have sent it (rule: reregistration, status)",
             unauth,
         );
+        let not_node = Family::<RuleLabels, Counter>::default();
+        let foreign = ["reregistration", "status"]
+            .map(|rule| not_node.get_or_create(&RuleLabels { rule }).clone());
+        registry.register(
+            "foreign_side_effects",
+            "Writes of a stored Node a review asked for but did not get: the write it reviews is not the node's own kubelet's (system:node:<name>), so it proves no reboot (rule: reregistration, status)",
+            not_node,
+        );
         let tls = Family::<ResultLabels, Counter>::default();
         let tls_reloads =
             ["ok", "failed"].map(|result| tls.get_or_create(&ResultLabels { result }).clone());
@@ -260,6 +269,7 @@ impl Metrics {
             background,
             reregistrations,
             unauthenticated,
+            foreign,
             tls_reloads,
             refused,
             connections,
@@ -312,6 +322,16 @@ impl Metrics {
         self.unauthenticated[usize::from(status_write)].inc();
     }
 
+    /// A side effect not taken because the write is not the node's own
+    /// kubelet's.
+    pub fn foreign(&self, which: Foreign) {
+        self.foreign[match which {
+            Foreign::Reregistration => 0,
+            Foreign::Status => 1,
+        }]
+        .inc();
+    }
+
     pub fn background(&self, result: Background) {
         self.background[result as usize].inc();
     }
@@ -356,6 +376,8 @@ mod tests {
             r#"nodegate_webhook_refused_total{port="admin",reason="connection_limit"} 0"#,
             r#"nodegate_webhook_open_connections{port="admin"} 1"#,
             "nodegate_webhook_inflight_requests 0",
+            r#"nodegate_webhook_foreign_side_effects_total{rule="reregistration"} 0"#,
+            r#"nodegate_webhook_foreign_side_effects_total{rule="status"} 0"#,
         ] {
             assert!(text.contains(line), "missing {line} in\n{text}");
         }

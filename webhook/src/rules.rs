@@ -155,6 +155,24 @@ pub struct Reregistration {
     pub boot_id: String,
 }
 
+/// A write of the stored Node that a review asked for and did not get,
+/// because the write it reviews is not the node's own kubelet's.
+///
+/// Threat: anyone who may create Nodes (Cluster API, virtual-kubelet, an
+/// autoscaler's provider, a dry-run-only credential) or write `nodes/status`
+/// could otherwise post a copy of a ready Node with another boot ID. Mutating
+/// admission runs before the store answers AlreadyExists, so the re-taint
+/// would stay, and in strict mode the boot gate would evict the node's pods.
+/// Only `system:node:<name>`, which NodeRestriction already holds to its own
+/// Node, reports that node's boots.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Foreign {
+    /// A create of a Node by someone other than its kubelet.
+    Reregistration,
+    /// A status write showing a reboot by someone other than its kubelet.
+    Status,
+}
+
 /// The outcome of one review. The answer is always allowed: nodegate only
 /// adds taints, and never blocks a write.
 #[derive(Debug, Clone, PartialEq)]
@@ -169,6 +187,9 @@ pub struct Decision {
     /// before the create is answered (the kubelet's status write follows the
     /// answer).
     pub reregistration: Option<Reregistration>,
+    /// A write of the stored Node this review would have asked for, not
+    /// asked: the write is not the node's own kubelet's ([`Foreign`]).
+    pub foreign: Option<Foreign>,
     /// The rule that decided; the answer is what it says.
     pub rule: Rule,
     /// One short phrase for the log line.
@@ -181,6 +202,7 @@ impl Decision {
             added: None,
             reboot_job: None,
             reregistration: None,
+            foreign: None,
             rule,
             why,
         }
@@ -245,10 +267,14 @@ impl Rules {
         if !req.dry_run
             && let (Some(name), Some(boot)) = (node.name(), node.boot_id())
         {
-            d.reregistration = Some(Reregistration {
-                node: name.to_owned(),
-                boot_id: boot.to_owned(),
-            });
+            if is_node_itself(req.user_info.username.as_deref(), Some(name)) {
+                d.reregistration = Some(Reregistration {
+                    node: name.to_owned(),
+                    boot_id: boot.to_owned(),
+                });
+            } else {
+                d.foreign = Some(Foreign::Reregistration);
+            }
         }
         d
     }
@@ -291,6 +317,11 @@ impl Rules {
         if req.dry_run {
             return allow("status: rebooted, dry-run");
         }
+        if !is_node_itself(req.user_info.username.as_deref(), node.name()) {
+            let mut d = allow("status: rebooted, not written by the node's kubelet");
+            d.foreign = Some(Foreign::Status);
+            return d;
+        }
         let mut d = allow("status: rebooted, background patch");
         d.reboot_job = node.name().map(|name| RebootJob {
             node: name.to_owned(),
@@ -317,6 +348,7 @@ impl Rules {
             }),
             reboot_job: None,
             reregistration: None,
+            foreign: None,
             rule,
             why,
         }

@@ -11,7 +11,7 @@ use nodegate_webhook::fixtures::{
     with_taints,
 };
 use nodegate_webhook::rules::{
-    Added, Decision, Reason, RebootJob, Request, Reregistration, Rule, Rules,
+    Added, Decision, Foreign, Reason, RebootJob, Request, Reregistration, Rule, Rules,
 };
 use serde_json::{Value, json};
 
@@ -436,6 +436,79 @@ fn only_a_real_create_asks_for_the_reregistration_check() {
                 boot_id: "boot-2".into()
             }),
             "dry-run {dry_run}"
+        );
+    }
+}
+
+/// Only the node's own kubelet reports its boots. Threat: anyone who may
+/// create Nodes or write `nodes/status` posts a copy of a ready Node with a
+/// new boot ID; the create is refused (AlreadyExists) only after mutating
+/// admission ran, so a re-taint would stay, and in strict mode evict the
+/// node's pods. Check: the user is `system:node:<the node's name>`. The
+/// create's own answer still carries the taints (it mutates only the object
+/// the caller sends).
+#[test]
+fn only_the_nodes_own_kubelet_moves_the_webhook_to_write_a_stored_node() {
+    let r = rules();
+    let create = kubelet_node("n1", "boot-2", 1);
+    let old = with_annotation(kubelet_node("n1", "boot-1", 1), ANN, "boot-1");
+    let rebooted = with_annotation(kubelet_node("n1", "boot-2", 1), ANN, "boot-1");
+    let writers = [
+        ("the node's kubelet", KUBELET, None),
+        ("another node's kubelet", "system:node:n2", Some(())),
+        (
+            "a ServiceAccount that may create nodes",
+            "system:serviceaccount:capi:manager",
+            Some(()),
+        ),
+        (
+            "the check's dry-run-only credential",
+            "system:serviceaccount:nodegate:nodegate-check",
+            Some(()),
+        ),
+        ("an admin", fixtures::ADMIN, Some(())),
+        (
+            "a name that only starts like the node's",
+            "system:node:n1x",
+            Some(()),
+        ),
+        ("no user", "", Some(())),
+    ];
+    for (who, user, refused) in writers {
+        let c = r.review(&request(&review(
+            "u",
+            "CREATE",
+            None,
+            user,
+            create.clone(),
+            None,
+            false,
+        )));
+        assert!(c.added.is_some(), "{who}: the create's answer is tainted");
+        assert_eq!(
+            c.reregistration.is_some(),
+            refused.is_none(),
+            "{who}: create"
+        );
+        assert_eq!(
+            c.foreign,
+            refused.map(|()| Foreign::Reregistration),
+            "{who}: create counted"
+        );
+        let s = r.review(&request(&review(
+            "u",
+            "UPDATE",
+            Some("status"),
+            user,
+            rebooted.clone(),
+            Some(old.clone()),
+            false,
+        )));
+        assert_eq!(s.reboot_job.is_some(), refused.is_none(), "{who}: status");
+        assert_eq!(
+            s.foreign,
+            refused.map(|()| Foreign::Status),
+            "{who}: status counted"
         );
     }
 }

@@ -92,7 +92,7 @@ async fn a_stolen_token_cannot_forge_field_ownership() {
     let records = records_ownership(&c, &a).await;
     let before = recorded_ownership(&c, &a).await;
     let agent = c.agent_client(&a).await.unwrap();
-    let webhook = c.client(users::WEBHOOK).await.unwrap();
+    let webhook = c.webhook_client().await.unwrap();
     let forged = json!({"manager": "x", "operation": "Apply", "apiVersion": "v1",
                         "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {"f:taints": {}}}});
     let replace =
@@ -292,7 +292,7 @@ impl<'c> Recorded<'c> {
         let a = node(c, base).await;
         let admin = c.client(users::ADMIN).await.unwrap();
         let agent = c.agent_client(&a).await.unwrap();
-        let webhook = c.client(users::WEBHOOK).await.unwrap();
+        let webhook = c.webhook_client().await.unwrap();
         let emulated = !records_ownership(c, &a).await;
         recorded_ownership(c, &a).await;
         let r = Recorded {

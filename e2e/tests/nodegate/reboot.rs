@@ -142,7 +142,7 @@ async fn stale_reboot_patch_must_not_retaint_a_node_ready_on_its_boot() {
     let c = Cluster::start().await.unwrap();
     let (name, mut kubelet, agent) = registered_and_ready(&c, "aba").await;
     kubelet.reboot().await.unwrap();
-    let webhook: Api<Node> = Api::all(c.client(users::WEBHOOK).await.unwrap());
+    let webhook: Api<Node> = Api::all(c.webhook_client().await.unwrap());
     // What the webhook's patcher read right after the reboot, before its taint landed.
     let mut seen = serde_json::to_value(webhook.get(&name).await.unwrap()).unwrap();
     seen["spec"]["taints"] =

@@ -9,7 +9,10 @@
 //!   `nodegate.dev/ready-boot-id` annotation. Without both claims (a token
 //!   bound to the Node itself, or to nothing) it may change nothing.
 //! - **Webhook** (the background re-taint): it may only add configured taints
-//!   to a Node; nothing removed, nothing else changed.
+//!   to a Node; nothing removed, nothing else changed; and only with a token
+//!   bound to a Pod of its StatefulSet (`pod-name` `nodegate-webhook-<n>`
+//!   with its `pod-uid`). Impersonating the ServiceAccount (which `edit` in
+//!   the namespace may) or a token Secret of it carries no pod claim.
 //! - **Strict mode** (`--boot-taint`): the agent may remove the boot gate but
 //!   add it only while the node runs another boot than the one its
 //!   `nodegate.dev/ready-boot-id` records, and may set that annotation only
@@ -42,6 +45,8 @@ use crate::render::cel::string as q;
 /// a same-named account elsewhere only takes rights away.
 pub const AGENT_SA: &str = "nodegate-agent";
 pub const WEBHOOK_SA: &str = "nodegate-webhook";
+/// The webhook's StatefulSet: its Pods are `<name>-<ordinal>`.
+pub const WEBHOOK_STATEFULSET: &str = "nodegate-webhook";
 /// The user extras of a ServiceAccount token bound to a pod on a node
 /// (k8s.io/apiserver `pkg/authentication/serviceaccount/util.go`). A token
 /// bound to a Node carries the node's name but no pod.
@@ -449,7 +454,20 @@ fn webhook_policy(gate: &GateTerms) -> String {
     }];
     format!(
         r#"{head}  variables:
+    # The pod the token is bound to ('' without both pod claims).
+    - name: pod
+      expression: >-
+        has(request.userInfo.extra)
+        && {pod_name} in request.userInfo.extra && size(request.userInfo.extra[{pod_name}]) == 1
+        && {pod_uid} in request.userInfo.extra && size(request.userInfo.extra[{pod_uid}]) == 1
+        ? request.userInfo.extra[{pod_name}][0] : ''
 {taints_changed}{ownership}  validations:
+    - expression: variables.pod.matches({pod_pattern})
+      messageExpression: >-
+        'nodegate-webhook may write nodes only with the token of a pod of its StatefulSet ({statefulset}-<ordinal>), not '
+        + (variables.pod == '' ? 'a token without pod claims (impersonation, a token Secret)' : 'of pod ' + variables.pod)
+        + ': node ' + request.name
+      reason: Forbidden
     - expression: request.operation == 'UPDATE' && !has(request.subResource)
       messageExpression: >-
         'nodegate-webhook may only add taints to a node, not ' + request.operation
@@ -473,6 +491,10 @@ fn webhook_policy(gate: &GateTerms) -> String {
       reason: Forbidden
 {ownership_rule}"#,
         head = policy_head(WEBHOOK_POLICY, "nodegate-webhook", WEBHOOK_SA),
+        pod_name = q(POD_NAME_CLAIM),
+        pod_uid = q(POD_UID_CLAIM),
+        pod_pattern = q(&format!("^{WEBHOOK_STATEFULSET}-[0-9]+$")),
+        statefulset = WEBHOOK_STATEFULSET,
         ownership = ownership_variables(&touched),
         ownership_rule = ownership_rule("'nodegate-webhook'"),
     )
@@ -583,6 +605,15 @@ mod tests {
             .as_str()
             .unwrap();
         assert!(claim.contains(POD_NAME_CLAIM) && claim.contains(POD_UID_CLAIM));
+        // The webhook writes only from a Pod of its StatefulSet.
+        let pod = docs[2]["spec"]["variables"][0]["expression"]
+            .as_str()
+            .unwrap();
+        assert!(pod.contains(POD_NAME_CLAIM) && pod.contains(POD_UID_CLAIM));
+        assert_eq!(
+            docs[2]["spec"]["validations"][0]["expression"],
+            "variables.pod.matches('^nodegate-webhook-[0-9]+$')"
+        );
         // The agent may touch the ready annotation's ownership, the webhook not.
         assert!(text.matches("f:nodegate.dev/ready-boot-id").count() > 0);
         let webhook_yaml = text.split("\n---\n").nth(2).unwrap();

@@ -436,6 +436,14 @@ impl WebhookProcess {
         self.path_token.as_deref()
     }
 
+    /// Its `--path-token-file` (mounted from the Secret in a real install),
+    /// when it serves with a path token: a rotation rewrites it.
+    pub fn path_token_file(&self) -> Option<PathBuf> {
+        self.path_token
+            .as_ref()
+            .map(|_| self._dir.path().join("path-token"))
+    }
+
     /// `"nodegate-webhook.nodegate.svc"`, the name the API server verifies.
     pub fn service(&self) -> String {
         format!("{WEBHOOK_SERVICE}.{WEBHOOK_NAMESPACE}.svc")

@@ -17,13 +17,18 @@ use std::sync::{PoisonError, RwLock};
 
 use nodegate_shared::path_token;
 
+/// Tokens a file may hold: the current one and the one a rotation replaces.
+pub const MAX_TOKENS: usize = 2;
+
 /// Who may trigger the side effects.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Authority {
     /// No `--path-token-file`: every review may, as before tokens existed.
     Open,
-    /// Only a review posted to `/mutate/<token>`.
-    Token(String),
+    /// Only a review posted to `/mutate/<token>` with one of these tokens.
+    /// During a rotation the file holds the new token and the old one, so
+    /// the API server's reviews act whichever the lines call.
+    Token(Vec<String>),
     /// `--path-token-file` is set but unusable (no Secret behind it, or a
     /// bad token): no review may, so a forged one never acts; why.
     Missing(String),
@@ -44,9 +49,23 @@ impl Authority {
         }
     }
 
-    /// A token file's contents (whitespace around it ignored).
+    /// A token file's contents: one token a line (blank lines and
+    /// whitespace around each ignored), at most [`MAX_TOKENS`]. One bad line
+    /// makes the whole file unusable, so a typo never silently drops a token
+    /// the lines still call.
     pub fn from_contents(s: &str) -> Result<Authority, String> {
-        path_token::parse(s).map(|t| Authority::Token(t.to_string()))
+        let tokens = s
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| path_token::parse(l).map(str::to_owned))
+            .collect::<Result<Vec<_>, _>>()?;
+        match tokens.len() {
+            0 => Err("no token".into()),
+            n if n > MAX_TOKENS => Err(format!(
+                "{n} tokens; at most {MAX_TOKENS} (the current one and the one it replaces)"
+            )),
+            _ => Ok(Authority::Token(tokens)),
+        }
     }
 
     /// Whether a review posted with `presented` (the path's last segment
@@ -54,9 +73,10 @@ impl Authority {
     pub fn admits(&self, presented: Option<&str>) -> bool {
         match (self, presented) {
             (Authority::Open, _) => true,
-            (Authority::Token(want), Some(got)) => {
-                constant_time_eq(want.as_bytes(), got.as_bytes())
-            }
+            // Every token is compared, so the time tells nothing about which matched.
+            (Authority::Token(want), Some(got)) => want.iter().fold(false, |any, w| {
+                constant_time_eq(w.as_bytes(), got.as_bytes()) | any
+            }),
             _ => false,
         }
     }
@@ -120,10 +140,29 @@ mod tests {
     use super::*;
 
     const TOKEN: &str = "0f3a9d2c4e6b8a1f0c2d4e6f8a0b1c2d3e4f5a6b7c8d9e0f";
+    const NEW: &str = "9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c4d3e2f1a0b9c8d7e6f";
+
+    /// A rotation's file: the new token and the old; anything else unusable.
+    #[test]
+    fn a_file_holds_one_or_two_tokens() {
+        assert_eq!(
+            Authority::from_contents(&format!("\n {NEW} \n\n{TOKEN}\n")),
+            Ok(Authority::Token(vec![NEW.into(), TOKEN.into()]))
+        );
+        for bad in [
+            String::new(),
+            "\n\n".to_string(),
+            format!("{NEW}\n{TOKEN}\n{TOKEN}"),
+            format!("{NEW}\nnot-a-token"),
+        ] {
+            assert!(Authority::from_contents(&bad).is_err(), "{bad:?}");
+        }
+    }
 
     #[test]
     fn who_may_act() {
         let token = Authority::from_contents(&format!("{TOKEN}\n")).unwrap();
+        let both = Authority::from_contents(&format!("{NEW}\n{TOKEN}\n")).unwrap();
         let cases = [
             (&Authority::Open, None, true),
             (&Authority::Open, Some("anything"), true),
@@ -144,6 +183,11 @@ mod tests {
                 "{authority:?} {presented:?}"
             );
         }
+        for presented in [TOKEN, NEW] {
+            assert!(both.admits(Some(presented)), "{presented}");
+        }
+        assert!(!both.admits(None));
+        assert!(!both.admits(Some(&NEW[..NEW.len() - 1])));
         let missing = Authority::Missing("no file".into());
         assert!(!missing.admits(Some(TOKEN)));
         assert!(!missing.admits(None));
@@ -160,7 +204,7 @@ mod tests {
         assert!(!file.admits(Some(TOKEN)));
         assert_eq!(file.reload(), None, "still missing: no change");
         std::fs::write(&path, TOKEN).unwrap();
-        assert_eq!(file.reload(), Some(Authority::Token(TOKEN.into())));
+        assert_eq!(file.reload(), Some(Authority::Token(vec![TOKEN.into()])));
         assert!(file.admits(Some(TOKEN)));
         assert_eq!(file.reload(), None);
         let open = TokenFile::load(None);
@@ -180,7 +224,7 @@ mod tests {
         std::fs::write(&absent, TOKEN).unwrap();
         assert_eq!(
             Authority::load(Some(&absent)),
-            Authority::Token(TOKEN.into())
+            Authority::Token(vec![TOKEN.into()])
         );
     }
 }

@@ -130,6 +130,7 @@ pub async fn start(
     let health = Arc::new(Health::default());
     let authority = Arc::new(TokenFile::load(config.path_token_file.clone()));
     log_authority(&authority.current());
+    metrics.path_tokens(&authority.current());
     let hook = Arc::new(Webhook {
         rules,
         patcher,
@@ -138,6 +139,7 @@ pub async fn start(
     });
     let token_task = tokio::spawn(reload_token(
         authority,
+        metrics.clone(),
         config.tls_reload_interval,
         stopped(),
     ));
@@ -249,8 +251,11 @@ fn log_authority(authority: &Authority) {
         Authority::Open => tracing::warn!(
             "no --path-token-file: any review, forged ones included, may make the webhook re-taint a stored Node (docs/security.md)"
         ),
-        Authority::Token(_) => {
-            tracing::info!("only reviews posted to /mutate/<token> may write a stored Node")
+        Authority::Token(tokens) => {
+            tracing::info!(
+                tokens = tokens.len(),
+                "only reviews posted to /mutate/<token> may write a stored Node"
+            )
         }
         Authority::Missing(why) => {
             tracing::error!(%why, "--path-token-file unusable (read again every --tls-reload-interval): no review may write a stored Node, so a re-registering node is gated only by its create and a reboot seen on a status write is not re-tainted")
@@ -262,15 +267,21 @@ fn log_authority(authority: &Authority) {
 /// when what it admits changed.
 async fn reload_token(
     file: Arc<TokenFile>,
+    metrics: Arc<Metrics>,
     every: std::time::Duration,
     stop: impl Future<Output = ()>,
 ) {
     let reload = async {
         loop {
             tokio::time::sleep(every).await;
-            match file.reload() {
-                Some(Authority::Token(_)) => {
+            let changed = file.reload();
+            if let Some(now) = &changed {
+                metrics.path_tokens(now);
+            }
+            match changed {
+                Some(Authority::Token(tokens)) => {
                     tracing::info!(
+                        tokens = tokens.len(),
                         "path token read: only reviews posted to /mutate/<token> may write a stored Node"
                     )
                 }

@@ -11,6 +11,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use crate::caller::Authority;
 use crate::rules::{Foreign, Reason};
 
 /// `operation` label values, in [`Op`] order.
@@ -153,6 +154,7 @@ pub struct Metrics {
     refused: [[Counter; 7]; 2],
     connections: [Gauge; 2],
     inflight: Gauge,
+    path_tokens: Gauge,
 }
 
 impl Default for Metrics {
@@ -261,8 +263,15 @@ impl Metrics {
             "Admission requests past their headers now (reading the body or being decided)",
             inflight.clone(),
         );
+        let path_tokens = Gauge::default();
+        registry.register(
+            "path_tokens",
+            "Path tokens a review may present to write a stored Node: 1, or 2 while a rotation runs; 0 when --path-token-file is unusable, -1 without it",
+            path_tokens.clone(),
+        );
         Self {
             registry,
+            path_tokens,
             requests,
             duration,
             taints_added,
@@ -332,6 +341,15 @@ impl Metrics {
         .inc();
     }
 
+    /// What the path token file admits now.
+    pub fn path_tokens(&self, authority: &Authority) {
+        self.path_tokens.set(match authority {
+            Authority::Open => -1,
+            Authority::Missing(_) => 0,
+            Authority::Token(t) => i64::try_from(t.len()).unwrap_or(i64::MAX),
+        });
+    }
+
     pub fn background(&self, result: Background) {
         self.background[result as usize].inc();
     }
@@ -362,6 +380,7 @@ mod tests {
         m.tls_reload(false);
         m.refused(Port::Https, Refusal::BodyTooLarge);
         m.connections(Port::Admin).inc();
+        m.path_tokens(&Authority::Token(vec!["a".into(), "b".into()]));
         let text = m.encode();
         for line in [
             r#"nodegate_webhook_requests_total{operation="CREATE",result="patched"} 1"#,
@@ -376,6 +395,7 @@ mod tests {
             r#"nodegate_webhook_refused_total{port="admin",reason="connection_limit"} 0"#,
             r#"nodegate_webhook_open_connections{port="admin"} 1"#,
             "nodegate_webhook_inflight_requests 0",
+            "nodegate_webhook_path_tokens 2",
             r#"nodegate_webhook_foreign_side_effects_total{rule="reregistration"} 0"#,
             r#"nodegate_webhook_foreign_side_effects_total{rule="status"} 0"#,
         ] {

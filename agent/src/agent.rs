@@ -137,7 +137,8 @@ fn load_snapshot(args: &Args, metrics: &Metrics) -> Result<Vec<NodeRecord>, Erro
     Ok(loaded.into_nodes())
 }
 
-/// Binds the admin port (health and metrics) and serves it until the stop.
+/// Binds the admin port (health and metrics) and serves it until the stop;
+/// why it may be reachable from every pod: [`Args::admin_address`].
 async fn spawn_admin(
     args: &Args,
     metrics: &Metrics,

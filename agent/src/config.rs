@@ -180,6 +180,15 @@ pub enum ConfigError {
 
 impl Args {
     /// `--admin-listen`, its unspecified IP replaced by `--bind-address`.
+    ///
+    /// On the host network that is the node's IP, which every pod can
+    /// reach. It is not moved to 127.0.0.1: the kubelet's httpGet probes of
+    /// a host-network pod, and Prometheus, dial the pod's IP. Being
+    /// reachable is harmless because the port serves GETs of `/livez`,
+    /// `/readyz` and `/metrics` only (any other method or path is refused),
+    /// changes nothing, and its metrics hold no secret: probes are labelled
+    /// by kind and index, never by URL or command
+    /// (`tests/e2e_admin_port.rs`).
     pub fn admin_address(&self) -> SocketAddr {
         match self.bind_address {
             Some(ip) if self.admin_listen.ip().is_unspecified() => {

@@ -64,6 +64,11 @@ const TOKEN_FILE: &str = "path-token";
 
 /// The caBundle patch's file name inside `--out-dir`.
 const PATCH_FILE: &str = "ca-bundle-patch.yaml";
+/// The mode of every file that holds the path token: `path-token` and the
+/// patches, whose lines call `/mutate/<token>`. The patches are written so
+/// even without a token (`--no-path-token`): the owner who runs `kubectl
+/// patch` is their only reader.
+const TOKEN_MODE: u32 = 0o600;
 /// With `--also-trust`: the patch that ends the rotation (the new CA alone).
 const FINAL_PATCH_FILE: &str = "ca-bundle-final-patch.yaml";
 
@@ -133,16 +138,20 @@ fn main() -> anyhow::Result<()> {
     write_files(&args.out_dir, ca.cert_pem(), &serving)?;
     let mut wrote = "ca.crt,tls.crt,tls.key".to_string();
     if let Some(t) = &token {
-        write_atomic(&args.out_dir.join(TOKEN_FILE), t.as_bytes(), 0o600)?;
+        write_atomic(&args.out_dir.join(TOKEN_FILE), t.as_bytes(), TOKEN_MODE)?;
         wrote.push(',');
         wrote.push_str(TOKEN_FILE);
     }
     if let Some((patch, last)) = patches {
-        write_atomic(&args.out_dir.join(PATCH_FILE), patch.as_bytes(), 0o644)?;
+        write_atomic(&args.out_dir.join(PATCH_FILE), patch.as_bytes(), TOKEN_MODE)?;
         wrote.push(',');
         wrote.push_str(PATCH_FILE);
         if let Some(last) = last {
-            write_atomic(&args.out_dir.join(FINAL_PATCH_FILE), last.as_bytes(), 0o644)?;
+            write_atomic(
+                &args.out_dir.join(FINAL_PATCH_FILE),
+                last.as_bytes(),
+                TOKEN_MODE,
+            )?;
             wrote.push(',');
             wrote.push_str(FINAL_PATCH_FILE);
         }

@@ -319,3 +319,62 @@ fn a_rotation_without_the_token_file_keeps_the_live_token() {
         format!("/mutate/{token}").as_str()
     );
 }
+
+/// The path token is a secret: `path-token` and every patch whose lines call
+/// `/mutate/<token>` (the install's and a rotation's two) are readable by
+/// their owner alone, and no file others may read holds the token.
+#[test]
+fn every_file_that_holds_the_path_token_is_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let p = |name: &str| dir.path().join(name);
+    std::fs::write(p("mwc.yaml"), CONFIG).unwrap();
+    succeeded(&certs(&[
+        "--out-dir".as_ref(),
+        p("install").as_os_str(),
+        "--webhook-config".as_ref(),
+        p("mwc.yaml").as_os_str(),
+    ]));
+    let token = std::fs::read_to_string(p("install/path-token")).unwrap();
+    let ca = std::fs::read_to_string(p("install/ca.crt")).unwrap();
+    let live = nodegate_certs::inject_ca_bundle(CONFIG, &ca)
+        .unwrap()
+        .replace("path: /mutate", &format!("path: /mutate/{token}"));
+    std::fs::write(p("live.yaml"), live).unwrap();
+    let old_ca = p("install/ca.crt");
+    succeeded(&certs(&[
+        "--out-dir".as_ref(),
+        p("rotation").as_os_str(),
+        "--webhook-config".as_ref(),
+        p("live.yaml").as_os_str(),
+        "--also-trust".as_ref(),
+        old_ca.as_os_str(),
+    ]));
+    let private = [
+        "install/path-token",
+        "install/ca-bundle-patch.yaml",
+        "rotation/path-token",
+        "rotation/ca-bundle-patch.yaml",
+        "rotation/ca-bundle-final-patch.yaml",
+    ];
+    let mode =
+        |path: &std::path::Path| std::fs::metadata(path).unwrap().permissions().mode() & 0o777;
+    for name in private {
+        let text = std::fs::read_to_string(p(name)).unwrap();
+        assert!(text.contains(&token), "{name} holds no token: {text}");
+        assert_eq!(mode(&p(name)), 0o600, "{name}");
+    }
+    for run in ["install", "rotation"] {
+        for entry in std::fs::read_dir(p(run)).unwrap() {
+            let path = entry.unwrap().path();
+            let text = std::fs::read(&path).unwrap();
+            let holds = text.windows(token.len()).any(|w| w == token.as_bytes());
+            assert!(
+                !holds || mode(&path) == 0o600,
+                "{} holds the token with mode {:o}",
+                path.display(),
+                mode(&path)
+            );
+        }
+    }
+}

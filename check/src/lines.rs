@@ -26,6 +26,7 @@ pub mod placement;
 
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhook;
 use k8s_openapi::api::core::v1::Service;
+use nodegate_shared::path_token::PATH_PREFIX;
 use serde_json::{Value, json};
 
 use crate::canary::canary_node;
@@ -47,16 +48,30 @@ impl ServiceRef {
         format!("{}.{}.svc", self.name, self.namespace)
     }
 
-    /// For the report: the path's token, a secret, left out.
+    /// Where the check posts, for the report: [`proxied_path`], so the
+    /// path's token, a secret, is left out.
     fn shown(&self) -> String {
-        let path = match self
-            .path
-            .strip_prefix(nodegate_shared::path_token::PATH_PREFIX)
-        {
-            Some(_) => format!("{}<token>", nodegate_shared::path_token::PATH_PREFIX),
-            None => self.path.clone(),
-        };
-        format!("{}/{}:{}{path}", self.namespace, self.name, self.port)
+        format!(
+            "{}/{}:{}{}",
+            self.namespace,
+            self.name,
+            self.port,
+            proxied_path(&self.path)
+        )
+    }
+}
+
+/// The path the check posts a line's review to: the line's path with its
+/// token cut off (`/mutate/<token>` → `/mutate`), any other path as it is.
+/// The check posts through the API server's service proxy, whose URL the
+/// audit log records (`requestURI`), so the token must not be in it; the
+/// webhook answers `/mutate` as it answers the token's path, only without
+/// writing a stored Node, and the check needs only the answer.
+pub fn proxied_path(path: &str) -> &str {
+    if path.starts_with(PATH_PREFIX) {
+        PATH_PREFIX.trim_end_matches('/')
+    } else {
+        path
     }
 }
 
@@ -144,10 +159,27 @@ mod tests {
         };
         let token = "0f3a9d2c4e6b8a1f0c2d4e6f8a0b1c2d3e4f5a6b7c8d9e0f";
         let shown = svc(&format!("/mutate/{token}")).shown();
-        assert_eq!(shown, "nodegate/nodegate-webhook:443/mutate/<token>");
+        assert_eq!(shown, "nodegate/nodegate-webhook:443/mutate");
         assert_eq!(
             svc("/mutate").shown(),
             "nodegate/nodegate-webhook:443/mutate"
         );
+    }
+
+    #[test]
+    fn the_proxied_path_drops_the_token_and_nothing_else() {
+        let token = "0f3a9d2c4e6b8a1f0c2d4e6f8a0b1c2d3e4f5a6b7c8d9e0f";
+        for (line, posted) in [
+            (format!("/mutate/{token}"), "/mutate"),
+            ("/mutate/".to_string(), "/mutate"),
+            ("/mutate".to_string(), "/mutate"),
+            ("/".to_string(), "/"),
+            ("/other/path".to_string(), "/other/path"),
+            ("/mutated".to_string(), "/mutated"),
+        ] {
+            let got = proxied_path(&line);
+            assert_eq!(got, posted, "{line}");
+            assert!(!got.contains(token));
+        }
     }
 }

@@ -39,6 +39,8 @@ pub struct Inputs {
 
 pub fn verdict(i: &Inputs) -> (Status, String) {
     let fix = "run the README's certificate step (nodegate-certs writes path-token and a patch that points every line at /mutate/<token>), create Secret nodegate/nodegate-webhook-path from it and apply the patch";
+    // A failure in both modes: re-gating a node stops scheduling onto it,
+    // which anyone who reaches a replica's port could do to every node.
     if i.flag.is_none() {
         let what = if i.strict {
             "re-gate any node and, in strict mode, evict its pods"
@@ -46,9 +48,9 @@ pub fn verdict(i: &Inputs) -> (Status, String) {
             "re-gate any node"
         };
         return (
-            if i.strict { Status::Fail } else { Status::Warn },
+            Status::Fail,
             format!(
-                "the webhook runs without --path-token-file: a review posted straight to a replica's port or through the service proxy can make it {what}; {fix}"
+                "the webhook runs without --path-token-file: anyone who reaches a replica's port or may proxy to its Service can post a review that makes it {what}; {fix}"
             ),
         );
     }
@@ -203,13 +205,13 @@ mod tests {
             ),
             (
                 inputs(&[Some("/mutate")], false, Err("not read"), false),
-                Status::Warn,
-                "can make it re-gate any node;",
+                Status::Fail,
+                "anyone who reaches a replica's port or may proxy to its Service can post a review that makes it re-gate any node;",
             ),
             (
                 inputs(&[Some("/mutate")], false, Err("not read"), true),
                 Status::Fail,
-                "evict its pods",
+                "makes it re-gate any node and, in strict mode, evict its pods;",
             ),
             (
                 inputs(&[Some(&good), Some("/mutate")], true, Ok(TOKEN), false),

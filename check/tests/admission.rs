@@ -273,7 +273,7 @@ async fn fails_when_the_webhook_is_down() {
     ] {
         let got = line(&out, "FAIL", &format!("line {l} "));
         assert!(
-            got.contains(&format!("POST to nodegate/{svc}:443/mutate/<token> through the API server's service proxy answered HTTP 503: error trying to reach service"))
+            got.contains(&format!("POST to nodegate/{svc}:443/mutate through the API server's service proxy answered HTTP 503: error trying to reach service"))
                 && got.contains("this line fails open"),
             "{got}"
         );

@@ -8,7 +8,9 @@ mod support;
 
 use nodegate_e2e::process::deployment_status;
 use nodegate_e2e::{WebhookOptions, WebhookProcess};
+use nodegate_emulator::fake_webhook::{FakeReply, FakeWebhook};
 use nodegate_emulator::users;
+use nodegate_shared::TaintSpec;
 use nodegate_shared::keys::DEFAULT_TAINT;
 
 use support::endpoints::{endpoint_slice, endpoint_slices};
@@ -55,7 +57,7 @@ async fn every_line_of_the_install_answers() {
     ] {
         let got = line(&out, "PASS", &format!("line {l} "));
         assert!(
-            got.contains(&format!("nodegate/{svc}:443/mutate/<token> through the API server's service proxy allowed a Node CREATE with a patch adding [\"{DEFAULT_TAINT}\"]")),
+            got.contains(&format!("nodegate/{svc}:443/mutate through the API server's service proxy allowed a Node CREATE with a patch adding [\"{DEFAULT_TAINT}\"]")),
             "{got}"
         );
     }
@@ -85,6 +87,55 @@ async fn every_line_of_the_install_answers() {
             && l.contains("one node failure takes those lines at once"),
         "{l}"
     );
+}
+
+/// The direct call goes through the API server's service proxy, whose URL
+/// the API server's audit log records: it posts to `/mutate`, never to the
+/// line's `/mutate/<token>`. Replica 1's Service leads to a stand-in that
+/// records what was proxied to it and answers as the webhook does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_direct_call_never_sends_the_path_token() {
+    let (emu, webhook, home) = installed(None).await;
+    let token = webhook.path_token().unwrap().to_string();
+    let gate: TaintSpec = DEFAULT_TAINT.parse().unwrap();
+    let add = serde_json::json!([{"op": "add", "path": "/spec/taints/-", "value": gate.to_json()}]);
+    let standin = FakeWebhook::start("nodegate-webhook-1", "nodegate", move |_| FakeReply {
+        patch: Some(add.clone()),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    emu.set_service_endpoint(standin.service(), standin.addr());
+    let (_, out) = check(&home.path().join("kubeconfig"), &[]);
+    let got = line(&out, "PASS", "line replica-1.nodes.nodegate.dev ");
+    assert!(!got.contains(&token), "{got}");
+    assert!(!out.contains(&token), "the report shows the token:\n{out}");
+    // The check's own reviews, not the API server's admission calls.
+    let proxied: Vec<String> = standin
+        .requests()
+        .iter()
+        .filter(|r| {
+            r["review"]["request"]["uid"]
+                .as_str()
+                .is_some_and(|u| u.starts_with("nodegate-check-"))
+        })
+        .map(|r| r["uri"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(proxied.len(), 1, "{proxied:?}");
+    for uri in &proxied {
+        assert!(!uri.contains(&token), "{uri}");
+        assert!(uri.starts_with("/mutate?timeout="), "{uri}");
+    }
+    // The real replica answered the other lines there, and its count of
+    // reviews that asked for a write without the token stays at 0.
+    line(&out, "PASS", "line replica-0.nodes.nodegate.dev ");
+    let metrics = webhook.metrics().await.unwrap();
+    let refused: Vec<&str> = metrics
+        .lines()
+        .filter(|l| l.starts_with("nodegate_webhook_unauthenticated_side_effects_total"))
+        .collect();
+    assert!(!refused.is_empty(), "{metrics}");
+    assert!(refused.iter().all(|l| l.ends_with(" 0")), "{refused:?}");
 }
 
 /// A configuration with the first line only, beside the StatefulSet: every
@@ -177,7 +228,7 @@ async fn fails_the_line_of_a_service_without_endpoint() {
     assert_eq!(code, 1, "{out}");
     let l = line(&out, "FAIL", "line replica-1.nodes.nodegate.dev");
     assert!(
-        l.contains("POST to nodegate/nodegate-webhook-1:443/mutate/<token> through the API server's service proxy answered HTTP 503: no endpoints available for service \"nodegate-webhook-1\": this line fails open"),
+        l.contains("POST to nodegate/nodegate-webhook-1:443/mutate through the API server's service proxy answered HTTP 503: no endpoints available for service \"nodegate-webhook-1\": this line fails open"),
         "{l}"
     );
     line(&out, "PASS", "line nodes.nodegate.dev");

@@ -21,6 +21,7 @@ pub struct Agent {
     child: Child,
     admin: SocketAddr,
     logs: Arc<Mutex<Vec<String>>>,
+    kubeconfig: PathBuf,
 }
 
 impl Agent {
@@ -82,7 +83,7 @@ impl Agent {
                 .env("PATH", std::env::var_os("PATH").unwrap_or_default())
                 .env("HOME", home);
         }
-        cmd.env("KUBECONFIG", kubeconfig)
+        cmd.env("KUBECONFIG", &kubeconfig)
             .env(
                 "RUST_LOG",
                 "info,nodegate_agent=debug,nodegate_roster=debug",
@@ -127,7 +128,17 @@ impl Agent {
                     logs.lock().unwrap()
                 )
             });
-        Agent { child, admin, logs }
+        Agent {
+            child,
+            admin,
+            logs,
+            kubeconfig,
+        }
+    }
+
+    /// The kubeconfig it runs with (its credential).
+    pub fn kubeconfig(&self) -> &Path {
+        &self.kubeconfig
     }
 
     pub fn pid(&self) -> Pid {
@@ -145,10 +156,18 @@ impl Agent {
     }
 
     pub async fn get(&self, path: &str) -> (u16, String) {
+        self.request("GET", path).await
+    }
+
+    /// `method` of `path` on the admin port, without a body: the status (0:
+    /// no answer) and the body.
+    pub async fn request(&self, method: &str, path: &str) -> (u16, String) {
         let Ok(mut s) = tokio::net::TcpStream::connect(self.admin).await else {
             return (0, String::new());
         };
-        let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        let req = format!(
+            "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        );
         if s.write_all(req.as_bytes()).await.is_err() {
             return (0, String::new());
         }

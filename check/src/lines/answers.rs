@@ -1,7 +1,8 @@
 //! `line <entry>`: each line's replica, called directly through the API
-//! server's service proxy with a canary Node CREATE, must allow it with a
-//! patch adding every expected taint. [`read`] calls every line; [`verdict`]
-//! judges each call.
+//! server's service proxy with a canary Node CREATE (at the line's path
+//! without its token: [`proxied_path`]), must allow it with a patch adding
+//! every expected taint. [`read`] calls every line; [`verdict`] judges each
+//! call.
 
 use std::time::Duration;
 
@@ -18,7 +19,7 @@ use nodegate_shared::TaintSpec;
 use nodegate_shared::keys::NODE_USER_PREFIX;
 use serde_json::{Value, json};
 
-use super::{Line, ServiceRef, lines, registering_node};
+use super::{Line, ServiceRef, lines, proxied_path, registering_node};
 use crate::container_flags::Flags;
 use crate::expected::NOTHING_TO_EXPECT;
 use crate::report::{Report, Status};
@@ -136,6 +137,18 @@ pub enum Answer {
     NotCalled,
 }
 
+/// The service proxy URL of the line's Service, at [`proxied_path`]: never
+/// the path token.
+fn proxy_url(svc: &ServiceRef, timeout: i32) -> String {
+    format!(
+        "/api/v1/namespaces/{}/services/https:{}:{}/proxy{}?timeout={timeout}s",
+        svc.namespace,
+        svc.name,
+        svc.port,
+        proxied_path(&svc.path)
+    )
+}
+
 /// POSTs `review` to the line's Service through the API server's proxy:
 /// HTTP status and body, or the transport error.
 async fn call(
@@ -144,10 +157,7 @@ async fn call(
     timeout: i32,
     review: &[u8],
 ) -> Result<(u16, Vec<u8>), String> {
-    let url = format!(
-        "/api/v1/namespaces/{}/services/https:{}:{}/proxy{}?timeout={timeout}s",
-        svc.namespace, svc.name, svc.port, svc.path
-    );
+    let url = proxy_url(svc, timeout);
     let req = http::Request::post(url)
         .header(http::header::CONTENT_TYPE, "application/json")
         .header(http::header::ACCEPT, "application/json")
@@ -431,6 +441,21 @@ mod tests {
         assert_eq!(r["request"]["oldObject"], Value::Null);
     }
 
+    #[test]
+    fn the_proxy_url_carries_no_path_token() {
+        let token = "0f3a9d2c4e6b8a1f0c2d4e6f8a0b1c2d3e4f5a6b7c8d9e0f";
+        let svc = ServiceRef {
+            namespace: "nodegate".into(),
+            name: "nodegate-webhook-1".into(),
+            port: 443,
+            path: format!("/mutate/{token}"),
+        };
+        assert_eq!(
+            proxy_url(&svc, 10),
+            "/api/v1/namespaces/nodegate/services/https:nodegate-webhook-1:443/proxy/mutate?timeout=10s"
+        );
+    }
+
     /// Each way a line's call ends, and the answer it counts as.
     #[test]
     fn verdicts() {
@@ -466,8 +491,7 @@ mod tests {
             )
         };
         let other = json!({"key": "example.com/x", "effect": "NoSchedule"});
-        let via =
-            "nodegate/nodegate-webhook-1:443/mutate/<token> through the API server's service proxy";
+        let via = "nodegate/nodegate-webhook-1:443/mutate through the API server's service proxy";
         let rows = [
             (Call::Skipped("called by url"), Status::Skip, Answer::NotCalled, "called by url".to_string()),
             (Call::Unbuilt("bad".into()), Status::Fail, Answer::NotCalled, "cannot build the AdmissionReview: bad".into()),

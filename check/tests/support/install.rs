@@ -48,7 +48,7 @@ pub async fn installed_full(
     .await
     .unwrap();
     let webhook = WebhookProcess::start(WebhookOptions {
-        kubeconfig: Some(emu.kubeconfig(users::WEBHOOK).unwrap()),
+        kubeconfig: Some(emu.webhook_kubeconfig().unwrap()),
         extra_args: webhook_args.iter().map(ToString::to_string).collect(),
         // As the README installs it.
         path_token: true,

@@ -52,7 +52,7 @@ pub async fn cluster() -> Cluster {
     .await
     .unwrap();
     let webhook = WebhookProcess::start(WebhookOptions {
-        kubeconfig: Some(emu.kubeconfig(users::WEBHOOK).unwrap()),
+        kubeconfig: Some(emu.webhook_kubeconfig().unwrap()),
         path_token: true,
         ..Default::default()
     })

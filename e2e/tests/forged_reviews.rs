@@ -106,6 +106,11 @@ async fn post(client: &kube::Client, path: &str, body: &Value) -> (u16, String) 
 /// An emulator with the shipped RBAC and confinement, and a webhook serving
 /// with a path token (and strict mode's boot gate when `strict`).
 async fn install(strict: bool) -> (Emulator, WebhookProcess) {
+    install_with(strict, &[]).await
+}
+
+/// [`install`] with more webhook flags.
+async fn install_with(strict: bool, extra: &[&str]) -> (Emulator, WebhookProcess) {
     let mut rbac = shipped_rbac().unwrap();
     rbac.push(node_creator_rbac(NODE_CREATOR));
     let emu = Emulator::start(EmulatorOptions {
@@ -121,7 +126,10 @@ async fn install(strict: bool) -> (Emulator, WebhookProcess) {
             vec![format!("--boot-taint={BOOT_GATE}")]
         } else {
             vec![]
-        },
+        }
+        .into_iter()
+        .chain(extra.iter().map(ToString::to_string))
+        .collect(),
         ..Default::default()
     })
     .await
@@ -225,7 +233,8 @@ async fn forged_reviews_change_nothing(strict: bool) {
     assert_eq!(scrape.sum(REREGISTRATIONS, &[("result", "ok")]), 0.0);
 
     // A real reboot: the API server calls the configured path, and the first
-    // stored version with the new boot carries every gate.
+    // stored version with the new boot carries the ordinary gate; strict
+    // mode's evicting gate follows once that version is stored.
     kubelet.reboot().await.unwrap();
     let after = api.get("victim").await.unwrap();
     assert_eq!(
@@ -244,9 +253,27 @@ async fn forged_reviews_change_nothing(strict: bool) {
         })
         .collect();
     want.sort();
-    let mut got = taints(&after);
-    got.sort();
-    assert_eq!(got, want, "a genuine reboot is gated");
+    assert!(
+        taints(&after).contains(&format!(
+            "{}:NoSchedule",
+            DEFAULT_TAINT.split('=').next().unwrap()
+        )),
+        "a genuine reboot is gated from its first version: {:?}",
+        taints(&after)
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut got = taints(&api.get("victim").await.unwrap());
+        got.sort();
+        if got == want {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "gates {got:?}, want {want:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let m = webhook.metrics().await.unwrap();
     assert_eq!(
         parse(&m).sum(REREGISTRATIONS, &[("result", "ok")]),
@@ -310,7 +337,12 @@ async fn a_node_creators_create_changes_nothing(strict: bool) {
     let before = api.get("victim").await.unwrap();
     let mut copy = serde_json::to_value(&before).unwrap();
     copy["status"]["nodeInfo"]["bootID"] = json!("ffffffff-0000-4000-8000-000000000001");
-    for field in ["resourceVersion", "uid", "creationTimestamp", "managedFields"] {
+    for field in [
+        "resourceVersion",
+        "uid",
+        "creationTimestamp",
+        "managedFields",
+    ] {
         copy["metadata"].as_object_mut().unwrap().remove(field);
     }
     let creator: Api<Node> = Api::all(emu.client(NODE_CREATOR).await.unwrap());
@@ -321,13 +353,18 @@ async fn a_node_creators_create_changes_nothing(strict: bool) {
     }
     let after = api.get("victim").await.unwrap();
     assert_eq!(
-        after.metadata.resource_version, before.metadata.resource_version,
+        after.metadata.resource_version,
+        before.metadata.resource_version,
         "no new version of the node: {:?}",
         taints(&after)
     );
     let m = webhook.metrics().await.unwrap();
     let scrape = parse(&m);
-    assert_eq!(scrape.sum(FOREIGN, &[("rule", "reregistration")]), 1.0, "{m}");
+    assert_eq!(
+        scrape.sum(FOREIGN, &[("rule", "reregistration")]),
+        1.0,
+        "{m}"
+    );
     assert_eq!(scrape.sum(REREGISTRATIONS, &[("result", "ok")]), 0.0, "{m}");
 }
 
@@ -369,7 +406,12 @@ async fn a_node_creator_regates_nothing_on_either_cluster() {
     let before = api.get(&name).await.unwrap();
     let mut copy = serde_json::to_value(&before).unwrap();
     copy["status"]["nodeInfo"]["bootID"] = json!("ffffffff-0000-4000-8000-000000000002");
-    for field in ["resourceVersion", "uid", "creationTimestamp", "managedFields"] {
+    for field in [
+        "resourceVersion",
+        "uid",
+        "creationTimestamp",
+        "managedFields",
+    ] {
         copy["metadata"].as_object_mut().unwrap().remove(field);
     }
     let creator: Api<Node> = Api::all(c.client(user).await.unwrap());
@@ -395,4 +437,128 @@ async fn a_node_creator_regates_nothing_on_either_cluster() {
             before.metadata.resource_version
         );
     }
+}
+
+const CLAIMS: &str = "nodegate_webhook_reboot_claims_total";
+
+/// Waits until the webhook's `name{labels}` sum reads at least `want`.
+async fn wait_count(webhook: &WebhookProcess, name: &str, labels: &[(&str, &str)], want: f64) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let m = webhook.metrics().await.unwrap();
+        if parse(&m).sum(name, labels) >= want {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{name}{labels:?} never reached {want}: {m}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The path token leaked: a forger posts the kubelet's re-registration of a
+/// ready node with a new boot ID to `/mutate/<token>`, as the API server
+/// would. It re-gates the node with the ordinary taint only, never with
+/// strict mode's evicting gate (no stored version shows the claimed boot);
+/// the claim is counted as unconfirmed once its time is up, and holds the
+/// next claim back for the interval, so once the agent has lifted the gate
+/// a second forgery re-gates nothing. A genuine reboot meanwhile is still
+/// gated, from the stored new boot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leaked_token_regates_once_per_interval_evicts_nothing_and_is_counted() {
+    let (emu, webhook) = install_with(
+        true,
+        &[
+            "--reregistration-min-interval=60s",
+            "--reboot-confirm-timeout=1s",
+        ],
+    )
+    .await;
+    let gates = [DEFAULT_TAINT, BOOT_GATE];
+    let (mut kubelet, api) = ready_node(&emu, "victim", &gates).await;
+    let stored = serde_json::to_value(api.get("victim").await.unwrap()).unwrap();
+    let path = format!("/mutate/{}", webhook.path_token().unwrap());
+    let replica = replica_client(&webhook).await;
+    let standin = StandInAgent {
+        taints: gates.iter().map(|g| g.parse().unwrap()).collect(),
+    };
+    let admin = emu.client(users::ADMIN).await.unwrap();
+
+    let (code, answer) = post(&replica, &path, &review(&stored, "leaked-1", false)).await;
+    assert_eq!(code, 200, "{answer}");
+    assert_eq!(
+        taints(&api.get("victim").await.unwrap()),
+        ["nodegate.dev/agent-not-ready:NoSchedule"],
+        "the ordinary taint only, never the evicting gate"
+    );
+    wait_count(&webhook, CLAIMS, &[("result", "unconfirmed")], 1.0).await;
+    // The agent lifts it; the forger tries again within the interval.
+    standin.mark_ready(&admin, "victim").await.unwrap();
+    let lifted = taints(&api.get("victim").await.unwrap());
+    assert!(lifted.is_empty(), "the agent lifted it: {lifted:?}");
+    let (code, answer) = post(&replica, &path, &review(&stored, "leaked-2", false)).await;
+    assert_eq!(code, 200, "{answer}");
+    let now = taints(&api.get("victim").await.unwrap());
+    assert!(
+        now.is_empty(),
+        "re-gated again: {now:?}\n{}",
+        webhook.metrics().await.unwrap()
+    );
+    wait_count(&webhook, CLAIMS, &[("result", "rate_limited")], 1.0).await;
+
+    // A genuine reboot within the interval: its claim is held back too, and
+    // the stored new boot gates it (both gates, from the status write).
+    kubelet.reboot().await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let now = taints(&api.get("victim").await.unwrap());
+        if now.len() == 2 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the reboot left {now:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let m = webhook.metrics().await.unwrap();
+    let scrape = parse(&m);
+    assert_eq!(scrape.sum(CLAIMS, &[("result", "unconfirmed")]), 1.0, "{m}");
+    assert_eq!(
+        scrape.sum(CLAIMS, &[("result", "rate_limited")]),
+        2.0,
+        "{m}"
+    );
+    assert_eq!(scrape.sum(REREGISTRATIONS, &[("result", "ok")]), 1.0, "{m}");
+}
+
+/// A genuine reboot's claim is confirmed by the stored node and holds no
+/// later reboot back, however soon it comes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn genuine_reboots_are_confirmed_and_never_held_back() {
+    let (emu, webhook) = install_with(false, &["--reregistration-min-interval=1h"]).await;
+    let (mut kubelet, api) = ready_node(&emu, "rebooted", &[DEFAULT_TAINT]).await;
+    let admin = emu.client(users::ADMIN).await.unwrap();
+    for round in 1..=3 {
+        StandInAgent::default()
+            .mark_ready(&admin, "rebooted")
+            .await
+            .unwrap();
+        kubelet.reboot().await.unwrap();
+        assert_eq!(
+            taints(&api.get("rebooted").await.unwrap()).len(),
+            1,
+            "reboot {round}: gated from its first version"
+        );
+    }
+    let m = webhook.metrics().await.unwrap();
+    let scrape = parse(&m);
+    assert_eq!(scrape.sum(REREGISTRATIONS, &[("result", "ok")]), 3.0, "{m}");
+    assert_eq!(scrape.sum(CLAIMS, &[("result", "confirmed")]), 2.0, "{m}");
+    assert_eq!(
+        scrape.sum(CLAIMS, &[("result", "rate_limited")]),
+        0.0,
+        "{m}"
+    );
 }

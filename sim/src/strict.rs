@@ -9,13 +9,14 @@
 //! tolerate the gate and one that does; then a reboot wave, then agent
 //! restarts on the same boot with one more untolerating pod per node.
 //!
-//! The kubelet here lists its pods once its re-registration has returned, so
-//! it sees the gate the webhook added then; upstream does not order the two
-//! (see the emulator's README). The taint-eviction controller sees the gate
-//! as soon: it often deletes the untolerating pods before the kubelet lists
-//! them (the emulator deletes at once; a real deletion is graceful and the
-//! kubelet would see the pod terminating), so each is either refused or
-//! already gone — never started.
+//! The kubelet here lists its pods once its re-registration has returned.
+//! The webhook adds the gate only once the new boot is stored (after the
+//! kubelet's status write: a re-registration's claim alone never brings an
+//! evicting taint), so an untolerating pod listed first starts, and the
+//! taint-eviction controller deletes it once the gate is stored: each is
+//! refused, or started and evicted (`admitted_early`, the cost of that rule);
+//! upstream does not order the kubelet's pod listing and its status write
+//! (see the emulator's README).
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
@@ -112,7 +113,10 @@ pub async fn strict_scenario(o: &RunOptions, strict: bool) -> anyhow::Result<Str
 struct Version {
     node: String,
     boot: String,
+    /// The boot gate (NoExecute).
     gated: bool,
+    /// nodegate's ordinary taint.
+    tainted: bool,
     mark: Option<String>,
 }
 
@@ -143,6 +147,14 @@ async fn observe(client: kube::Client, gate: TaintSpec, versions: Versions) {
                 .map(|i| i.boot_id.clone())
                 .unwrap_or_default(),
             gated: has(&n, &gate),
+            tainted: n
+                .spec
+                .as_ref()
+                .and_then(|s| s.taints.as_ref())
+                .is_some_and(|t| {
+                    t.iter()
+                        .any(|t| t.key == gate.key() && t.effect == "NoSchedule")
+                }),
             mark: n
                 .metadata
                 .labels
@@ -431,7 +443,7 @@ async fn phases(
         .filter(|(node, boot)| {
             let g = lock(versions);
             let first = g.iter().find(|v| v.node == **node && v.boot == **boot);
-            !first.is_some_and(|v| v.gated)
+            !first.is_some_and(|v| v.tainted)
         })
         .count();
 

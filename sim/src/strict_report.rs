@@ -18,18 +18,21 @@ pub struct StrictReport {
     pub bound_untolerating: usize,
     pub bound_tolerating: usize,
     /// Untolerating pods the kubelet admitted at its start after the reboot,
-    /// before the node's network agent was ready.
+    /// before the node's network agent was ready: in strict mode, before
+    /// the gate was stored (it follows the stored new boot); each is then
+    /// evicted.
     pub admitted_early: usize,
     /// Untolerating pods the kubelet refused (`TaintToleration`); the others
-    /// were deleted by the taint-eviction controller before it listed them
-    /// (the gate lands with the kubelet's re-registration).
+    /// started first or were deleted by the taint-eviction controller before
+    /// it listed them.
     pub refused: usize,
     /// Tolerating pods the kubelet refused (must be none).
     pub refused_tolerating: usize,
     /// Pods the taint-eviction controller deleted during the wave: with the
     /// gate, every untolerating pod of a rebooted node.
     pub evicted_in_wave: usize,
-    /// Rebooted nodes whose first version on the new boot lacked the gate.
+    /// Rebooted nodes whose first version on the new boot lacked nodegate's
+    /// ordinary taint (the boot gate follows once that boot is stored).
     pub reboots_ungated: usize,
     /// Agents restarted on the same boot (their nodes each run one more
     /// untolerating pod), node versions carrying the gate meanwhile, and
@@ -65,7 +68,7 @@ pub fn render_strict_table(reports: &[StrictReport]) -> String {
         ("tolerating pods refused", n(|r| r.refused_tolerating)),
         ("pods evicted in the reboot wave", n(|r| r.evicted_in_wave)),
         (
-            "rebooted nodes first seen on the new boot ungated",
+            "rebooted nodes first seen on the new boot untainted",
             // Without the gate there is nothing to see.
             Box::new(|r| {
                 if r.strict {
@@ -122,13 +125,10 @@ pub fn broken_strict_guarantees(reports: &[StrictReport]) -> Vec<String> {
             ),
         );
         if r.strict {
-            check(
-                r.admitted_early == 0,
-                format!(
-                    "{} untolerating pods admitted on rebooted nodes before their agent was ready",
-                    r.admitted_early
-                ),
-            );
+            // Untolerating pods the kubelet admitted before the gate was
+            // stored (it follows the stored new boot, not the create's
+            // claim) are the cost of that rule: counted, and each must be
+            // evicted below.
             check(
                 r.evicted_in_wave == r.bound_untolerating,
                 format!(
@@ -139,7 +139,7 @@ pub fn broken_strict_guarantees(reports: &[StrictReport]) -> Vec<String> {
             check(
                 r.reboots_ungated == 0,
                 format!(
-                    "{} rebooted nodes first seen without the gate",
+                    "{} rebooted nodes first seen without the taint",
                     r.reboots_ungated
                 ),
             );
@@ -200,6 +200,16 @@ mod tests {
     #[test]
     fn each_guarantee_is_checked() {
         let broken = |r: StrictReport| broken_strict_guarantees(&[r]);
+        // Started before the gate was stored, then evicted: the cost of a
+        // gate that follows only the stored new boot, not a break.
+        assert!(
+            broken(StrictReport {
+                admitted_early: 1,
+                refused: 1,
+                ..strict()
+            })
+            .is_empty()
+        );
         assert_eq!(
             broken(StrictReport {
                 admitted_early: 1,
@@ -207,7 +217,7 @@ mod tests {
                 ..strict()
             })
             .len(),
-            2
+            1
         );
         // Deleted before the kubelet listed them rather than refused: fine.
         assert!(

@@ -105,6 +105,17 @@ pub struct Args {
     /// Unset: every review may, as before.
     #[arg(long, env = "NODEGATE_PATH_TOKEN_FILE")]
     pub path_token_file: Option<PathBuf>,
+    /// A re-registering node is re-tainted on its create's claim of a new
+    /// boot (before any stored version shows it) at most this often; a
+    /// second claim within it waits for the stored new boot, like a status
+    /// write.
+    #[arg(long, env = "NODEGATE_REREGISTRATION_MIN_INTERVAL", default_value = "30s", value_parser = parse_duration)]
+    pub reregistration_min_interval: Duration,
+    /// A re-registration's claimed boot must be stored within this, or the
+    /// re-taint is counted as unconfirmed
+    /// (`nodegate_webhook_reboot_claims_total{result="unconfirmed"}`).
+    #[arg(long, env = "NODEGATE_REBOOT_CONFIRM_TIMEOUT", default_value = "120s", value_parser = parse_duration)]
+    pub reboot_confirm_timeout: Duration,
     /// Never use cluster credentials: the patches of a rebooted node's main
     /// resource (a status write cannot carry taints) are skipped and counted.
     #[arg(long, env = "NODEGATE_DISABLE_REBOOT_PATCHES")]
@@ -194,6 +205,9 @@ impl TryFrom<Args> for Config {
         if a.tls_reload_interval.is_zero() {
             anyhow::bail!("--tls-reload-interval must be positive");
         }
+        if a.reboot_confirm_timeout.is_zero() {
+            anyhow::bail!("--reboot-confirm-timeout must be positive");
+        }
         if a.request_timeout.is_zero() || a.body_read_timeout.is_zero() {
             anyhow::bail!("--request-timeout and --body-read-timeout must be positive");
         }
@@ -227,7 +241,11 @@ impl TryFrom<Args> for Config {
             } else {
                 KubeMode::Infer
             },
-            patcher: PatcherOptions::default(),
+            patcher: PatcherOptions {
+                reregistration_min_interval: a.reregistration_min_interval,
+                reboot_confirm_timeout: a.reboot_confirm_timeout,
+                ..PatcherOptions::default()
+            },
             path_token_file: a.path_token_file,
         })
     }

@@ -8,7 +8,9 @@
 //!   done (pure).
 //! * [`review`]: AdmissionReview bytes in (kube's types, serde) and out.
 //! * [`metrics`]: Prometheus metrics.
-//! * [`patcher`]: the background reboot patches and the re-registration check.
+//! * [`patcher`]: the background reboot patches and the re-registration check;
+//!   [`claims`]: its claims of a reboot, rate-limited per node and checked
+//!   against the stored node.
 //! * [`admission`]: one review start to end (decode, decide, count, encode).
 //! * [`limits`], [`body`], [`refusal`]: what one request may cost;
 //!   [`app`]: the HTTP routes within those limits.
@@ -25,6 +27,7 @@ pub mod admission;
 pub mod app;
 pub mod body;
 pub mod caller;
+pub mod claims;
 pub mod config;
 #[cfg(any(test, feature = "fixtures"))]
 pub mod fixtures;

@@ -139,6 +139,14 @@ struct RuleLabels {
     rule: &'static str,
 }
 
+/// How a re-registration's claim of a reboot ended ([`crate::claims`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClaimResult {
+    Confirmed = 0,
+    Unconfirmed = 1,
+    RateLimited = 2,
+}
+
 /// The webhook's metrics and their registry.
 #[derive(Debug)]
 pub struct Metrics {
@@ -155,6 +163,7 @@ pub struct Metrics {
     connections: [Gauge; 2],
     inflight: Gauge,
     path_tokens: Gauge,
+    reboot_claims: [Counter; 3],
 }
 
 impl Default for Metrics {
@@ -269,9 +278,18 @@ impl Metrics {
             "Path tokens a review may present to write a stored Node: 1, or 2 while a rotation runs; 0 when --path-token-file is unusable, -1 without it",
             path_tokens.clone(),
         );
+        let claims = Family::<ResultLabels, Counter>::default();
+        let reboot_claims = ["confirmed", "unconfirmed", "rate_limited"]
+            .map(|result| claims.get_or_create(&ResultLabels { result }).clone());
+        registry.register(
+            "reboot_claims",
+            "Re-registrations that claimed a reboot, by result: confirmed (the stored node reported the boot), unconfirmed (it never did: no real reboot followed the re-taint), rate_limited (not re-tainted: the node was re-tainted on a claim less than --reregistration-min-interval ago)",
+            claims,
+        );
         Self {
             registry,
             path_tokens,
+            reboot_claims,
             requests,
             duration,
             taints_added,
@@ -341,6 +359,10 @@ impl Metrics {
         .inc();
     }
 
+    pub fn reboot_claim(&self, result: ClaimResult) {
+        self.reboot_claims[result as usize].inc();
+    }
+
     /// What the path token file admits now.
     pub fn path_tokens(&self, authority: &Authority) {
         self.path_tokens.set(match authority {
@@ -396,6 +418,7 @@ mod tests {
             r#"nodegate_webhook_open_connections{port="admin"} 1"#,
             "nodegate_webhook_inflight_requests 0",
             "nodegate_webhook_path_tokens 2",
+            r#"nodegate_webhook_reboot_claims_total{result="unconfirmed"} 0"#,
             r#"nodegate_webhook_foreign_side_effects_total{rule="reregistration"} 0"#,
             r#"nodegate_webhook_foreign_side_effects_total{rule="status"} 0"#,
         ] {

@@ -23,7 +23,8 @@ use nodegate_shared::NodeView;
 use nodegate_shared::patch::{Guard, add_taints};
 use tokio::sync::{Semaphore, mpsc};
 
-use crate::metrics::{Background, Metrics};
+use crate::claims::{Admit, Claims, Verdict};
+use crate::metrics::{Background, ClaimResult, Metrics};
 #[cfg(doc)]
 use crate::rules::Rule;
 use crate::rules::{Reason, RebootJob, Reregistration, Rules};
@@ -40,6 +41,11 @@ pub struct PatcherOptions {
     /// First retry delay; doubles per attempt up to `max_backoff`.
     pub base_backoff: Duration,
     pub max_backoff: Duration,
+    /// One re-registration re-taint per node at most this often ([`Claims`]).
+    pub reregistration_min_interval: Duration,
+    /// A re-registration's claimed boot must be stored within this, or it
+    /// is counted as unconfirmed.
+    pub reboot_confirm_timeout: Duration,
 }
 
 impl Default for PatcherOptions {
@@ -50,6 +56,8 @@ impl Default for PatcherOptions {
             max_attempts: 6,
             base_backoff: Duration::from_millis(200),
             max_backoff: Duration::from_secs(5),
+            reregistration_min_interval: Duration::from_secs(30),
+            reboot_confirm_timeout: Duration::from_secs(120),
         }
     }
 }
@@ -74,6 +82,8 @@ pub struct RebootPatcher {
     metrics: Arc<Metrics>,
     /// For the re-registration check, made on the admission path.
     direct: Option<(Api<NodeView>, Arc<Rules>)>,
+    /// Re-taints made on a re-registration's claim, until checked.
+    claims: Arc<Mutex<Claims>>,
 }
 
 /// What one background job did.
@@ -83,16 +93,23 @@ pub enum PatchOutcome {
     Patched(usize),
     /// Node gone, excluded, ready on its current boot, or taints present.
     Unneeded,
+    /// A re-registration's claim held back ([`Claims::admit`]).
+    RateLimited,
 }
 
 impl RebootPatcher {
     /// A patcher without credentials: every request is counted as skipped.
     pub fn disabled(metrics: Arc<Metrics>) -> Self {
+        let o = PatcherOptions::default();
         Self {
             tx: None,
             pending: Arc::default(),
             metrics,
             direct: None,
+            claims: Arc::new(Mutex::new(Claims::new(
+                o.reregistration_min_interval,
+                o.reboot_confirm_timeout,
+            ))),
         }
     }
 
@@ -106,14 +123,20 @@ impl RebootPatcher {
         let (tx, mut rx) = mpsc::channel::<RebootJob>(opts.queue_capacity.max(1));
         let pending: Arc<Mutex<HashSet<String>>> = Arc::default();
         let api: Api<NodeView> = Api::all(client);
+        let claims = Arc::new(Mutex::new(Claims::new(
+            opts.reregistration_min_interval,
+            opts.reboot_confirm_timeout,
+        )));
         let handle = Self {
             tx: Some(tx),
             pending: pending.clone(),
             metrics: metrics.clone(),
             direct: Some((api.clone(), rules.clone())),
+            claims: claims.clone(),
         };
+        let sweep = check_claims(api.clone(), claims, metrics.clone(), opts);
         let permits = Arc::new(Semaphore::new(opts.concurrency.max(1)));
-        let worker = tokio::spawn(async move {
+        let jobs = async move {
             loop {
                 // A free slot first, then a node: nodes stay in `pending` (and
                 // deduplicated) while they wait for a slot.
@@ -139,7 +162,7 @@ impl RebootPatcher {
                             metrics.taints_added(Reason::Reboot, n);
                             tracing::info!(%node, taints = n, "reboot taints added after status write");
                         }
-                        Ok(PatchOutcome::Unneeded) => {
+                        Ok(PatchOutcome::Unneeded | PatchOutcome::RateLimited) => {
                             metrics.background(Background::Unneeded);
                             tracing::debug!(%node, "reboot patch no longer needed");
                         }
@@ -149,6 +172,13 @@ impl RebootPatcher {
                         }
                     }
                 });
+            }
+        };
+        // The claims' checks end with the job loop, when every handle is gone.
+        let worker = tokio::spawn(async move {
+            tokio::select! {
+                () = jobs => {}
+                () = sweep => {}
             }
         });
         (handle, worker)
@@ -163,7 +193,12 @@ impl RebootPatcher {
             return;
         };
         let node = &job.node;
-        match tokio::time::timeout_at(until, retaint_reregistered(api, rules, job)).await {
+        let claims = Some((self.claims.as_ref(), self.metrics.as_ref()));
+        match tokio::time::timeout_at(until, retaint_reregistered(api, rules, job, claims)).await {
+            Ok(Ok(PatchOutcome::RateLimited)) => {
+                self.metrics.reregistration(Background::Skipped);
+                tracing::warn!(%node, boot = %job.boot_id, "a re-registration claiming a reboot while the node's previous claim is unconfirmed, within --reregistration-min-interval: not re-tainted on its claim (the stored new boot still gates it)");
+            }
             Ok(Ok(PatchOutcome::Patched(n))) => {
                 self.metrics.reregistration(Background::Ok);
                 self.metrics.taints_added(Reason::Reboot, n);
@@ -205,6 +240,52 @@ impl RebootPatcher {
     }
 }
 
+/// Checks each re-registration claim once its time is up: one GET of the
+/// node; a claimed boot the stored node does not report is counted as
+/// unconfirmed and logged, for an alert to name.
+async fn check_claims(
+    api: Api<NodeView>,
+    claims: Arc<Mutex<Claims>>,
+    metrics: Arc<Metrics>,
+    opts: PatcherOptions,
+) {
+    let every =
+        (opts.reboot_confirm_timeout / 4).clamp(Duration::from_millis(50), Duration::from_secs(15));
+    loop {
+        tokio::time::sleep(every).await;
+        let due = claims
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .due(std::time::Instant::now());
+        for (node, boot) in due {
+            let stored = match api.get_opt(&node).await {
+                Ok(n) => n.and_then(|n| n.boot_id().map(str::to_owned)),
+                Err(err) => {
+                    tracing::debug!(%node, %err, "claim check: node not read; next round");
+                    continue;
+                }
+            };
+            let verdict = claims
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .settle(&node, &boot, stored.as_deref());
+            count_verdict(&metrics, &node, verdict);
+        }
+    }
+}
+
+/// Counts how a claim ended; an unconfirmed one is also a warning.
+fn count_verdict(metrics: &Metrics, node: &str, verdict: Option<Verdict>) {
+    match verdict {
+        Some(Verdict::Confirmed) => metrics.reboot_claim(ClaimResult::Confirmed),
+        Some(Verdict::Unconfirmed { stored_boot }) => {
+            metrics.reboot_claim(ClaimResult::Unconfirmed);
+            tracing::warn!(%node, stored = ?stored_boot, "a re-registration claimed a reboot that the node never reported: the re-taint followed no real reboot (a forged review on the path token?)");
+        }
+        None => {}
+    }
+}
+
 /// Worth another attempt: conflicts, a failed `test` (422), throttling,
 /// server errors and transport errors.
 fn retryable(err: &KubeError) -> bool {
@@ -233,6 +314,7 @@ pub async fn retaint_reregistered(
     api: &Api<NodeView>,
     rules: &Rules,
     job: &Reregistration,
+    claims: Option<(&Mutex<Claims>, &Metrics)>,
 ) -> Result<PatchOutcome, KubeError> {
     const ATTEMPTS: u32 = 3;
     let name = job.node.as_str();
@@ -245,12 +327,33 @@ pub async fn retaint_reregistered(
         if missing.is_empty() {
             return Ok(PatchOutcome::Unneeded);
         }
+        let now = std::time::Instant::now();
+        if let Some((claims, metrics)) = claims {
+            let (admit, verdict) = claims.lock().unwrap_or_else(PoisonError::into_inner).admit(
+                name,
+                node.boot_id(),
+                now,
+            );
+            count_verdict(metrics, name, verdict);
+            if admit == Admit::RateLimited {
+                metrics.reboot_claim(ClaimResult::RateLimited);
+                return Ok(PatchOutcome::RateLimited);
+            }
+        }
         let patch = add_taints(&node, &missing, Guard::Current);
         match api
             .patch(name, &PatchParams::default(), &Patch::Json::<()>(patch))
             .await
         {
-            Ok(_) => return Ok(PatchOutcome::Patched(missing.len())),
+            Ok(_) => {
+                if let Some((claims, _)) = claims {
+                    claims
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .record(name, &job.boot_id, now);
+                }
+                return Ok(PatchOutcome::Patched(missing.len()));
+            }
             Err(err) if attempt < ATTEMPTS && retryable(&err) => attempt += 1,
             Err(err) => return Err(err),
         }

@@ -16,7 +16,7 @@ use kube::core::admission::{AdmissionRequest, Operation};
 use nodegate_shared::keys::NODE_USER_PREFIX;
 use nodegate_shared::node::{boot_id_changed, rebooted_since_ready};
 use nodegate_shared::patch::{Guard, add_taints};
-use nodegate_shared::taint::check_unique;
+use nodegate_shared::taint::{Effect, check_unique};
 use nodegate_shared::{NodeView, TaintError, TaintSpec};
 
 /// An admission request for a Node, as kube decodes it.
@@ -359,6 +359,12 @@ impl Rules {
     /// the agent recorded another boot as ready, or the stored node runs
     /// another boot; the same boot (a kubelet restart) changes nothing, and an
     /// excluded node stays excluded.
+    ///
+    /// Never a `NoExecute` taint (strict mode's boot gate): the boot is only
+    /// the create's claim, which no stored version confirms yet, and a
+    /// forged claim must not evict a node's pods. The gate follows once the
+    /// kubelet's status write has stored the new boot
+    /// ([`Rules::reboot_taints_needed`]).
     pub fn reregistration_taints_needed<'a>(
         &'a self,
         stored: &NodeView,
@@ -372,7 +378,11 @@ impl Rules {
         if !rebooted || stored.ready_boot_id() == Some(create_boot) {
             return Vec::new();
         }
-        stored.missing(&self.taints)
+        stored
+            .missing(&self.taints)
+            .into_iter()
+            .filter(|t| t.effect() != Effect::NoExecute)
+            .collect()
     }
 
     /// The background re-check of [`Rule::StatusShowsReboot`], on a

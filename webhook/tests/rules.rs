@@ -512,3 +512,24 @@ fn only_the_nodes_own_kubelet_moves_the_webhook_to_write_a_stored_node() {
         );
     }
 }
+
+/// Strict mode: a re-registration's claim of a new boot is not yet stored,
+/// so it brings back the ordinary taint only; the evicting boot gate waits
+/// for the stored new boot (the background re-check after the kubelet's
+/// status write adds it).
+#[test]
+fn a_reregistration_never_adds_the_evicting_gate() {
+    let gate = "nodegate.dev/agent-not-ready=true:NoExecute";
+    let r = Rules::new(vec![DEFAULT_TAINT.parse().unwrap(), gate.parse().unwrap()]).unwrap();
+    let view = |v: Value| -> NodeView { serde_json::from_value(v).unwrap() };
+    let stored = with_annotation(kubelet_node("n1", "boot-1", 1), ANN, "boot-1");
+    let shown: Vec<String> = r
+        .reregistration_taints_needed(&view(stored), "boot-2")
+        .iter()
+        .map(|t| t.to_string())
+        .collect();
+    assert_eq!(shown, [DEFAULT_TAINT]);
+    // Once the new boot is stored, the re-check adds both.
+    let rebooted = with_annotation(kubelet_node("n1", "boot-2", 1), ANN, "boot-1");
+    assert_eq!(r.reboot_taints_needed(&view(rebooted)).len(), 2);
+}

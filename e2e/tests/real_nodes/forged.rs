@@ -124,6 +124,92 @@ pub(crate) async fn forged_reviews(c: &Ctx, node: &str, mode: &str) {
     assert_eq!(counted, total);
     nothing_regated(c, node, mode, before_rv).await;
     h.kubectl(&format!("delete pod {FORGER} --wait=false"));
+    node_creator(c, node, mode).await;
+}
+
+/// A user whose only right is `create nodes` (Cluster API's, virtual-kubelet's,
+/// an autoscaler provider's) creates a copy of the ready `node` with another
+/// boot ID, as its kubelet re-registering after a reboot would. The API
+/// server answers AlreadyExists only after mutating admission ran: the
+/// webhook must write nothing, so no version is gated and, in strict mode,
+/// no pod on the node is evicted.
+async fn node_creator(c: &Ctx, node: &str, mode: &str) {
+    const CREATOR: &str = "nodegate-e2e-node-creator";
+    let Ctx { h, client, rec, .. } = c;
+    step(&format!(
+        "a node creator's create of a ready node with a new boot ID ({mode}): AlreadyExists, nothing gated"
+    ));
+    h.kubectl(&format!(
+        "create clusterrole {CREATOR} --verb=create --resource=nodes --dry-run=client -o yaml | kubectl apply -f -"
+    ));
+    h.kubectl(&format!(
+        "create clusterrolebinding {CREATOR} --clusterrole={CREATOR} --user={CREATOR} --dry-run=client -o yaml | kubectl apply -f -"
+    ));
+    let mut copy = serde_json::to_value(live_node(client, node).await.unwrap()).unwrap();
+    copy["status"]["nodeInfo"]["bootID"] = "ffffffff-0000-4000-8000-0000000000aa".into();
+    for field in [
+        "resourceVersion",
+        "uid",
+        "creationTimestamp",
+        "managedFields",
+    ] {
+        if let Some(m) = copy["metadata"].as_object_mut() {
+            m.remove(field);
+        }
+    }
+    std::fs::write(
+        h.work.path().join("n.json"),
+        serde_json::to_vec(&copy).unwrap(),
+    )
+    .unwrap();
+    let before_rv = rec.last_rv();
+    let evicting_before = evicting(c, node).await;
+    // RBAC reaches the authorizer's cache within a moment.
+    let answer = wait(
+        "the node creator's create answered AlreadyExists",
+        30,
+        async || {
+            let out = h.sh(&format!("kubectl create -f n.json --as={CREATOR} 2>&1"));
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            text.contains("AlreadyExists").then_some(text)
+        },
+    )
+    .await;
+    println!("{}", answer.trim());
+    // The webhook decides before the answer; a background patch would follow
+    // within a second. Watch the node for longer than that.
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while std::time::Instant::now() < end {
+        let now = live_node(client, node).await.unwrap();
+        assert!(
+            !gated(&now) && !boot_gated(&now),
+            "{node} gated by a node creator"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    let regated = versions_after(rec, node, before_rv)
+        .into_iter()
+        .filter(|s| gated(&s.obj) || boot_gated(&s.obj))
+        .count();
+    let evicted = evicting(c, node).await.saturating_sub(evicting_before);
+    figure(&format!("node_creator_{mode}_gated_versions"), regated);
+    figure(&format!("node_creator_{mode}_evicted_pods"), evicted);
+    assert_eq!((regated, evicted), (0, 0));
+    h.kubectl(&format!(
+        "delete clusterrolebinding {CREATOR} && kubectl delete clusterrole {CREATOR}"
+    ));
+}
+
+/// Pods on `node` being deleted (the taint-eviction controller's mark).
+async fn evicting(c: &Ctx, node: &str) -> usize {
+    live_pods(&c.client)
+        .await
+        .into_iter()
+        .filter(|p| {
+            p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node)
+                && p.metadata.deletion_timestamp.is_some()
+        })
+        .count()
 }
 
 /// Runs the forger's pod on `other` and returns the pid of a process in its

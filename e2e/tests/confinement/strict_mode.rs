@@ -9,7 +9,7 @@ use nodegate_shared::keys::{DEFAULT_TAINT, READY_BOOT_ID_ANNOTATION};
 use serde_json::{Value, json};
 
 use crate::support::node_writes::{json_patch, patch, ready_boot_id_path};
-use crate::support::refusals::{AGENT_POLICY, assert_refused};
+use crate::support::refusals::{AGENT_POLICY, WEBHOOK_POLICY, assert_refused};
 use crate::support::taints::{TAINT_KEY, taints};
 use crate::support::target_node::node;
 
@@ -160,5 +160,63 @@ async fn a_new_boot_is_gated_then_released(
         )
         .await,
         &[AGENT_POLICY, RECORD_MSG],
+    );
+}
+
+/// The webhook's token, stolen, in strict mode: it adds the boot gate only
+/// once the stored node runs another boot than the one its agent recorded
+/// as ready (the webhook never adds it on a re-registration's claim), so it
+/// cannot evict a node's pods on the boot they run on. Emulator only, as the
+/// agent's test above.
+#[tokio::test]
+async fn in_strict_mode_a_stolen_webhook_token_cannot_evict_a_ready_boot() {
+    let c = Cluster::start().await.unwrap();
+    let Some(emu) = c.emulator() else {
+        println!("skipped on a real cluster: e2e/real-nodes attacks the strict-mode install");
+        return;
+    };
+    emu.apply(&nodegate_webhook::confinement::render(
+        &[DEFAULT_TAINT.parse().unwrap()],
+        &["nodegate.dev/agent-not-ready=true:NoExecute"
+            .parse()
+            .unwrap()],
+        &[],
+    ))
+    .unwrap();
+    let a = node(&c, "strict-w").await;
+    let admin = c.client(users::ADMIN).await.unwrap();
+    let nodes: Api<Node> = Api::all(admin.clone());
+    nodes
+        .patch_status(&a, &PatchParams::default(), &Patch::Merge(boot("b1")))
+        .await
+        .unwrap();
+    patch(
+        &admin,
+        &a,
+        json!({"metadata": {"annotations": {READY_BOOT_ID_ANNOTATION: "b1"}}}),
+    )
+    .await
+    .unwrap();
+    let webhook = c.webhook_client().await.unwrap();
+    let add_gate = json!([{"op": "add", "path": "/spec/taints/-", "value": boot_gate()}]);
+    assert_refused(
+        "the webhook gates the ready boot",
+        json_patch(&webhook, &a, add_gate.clone()).await,
+        &[
+            WEBHOOK_POLICY,
+            GATE_MSG,
+            "only on a boot other than the one its agent recorded as ready",
+        ],
+    );
+    // The stored node runs a new boot: the gate is the webhook's to add.
+    nodes
+        .patch_status(&a, &PatchParams::default(), &Patch::Merge(boot("b2")))
+        .await
+        .unwrap();
+    json_patch(&webhook, &a, add_gate).await.unwrap();
+    assert!(
+        taints(&c, &a)
+            .await
+            .contains(&format!("{TAINT_KEY}:NoExecute"))
     );
 }

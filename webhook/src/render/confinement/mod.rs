@@ -208,6 +208,35 @@ fn boot_gate_rules(boot: &[TaintSpec]) -> String {
     )
 }
 
+/// The webhook's strict-mode validation: it adds the boot gate only to a
+/// node whose stored boot is not the one its agent recorded as ready (or
+/// that never recorded one). The webhook adds it only after a stored new
+/// boot, never on a re-registration's claim, so a stolen webhook token cannot
+/// evict a node's pods on the boot they run on. Empty without boot taints.
+fn webhook_boot_gate_rule(boot: &[TaintSpec]) -> String {
+    if boot.is_empty() {
+        return String::new();
+    }
+    let ready = q(READY_BOOT_ID_ANNOTATION);
+    let (new_taints, old_taints) = (NEW_TAINTS, OLD_TAINTS);
+    let old_ann = or_empty("oldObject.metadata", "annotations", "{}");
+    let boot_id = "(has(oldObject.status) && has(oldObject.status.nodeInfo) \
+                   && has(oldObject.status.nodeInfo.bootID) ? oldObject.status.nodeInfo.bootID : '')";
+    let is_boot = managed(boot, "t");
+    let gate = shown(boot);
+    format!(
+        r#"    - expression: >-
+        request.operation != 'UPDATE'
+        || !{new_taints}.exists(t, {is_boot} && !{old_taints}.exists(o, o.key == t.key && o.effect == t.effect))
+        || !({ready} in {old_ann}) || {old_ann}[{ready}] != {boot_id}
+      messageExpression: >-
+        "nodegate-webhook may add the boot gate {gate} to node '" + request.name
+        + "' only on a boot other than the one its agent recorded as ready ({READY_BOOT_ID_ANNOTATION})"
+      reason: Forbidden
+"#
+    )
+}
+
 /// The CEL both policies read about the configured taints.
 struct GateTerms {
     /// `t` is a configured taint (same key and effect).
@@ -276,7 +305,7 @@ pub fn render(ordinary: &[TaintSpec], boot: &[TaintSpec], release: &[TaintSpec])
 {webhook_binding}"#,
         agent = agent_policy(&gate, boot, release),
         agent_binding = binding(AGENT_POLICY),
-        webhook = webhook_policy(&gate),
+        webhook = webhook_policy(&gate, boot),
         webhook_binding = binding(WEBHOOK_POLICY),
     )
 }
@@ -440,7 +469,7 @@ fn agent_validations(gate: &GateTerms, boot: &[TaintSpec], release: &[TaintSpec]
 }
 
 /// The webhook's policy: it may only add configured taints to a Node.
-fn webhook_policy(gate: &GateTerms) -> String {
+fn webhook_policy(gate: &GateTerms, boot: &[TaintSpec]) -> String {
     let GateTerms {
         is_managed,
         managed_list,
@@ -452,6 +481,7 @@ fn webhook_policy(gate: &GateTerms) -> String {
         path: taint_path(),
         changed: "taintsChanged",
     }];
+    let boot_rule = webhook_boot_gate_rule(boot);
     format!(
         r#"{head}  variables:
     # The pod the token is bound to ('' without both pod claims).
@@ -489,7 +519,7 @@ fn webhook_policy(gate: &GateTerms) -> String {
       messageExpression: >-
         "nodegate-webhook may change nothing but spec.taints of node '" + request.name + "'"
       reason: Forbidden
-{ownership_rule}"#,
+{boot_rule}{ownership_rule}"#,
         head = policy_head(WEBHOOK_POLICY, "nodegate-webhook", WEBHOOK_SA),
         pod_name = q(POD_NAME_CLAIM),
         pod_uid = q(POD_UID_CLAIM),
@@ -621,7 +651,7 @@ mod tests {
     }
 
     #[test]
-    fn strict_mode_adds_the_boot_gate_rules_to_the_agent_only() {
+    fn strict_mode_adds_the_boot_gate_rules_to_both() {
         let text = render(
             &[DEFAULT_TAINT.parse().unwrap()],
             &[GATE.parse().unwrap()],
@@ -645,7 +675,12 @@ mod tests {
                 .contains("may add the boot gate nodegate.dev/agent-not-ready:NoExecute")
         );
         assert!(messages(&docs[0]).contains("only to the node's current bootID"));
-        assert!(!messages(&docs[2]).contains("boot gate"));
+        // The webhook adds it only off the ready boot, and moves no record.
+        assert!(
+            messages(&docs[2])
+                .contains("only on a boot other than the one its agent recorded as ready")
+        );
+        assert!(!messages(&docs[2]).contains("current bootID"));
         // Both may touch both taints; the webhook only adds.
         assert!(messages(&docs[2]).contains(
             "may only add the taints nodegate.dev/agent-not-ready:NoSchedule, nodegate.dev/agent-not-ready:NoExecute"

@@ -8,6 +8,7 @@
 mod ca;
 mod error;
 mod files;
+pub mod rotate;
 pub mod trust;
 mod webhook_config;
 

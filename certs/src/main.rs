@@ -12,8 +12,12 @@ use nodegate_certs::{
 };
 
 #[derive(Debug, Parser)]
-#[command(version, about)]
+#[command(version, about, subcommand_negates_reqs = true)]
 struct Args {
+    /// Without a command: make the certificates (and with
+    /// --webhook-config the path token and the caBundle patch) in --out-dir.
+    #[command(subcommand)]
+    command: Option<Command>,
     /// Name of the webhook's Service.
     #[arg(
         long,
@@ -25,8 +29,8 @@ struct Args {
     #[arg(long, env = "NODEGATE_CERTS_NAMESPACE", default_value = "nodegate")]
     namespace: String,
     /// Directory that receives ca.crt, tls.crt and tls.key (created if missing).
-    #[arg(long, env = "NODEGATE_CERTS_OUT_DIR")]
-    out_dir: PathBuf,
+    #[arg(long, env = "NODEGATE_CERTS_OUT_DIR", required = true)]
+    out_dir: Option<PathBuf>,
     /// Extra IP SAN (repeatable; comma-separated in the env variable), for local use.
     #[arg(long = "ip", env = "NODEGATE_CERTS_IPS", value_delimiter = ',')]
     ips: Vec<IpAddr>,
@@ -72,8 +76,67 @@ const TOKEN_MODE: u32 = 0o600;
 /// With `--also-trust`: the patch that ends the rotation (the new CA alone).
 const FINAL_PATCH_FILE: &str = "ca-bundle-final-patch.yaml";
 
+#[derive(Debug, clap::Subcommand)]
+enum Command {
+    /// Replace the path token in the cluster (your kubeconfig's), with no
+    /// review of the API server refused its side effect: the Secret holds
+    /// both tokens, the webhook StatefulSet rolls, the lines move to the new
+    /// token, the old one goes and the StatefulSet rolls again. Run again to
+    /// resume an interrupted rotation.
+    RotatePathToken {
+        /// The install's namespace.
+        #[arg(long, env = "NODEGATE_CERTS_NAMESPACE", default_value = "nodegate")]
+        namespace: String,
+        /// The Secret holding the token (key `token`).
+        #[arg(long, default_value = "nodegate-webhook-path")]
+        secret: String,
+        /// The webhook's StatefulSet.
+        #[arg(long, default_value = "nodegate-webhook")]
+        statefulset: String,
+        /// The MutatingWebhookConfiguration whose lines call the token.
+        #[arg(long, default_value = "nodegate")]
+        webhook_config: String,
+        /// How long each of the two rollouts may take.
+        #[arg(long, default_value = "10m", value_parser = nodegate_shared::duration::parse)]
+        rollout_timeout: std::time::Duration,
+    },
+}
+
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    if let Some(Command::RotatePathToken {
+        namespace,
+        secret,
+        statefulset,
+        webhook_config,
+        rollout_timeout,
+    }) = args.command
+    {
+        let target = nodegate_certs::rotate::Target {
+            namespace,
+            secret,
+            statefulset,
+            webhook_config,
+            rollout_timeout,
+        };
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("starting the runtime")?;
+        // One TLS provider for the API client, whatever features other
+        // crates of a build turn on.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        return rt.block_on(async {
+            let client = kube::Client::try_default()
+                .await
+                .context("a client from your kubeconfig")?;
+            nodegate_certs::rotate::rotate(client, &target, path_token(), |line| {
+                eprintln!("{line}")
+            })
+            .await
+        });
+    }
+    let out_dir = args.out_dir.clone().context("--out-dir is required")?;
     // Read the config first so a bad path fails before anything is written.
     let config = args
         .webhook_config
@@ -110,7 +173,7 @@ fn main() -> anyhow::Result<()> {
     // configuration's lines call, so a certificate rotation does not change
     // the path the running replicas accept.
     let token = match (&config, args.no_path_token) {
-        (Some(config), false) => Some(match existing_token(&args.out_dir.join(TOKEN_FILE))? {
+        (Some(config), false) => Some(match existing_token(&out_dir.join(TOKEN_FILE))? {
             Some(t) => t,
             None => live_path_token(config)
                 .context("reading the path token its lines call")?
@@ -135,28 +198,24 @@ fn main() -> anyhow::Result<()> {
         }
         _ => None,
     };
-    write_files(&args.out_dir, ca.cert_pem(), &serving)?;
+    write_files(&out_dir, ca.cert_pem(), &serving)?;
     let mut wrote = "ca.crt,tls.crt,tls.key".to_string();
     if let Some(t) = &token {
-        write_atomic(&args.out_dir.join(TOKEN_FILE), t.as_bytes(), TOKEN_MODE)?;
+        write_atomic(&out_dir.join(TOKEN_FILE), t.as_bytes(), TOKEN_MODE)?;
         wrote.push(',');
         wrote.push_str(TOKEN_FILE);
     }
     if let Some((patch, last)) = patches {
-        write_atomic(&args.out_dir.join(PATCH_FILE), patch.as_bytes(), TOKEN_MODE)?;
+        write_atomic(&out_dir.join(PATCH_FILE), patch.as_bytes(), TOKEN_MODE)?;
         wrote.push(',');
         wrote.push_str(PATCH_FILE);
         if let Some(last) = last {
-            write_atomic(
-                &args.out_dir.join(FINAL_PATCH_FILE),
-                last.as_bytes(),
-                TOKEN_MODE,
-            )?;
+            write_atomic(&out_dir.join(FINAL_PATCH_FILE), last.as_bytes(), TOKEN_MODE)?;
             wrote.push(',');
             wrote.push_str(FINAL_PATCH_FILE);
         }
     }
-    eprintln!("wrote {}/{{{wrote}}}", args.out_dir.display());
+    eprintln!("wrote {}/{{{wrote}}}", out_dir.display());
     Ok(())
 }
 

@@ -44,6 +44,8 @@ mod rollouts;
 mod strict;
 #[path = "real_nodes/strict_workloads.rs"]
 mod strict_workloads;
+#[path = "real_nodes/token.rs"]
+mod token;
 
 /// Runs in CI: without the Kubernetes binaries the harness refuses in one
 /// line naming what is missing, exits non-zero, and makes nothing.
@@ -95,6 +97,7 @@ async fn nodegate_on_real_nodes() {
     let only = std::env::var("NODEGATE_REAL_NODES_ONLY").ok();
     if only.is_none() {
         install::install(&h, &client, &nodes0).await;
+        token::token_in_logs(&h, "install");
     }
     let c = Ctx {
         prober: Prober::start(client.clone()),
@@ -123,10 +126,13 @@ async fn nodegate_on_real_nodes() {
     reboot::kubelet_restart(&c).await;
     outage::webhook_drained(&c).await;
     rollouts::rollouts(&c).await;
+    token::token_in_logs(&c.h, "rollouts");
+    token::rotation(&c).await;
     rollouts::upgrade(&c).await;
     pruning::pruning(&c).await;
     outage::webhook_host_crash(&c).await;
     outage::webhook_host_down(&c).await;
+    token::token_in_logs(&c.h, "replica_outage");
     pruning::memory_and_nothing_gated(&c).await;
     strict::strict_mode(&c).await;
     cilium::cilium(&c).await;

@@ -125,6 +125,49 @@ pub(crate) async fn forged_reviews(c: &Ctx, node: &str, mode: &str) {
     nothing_regated(c, node, mode, before_rv).await;
     h.kubectl(&format!("delete pod {FORGER} --wait=false"));
     node_creator(c, node, mode).await;
+    impersonated_webhook(c, node, mode).await;
+}
+
+/// A namespace editor acts as the webhook's ServiceAccount (`edit` may
+/// impersonate it): the ordinary gate and, in strict mode, the evicting one
+/// are both refused by the webhook's confinement, which wants the claims of
+/// a token bound to a Pod of its StatefulSet.
+async fn impersonated_webhook(c: &Ctx, node: &str, mode: &str) {
+    let Ctx { h, client, rec, .. } = c;
+    step(&format!(
+        "the webhook's ServiceAccount impersonated ({mode}): no taint, no boot gate"
+    ));
+    let before_rv = rec.last_rv();
+    let mut refused = 0;
+    for effect in ["NoSchedule", "NoExecute"] {
+        let out = h.sh(&format!(
+            "kubectl --as=system:serviceaccount:{NS}:nodegate-webhook taint node {node} \
+               nodegate.dev/agent-not-ready=true:{effect} 2>&1"
+        ));
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        println!("{effect}: {}", text.trim());
+        assert!(
+            !out.status.success(),
+            "impersonated webhook tainted {node} {effect}"
+        );
+        assert!(
+            text.contains("only with the token of a pod of its StatefulSet"),
+            "{text}"
+        );
+        refused += 1;
+    }
+    figure(&format!("impersonated_webhook_{mode}_refused"), refused);
+    let now = live_node(client, node).await.unwrap();
+    assert!(!gated(&now) && !boot_gated(&now), "{node} gated");
+    let regated = versions_after(rec, node, before_rv)
+        .into_iter()
+        .filter(|s| gated(&s.obj) || boot_gated(&s.obj))
+        .count();
+    figure(
+        &format!("impersonated_webhook_{mode}_gated_versions"),
+        regated,
+    );
+    assert_eq!(regated, 0);
 }
 
 /// A user whose only right is `create nodes` (Cluster API's, virtual-kubelet's,

@@ -155,7 +155,11 @@ async fn spawn_admin(
     let listener = nodegate_shared::admin::bind(addr)
         .await
         .map_err(|source| Error::Bind { addr, source })?;
-    Ok(tokio::spawn(nodegate_shared::admin::serve(
+    let opts = nodegate_shared::admin::AdminOptions {
+        max_connections: args.admin_max_connections as usize,
+        ..Default::default()
+    };
+    Ok(tokio::spawn(nodegate_shared::admin::serve_with(
         listener,
         nodegate_shared::admin::router(
             registry,
@@ -163,6 +167,7 @@ async fn spawn_admin(
             "waiting for the first complete view of the nodes",
         ),
         stopped,
+        opts,
     )))
 }
 

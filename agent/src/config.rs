@@ -150,6 +150,12 @@ pub struct Args {
     #[arg(long, env = "NODEGATE_ADMIN_LISTEN", default_value = "0.0.0.0:9091")]
     pub admin_listen: SocketAddr,
 
+    /// Connections open at once on the admin port (plus 16 for peers on
+    /// this host, such as the kubelet's probes); every pod of the node can
+    /// reach it, and one more connection is closed as soon as accepted.
+    #[arg(long, env = "NODEGATE_ADMIN_MAX_CONNECTIONS", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
+    pub admin_max_connections: u32,
+
     /// The pod's IP (downward API `status.podIP`; the node's IP on the host
     /// network): an --admin-listen with an unspecified IP binds this one,
     /// not every address of the host.
@@ -187,7 +193,9 @@ impl Args {
     /// reachable is harmless because the port serves GETs of `/livez`,
     /// `/readyz` and `/metrics` only (any other method or path is refused),
     /// changes nothing, and its metrics hold no secret: probes are labelled
-    /// by kind and index, never by URL or command
+    /// by kind and index, never by URL or command; and connections are
+    /// capped (`--admin-max-connections`, with a reserve for this host) and
+    /// timed out, so pods cannot starve the kubelet's probes
     /// (`tests/e2e_admin_port.rs`).
     pub fn admin_address(&self) -> SocketAddr {
         match self.bind_address {
@@ -315,6 +323,7 @@ mod tests {
         assert_eq!(a.state_dir, PathBuf::from("/var/run/nodegate"));
         assert_eq!(a.admin_address(), a.admin_listen, "no POD_IP: as given");
         assert_eq!(a.admin_listen.port(), 9091);
+        assert_eq!(a.admin_max_connections, 64);
         assert_eq!(
             (a.prune_confirm_qps, a.prune_hold_count, a.prune_hold_share),
             (200.0, 50, 0.2)

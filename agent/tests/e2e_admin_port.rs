@@ -2,11 +2,16 @@
 //! which every pod can reach; it stays there because the kubelet's httpGet
 //! probes and Prometheus dial that IP. So what it serves must be harmless to
 //! anyone: GETs of `/livez`, `/readyz` and `/metrics` only, and metrics that
-//! hold no secret of the flags nor the agent's credential. The harness and
-//! real-cluster mode: `support`.
+//! hold no secret of the flags nor the agent's credential; and holding
+//! connections open must not starve the kubelet's probes (a failed liveness
+//! probe restarts the agent, whose shutdown re-taints the node). The harness
+//! and real-cluster mode: `support`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
 
 use support::nodes::cluster;
 use support::process::Agent;
@@ -88,4 +93,64 @@ async fn the_admin_port_serves_reads_only_and_no_secret() {
         assert_eq!(code, want, "{method} {path}: {body}");
     }
     assert_eq!(agent.get("/livez").await.0, 200, "still serving");
+}
+
+/// `--admin-max-connections` caps the admin port, with 16 more kept for
+/// this host: the kubelet's probes come from there, pods do not. From
+/// loopback every connection is this host's, so past the cap the probe is
+/// answered from the reserve, and past both a connection is closed unserved.
+/// (The cap against pods alone, and the timeouts: nodegate-shared's
+/// `tests/admin_port.rs`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_cannot_starve_the_admin_ports_probe() {
+    const CAP: usize = 2;
+    const RESERVE: usize = 16;
+    let (c, _nodes) = cluster().await;
+    let name = c.node_name("admin-cap");
+    c.kubelet(&name).await.unwrap().register().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let agent = Agent::start(
+        &c,
+        &name,
+        &dir.path().join("state"),
+        &[
+            "--probe-file",
+            &dir.path().join("absent").to_string_lossy(),
+            "--admin-max-connections",
+            &CAP.to_string(),
+        ],
+    )
+    .await;
+    // A GET of /livez answered 200 on a connection then kept idle (the
+    // agent's idle limit is 10 s; this test needs a fraction of that).
+    let hold = || async {
+        let mut s = TcpStream::connect(agent.admin_addr()).await.ok()?;
+        s.write_all(b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .ok()?;
+        let mut head = [0u8; 12];
+        s.read_exact(&mut head).await.ok()?;
+        (&head == b"HTTP/1.1 200").then_some(s)
+    };
+    let mut held = Vec::new();
+    for i in 0..CAP {
+        held.push(hold().await.unwrap_or_else(|| panic!("connection {i}")));
+    }
+    // The kubelet's probe with the cap full, and what more this host holds.
+    for i in 0..RESERVE {
+        let probe = hold().await;
+        assert!(probe.is_some(), "this host's connection {i} past the cap");
+        held.extend(probe);
+    }
+    // Closed unserved at once: an admitted connection would answer at once.
+    assert_eq!(
+        agent.get("/livez").await.0,
+        0,
+        "served past cap and reserve"
+    );
+    held.pop();
+    eventually("the probe again once a slot is free", || async {
+        agent.get("/livez").await.0 == 200
+    })
+    .await;
 }

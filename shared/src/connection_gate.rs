@@ -94,11 +94,7 @@ pub struct GatedListener {
 impl GatedListener {
     /// `max` connections from anyone plus `local_reserve` from this host.
     pub fn new(listener: TcpListener, max: usize, local_reserve: usize) -> io::Result<Self> {
-        Ok(Self::with_gate(
-            listener,
-            ConnectionGate::new(max, local_reserve),
-            max,
-        )?)
+        Self::with_gate(listener, ConnectionGate::new(max, local_reserve), max)
     }
 
     /// With a gate made by the caller; `max` is only reported in the warning.
@@ -140,10 +136,7 @@ impl GatedListener {
             // a moment; the peer sees the connection closed.
             drop(stream);
             refused();
-            if self
-                .last_warning
-                .is_none_or(|t| t.elapsed() >= WARN_EVERY)
-            {
+            if self.last_warning.is_none_or(|t| t.elapsed() >= WARN_EVERY) {
                 self.last_warning = Some(Instant::now());
                 tracing::warn!(local = %self.local, max = self.max, "connection cap reached: closing new connections");
             }

@@ -1,9 +1,11 @@
 //! Types and rules shared by the nodegate webhook and agent: taint specs,
 //! the keys nodegate writes on Nodes, the reboot rule, JSON patch builders,
-//! and how a binary waits for its stop signal.
+//! how a binary waits for its stop signal, and the connection cap of every
+//! nodegate port.
 
 #[cfg(feature = "admin")]
 pub mod admin;
+pub mod connection_gate;
 pub mod duration;
 #[cfg(feature = "cli")]
 pub mod gate_flags;

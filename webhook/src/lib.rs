@@ -14,8 +14,9 @@
 //! * [`admission`]: one review start to end (decode, decide, count, encode).
 //! * [`limits`], [`body`], [`refusal`]: what one request may cost;
 //!   [`app`]: the HTTP routes within those limits.
-//! * [`gate`], [`tls`], [`serve`]: connections, the reloading certificate,
-//!   the TLS/HTTP stack (reused by the performance harness).
+//! * [`tls`], [`serve`]: the reloading certificate, the TLS/HTTP stack
+//!   (reused by the performance harness), with the connection cap of
+//!   `nodegate_shared::connection_gate`.
 //! * [`config`] and this crate root: flags, and starting it all.
 //!
 //! [`render`] prints manifests instead of serving (below [`config`], which
@@ -31,7 +32,6 @@ pub mod claims;
 pub mod config;
 #[cfg(any(test, feature = "fixtures"))]
 pub mod fixtures;
-pub mod gate;
 pub mod limits;
 pub mod metrics;
 pub mod patcher;

@@ -19,6 +19,7 @@ use axum::extract::Request;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
+use nodegate_shared::connection_gate::GatedListener;
 use rustls::ServerConfig;
 use rustls::crypto::CryptoProvider;
 use rustls::server::ResolvesServerCert;
@@ -27,7 +28,6 @@ use tokio::sync::{mpsc, watch};
 use tokio_rustls::TlsAcceptor;
 use tower::ServiceExt;
 
-use crate::gate::ConnectionGate;
 use crate::metrics::{Metrics, Port, Refusal};
 
 /// Bounds and timeouts of the serving loop.
@@ -43,7 +43,8 @@ pub struct ServeOptions {
     pub drain_timeout: Duration,
     /// Connections open at once; one more is closed as soon as accepted.
     pub max_connections: usize,
-    /// Extra connections for peers on this host (see [`ConnectionGate`]).
+    /// Extra connections for peers on this host (see
+    /// [`nodegate_shared::connection_gate::ConnectionGate`]).
     pub local_reserve: usize,
     /// HTTP/1.1 read buffer, which bounds a request head (hyper's minimum is 8 KiB).
     pub max_header_bytes: usize,
@@ -80,8 +81,6 @@ const H2_CONNECTION_WINDOW: u32 = 1024 * 1024;
 const H2_MAX_HEADER_LIST: u32 = 16 * 1024;
 /// Unsent response bytes buffered per HTTP/2 stream.
 const H2_MAX_SEND_BUF: usize = 64 * 1024;
-/// At most one "connection cap reached" warning per this.
-const WARN_EVERY: Duration = Duration::from_secs(10);
 
 /// The crypto provider used everywhere (ring), so nothing depends on a
 /// process-wide default being installed.
@@ -185,40 +184,20 @@ async fn serve(
     shutdown: impl Future<Output = ()>,
     opts: ServeOptions,
 ) -> io::Result<()> {
-    let local = listener.local_addr()?;
+    let mut listener = GatedListener::new(listener, opts.max_connections, opts.local_reserve)?;
     let builders = Arc::new(Builders::new(&opts));
-    let gate = ConnectionGate::new(opts.max_connections, opts.local_reserve);
     let opts = Arc::new(opts);
     let (stop_tx, stop_rx) = watch::channel(false);
     // Every connection task holds a sender; all dropped = all connections done.
     let (alive_tx, mut alive_rx) = mpsc::channel::<()>(1);
-    let mut last_warning: Option<Instant> = None;
     tokio::pin!(shutdown);
     loop {
-        let (stream, peer) = tokio::select! {
+        let admitted = tokio::select! {
             biased;
             () = &mut shutdown => break,
-            accepted = listener.accept() => match accepted {
-                Ok(a) => a,
-                Err(err) => {
-                    // EMFILE and the like: back off instead of spinning.
-                    tracing::warn!(%err, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
+            a = listener.accept(|| count(&opts, Refusal::ConnectionLimit)) => a,
         };
-        let Some(slot) = gate.admit(peer, local) else {
-            // Closing at once keeps the cost of a flood at one socket for
-            // a moment; the peer sees the connection closed.
-            drop(stream);
-            count(&opts, Refusal::ConnectionLimit);
-            if last_warning.is_none_or(|t| t.elapsed() >= WARN_EVERY) {
-                last_warning = Some(Instant::now());
-                tracing::warn!(%local, max = opts.max_connections, "connection cap reached: closing new connections");
-            }
-            continue;
-        };
+        let (stream, peer, slot) = (admitted.stream, admitted.peer, admitted.slot);
         // Admission calls are small request/response pairs: don't let Nagle delay them.
         let _ = stream.set_nodelay(true);
         let conn = Conn {

@@ -136,6 +136,11 @@ impl Agent {
         }
     }
 
+    /// The admin port's address (bound on loopback by these tests).
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.admin
+    }
+
     /// The kubeconfig it runs with (its credential).
     pub fn kubeconfig(&self) -> &Path {
         &self.kubeconfig

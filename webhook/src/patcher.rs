@@ -360,8 +360,18 @@ pub async fn retaint_reregistered(
     }
 }
 
+/// Reads of a node whose triggering status write is not stored yet, before
+/// the job gives up (the write was refused after admission). A write is
+/// stored within milliseconds of its admission, so the reads start fast:
+/// strict mode's boot gate waits for it, and pods the kubelet admits
+/// meanwhile start before they are evicted.
+pub const NOT_STORED_POLLS: u32 = 12;
+const NOT_STORED_FIRST: Duration = Duration::from_millis(5);
+const NOT_STORED_MAX: Duration = Duration::from_millis(400);
+
 /// One job: read, re-check, guarded patch; retried with exponential backoff,
-/// also while the write that triggered it is not stored yet.
+/// and read again quickly while the write that triggered it is not stored
+/// yet.
 pub async fn patch_node(
     api: &Api<NodeView>,
     rules: &Rules,
@@ -371,6 +381,7 @@ pub async fn patch_node(
     let name = job.node.as_str();
     let mut delay = opts.base_backoff;
     let mut attempt = 1;
+    let mut not_stored = 0;
     loop {
         let result = async {
             let Some(node) = api.get_opt(name).await? else {
@@ -392,14 +403,18 @@ pub async fn patch_node(
         .await;
         match result {
             Ok(Attempt::Done(outcome)) => return Ok(outcome),
-            Ok(Attempt::NotStoredYet) if attempt >= opts.max_attempts => {
+            Ok(Attempt::NotStoredYet) if not_stored >= NOT_STORED_POLLS => {
                 // The write never showed up (refused after admission): nothing
                 // of ours to fix.
                 tracing::debug!(node = %name, "status write never stored; nothing to do");
                 return Ok(PatchOutcome::Unneeded);
             }
             Ok(Attempt::NotStoredYet) => {
-                tracing::debug!(node = %name, attempt, "status write not stored yet; reading again");
+                tracing::debug!(node = %name, not_stored, "status write not stored yet; reading again");
+                tokio::time::sleep((NOT_STORED_FIRST * 2u32.pow(not_stored)).min(NOT_STORED_MAX))
+                    .await;
+                not_stored += 1;
+                continue;
             }
             Err(err) if attempt < opts.max_attempts && retryable(&err) => {
                 tracing::debug!(node = %name, attempt, %err, "reboot patch will be retried");
@@ -609,8 +624,8 @@ mod tests {
             let (req, send) = expect(&mut handle, Method::PATCH, "/api/v1/nodes/n1").await;
             assert_eq!(body_json(req).await[0]["value"], "7");
             send.send_response(json_response(StatusCode::OK, &rebooted_node("8")));
-            // Never stored: as many reads as attempts, no PATCH.
-            for _ in 0..2 {
+            // Never stored: the first read and NOT_STORED_POLLS more, no PATCH.
+            for _ in 0..=NOT_STORED_POLLS {
                 let (_, send) = expect(&mut handle, Method::GET, "/api/v1/nodes/n1").await;
                 send.send_response(json_response(StatusCode::OK, &before_reboot));
             }
@@ -628,12 +643,8 @@ mod tests {
             patch_node(&api, &r, &job, &fast()).await.unwrap(),
             PatchOutcome::Patched(1)
         );
-        let two = PatcherOptions {
-            max_attempts: 2,
-            ..fast()
-        };
         assert_eq!(
-            patch_node(&api, &r, &job, &two).await.unwrap(),
+            patch_node(&api, &r, &job, &fast()).await.unwrap(),
             PatchOutcome::Unneeded
         );
         drop(api);

@@ -135,7 +135,12 @@ pub(crate) struct Fates {
 /// they are placed, as nothing pins them), crashes it with its network
 /// agent not ready on the new boot, follows each pod until the agent is
 /// ready, and prints what happened to each kind as `<label>_*` figures.
-pub(crate) async fn place_and_crash(c: &Ctx, node: &str, label: &str) -> (Fates, u64) {
+pub(crate) async fn place_and_crash(
+    c: &Ctx,
+    node: &str,
+    label: &str,
+    evictor: bool,
+) -> (Fates, u64) {
     step(&format!(
         "{label}: every kind of workload on {node}, then a crash reboot"
     ));
@@ -153,7 +158,7 @@ pub(crate) async fn place_and_crash(c: &Ctx, node: &str, label: &str) -> (Fates,
     // Until the agent is ready: each untolerating pod is refused by the
     // kubelet or evicted by the taint-eviction controller; the tolerating
     // one runs again.
-    let settled = refused_or_evicted(c, node, label, crash.before, &before).await;
+    let settled = refused_or_evicted(c, node, label, crash.before, &before, evictor).await;
     let first_refusal = settled.values().map(|(rv, _, _)| *rv).min().unwrap();
     figure(
         &format!("{label}_boot_gate_before_first_refusal"),
@@ -194,15 +199,18 @@ pub(crate) async fn place_and_crash(c: &Ctx, node: &str, label: &str) -> (Fates,
 }
 
 /// Waits until every untolerating pod `placed` on `node` was refused by the
-/// kubelet or deleted in a version after `since`, prints how many of each as
-/// `<label>_*` figures, and asserts that the node still carried strict mode's
-/// boot gate then.
+/// kubelet or deleted in a version after `since` (without the
+/// taint-eviction controller, `evictor` false, a pod the kubelet admitted
+/// before the gate was stored runs on: started counts as settled), prints
+/// how many of each as `<label>_*` figures, and asserts that the node still
+/// carried strict mode's boot gate then.
 pub(crate) async fn refused_or_evicted(
     c: &Ctx,
     node: &str,
     label: &str,
     since: u64,
     placed: &Placed,
+    evictor: bool,
 ) -> BTreeMap<String, (u64, String, String)> {
     let untolerating: BTreeMap<&String, &String> = placed
         .iter()
@@ -221,6 +229,18 @@ pub(crate) async fn refused_or_evicted(
                 if let Some(fate) = fate(&s) {
                     out.entry(uid_of(&s.obj).to_string())
                         .or_insert((s.rv, fate, name.to_string()));
+                }
+            }
+            if !evictor {
+                let started = started_again(&c.rec, since, placed, false);
+                for s in c.rec.pods().into_iter().filter(|s| s.rv > since) {
+                    let uid = uid_of(&s.obj).to_string();
+                    if let Some(name) = untolerating.get(&uid)
+                        && started.contains(*name)
+                    {
+                        out.entry(uid)
+                            .or_insert((s.rv, "started".to_string(), name.to_string()));
+                    }
                 }
             }
             (out.len() == untolerating.len()).then_some(out)

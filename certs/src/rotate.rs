@@ -28,7 +28,7 @@ use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Secret;
 use kube::Client;
 use kube::api::{Api, Patch, PatchParams};
-use nodegate_shared::path_token::{PATH_PREFIX, parse};
+use nodegate_shared::path_token::{PATH_PREFIX, parse_file};
 use serde_json::{Value, json};
 
 /// Where the install keeps what the rotation touches.
@@ -49,19 +49,9 @@ pub const RESTART_ANNOTATION: &str = "nodegate.dev/path-token-rotated-at";
 
 /// The tokens a Secret's `token` holds, the one the lines call first.
 pub fn tokens_of(contents: &str) -> anyhow::Result<Vec<String>> {
-    let tokens = contents
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| {
-            parse(l)
-                .map(str::to_owned)
-                .map_err(|why| anyhow::anyhow!(why))
-        })
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    match tokens.len() {
-        1 | 2 => Ok(tokens),
-        n => anyhow::bail!("the Secret holds {n} tokens; 1, or 2 during a rotation"),
-    }
+    parse_file(contents)
+        .map(|t| t.into_iter().map(str::to_owned).collect())
+        .map_err(|why| anyhow::anyhow!("the Secret's token: {why}"))
 }
 
 /// The JSON patch moving every line that calls `/mutate/<old>` to

@@ -12,7 +12,7 @@ use k8s_openapi::api::admissionregistration::v1::MutatingWebhook;
 use k8s_openapi::api::core::v1::Secret;
 use kube::Client;
 use kube::api::Api;
-use nodegate_shared::path_token::{PATH_PREFIX, parse};
+use nodegate_shared::path_token::{PATH_PREFIX, parse_file};
 
 use crate::container_flags::container_flag;
 use crate::installed::Installed;
@@ -31,8 +31,9 @@ pub struct Inputs {
     pub paths: Vec<(String, Option<String>)>,
     /// The webhook's `--path-token-file`; `None` when it runs without one.
     pub flag: Option<String>,
-    /// The Secret's token, or why it could not be read.
-    pub secret: Result<String, String>,
+    /// The Secret's tokens (the one the lines call first; two while a
+    /// rotation runs), or why they could not be read.
+    pub secret: Result<Vec<String>, String>,
     /// Strict mode is on: a forged review would add the evicting gate.
     pub strict: bool,
 }
@@ -71,7 +72,7 @@ pub fn verdict(i: &Inputs) -> (Status, String) {
         .filter(|(_, p)| {
             p.as_deref()
                 .and_then(|p| p.strip_prefix(PATH_PREFIX))
-                .is_none_or(|t| t != secret)
+                .is_none_or(|t| !secret.iter().any(|s| s == t))
         })
         .map(|(name, p)| match p {
             None => format!("{name} (no path)"),
@@ -85,6 +86,14 @@ pub fn verdict(i: &Inputs) -> (Status, String) {
             format!(
                 "lines {} do not call /mutate/<the token of Secret {SECRET}>: the webhook answers them but writes no stored Node, so a rebooted node is not re-gated when its kubelet re-registers; {fix}",
                 wrong.join(", ")
+            ),
+        );
+    }
+    if secret.len() > 1 {
+        return (
+            Status::Warn,
+            format!(
+                "a path token rotation is under way: Secret {SECRET} holds two tokens and the webhook accepts both; run `nodegate-certs rotate-path-token` again to finish it"
             ),
         );
     }
@@ -115,7 +124,7 @@ fn paths(entries: &[MutatingWebhook]) -> Vec<(String, Option<String>)> {
         .collect()
 }
 
-async fn secret(client: &Client, ns: &str) -> Result<String, String> {
+async fn secret(client: &Client, ns: &str) -> Result<Vec<String>, String> {
     let api: Api<Secret> = Api::namespaced(client.clone(), ns);
     match api.get_opt(SECRET).await {
         Ok(Some(s)) => {
@@ -124,8 +133,8 @@ async fn secret(client: &Client, ns: &str) -> Result<String, String> {
                 .and_then(|d| d.get(SECRET_KEY).cloned())
                 .ok_or_else(|| format!("has no key {SECRET_KEY}"))?;
             let text = String::from_utf8(bytes.0).map_err(|_| "holds no text".to_string())?;
-            parse(&text)
-                .map(str::to_string)
+            parse_file(&text)
+                .map(|t| t.into_iter().map(str::to_string).collect())
                 .map_err(|why| format!("holds no usable token ({why})"))
         }
         Ok(None) => Err("does not exist".into()),
@@ -175,10 +184,12 @@ mod tests {
     use super::*;
 
     const TOKEN: &str = "0f3a9d2c4e6b8a1f0c2d4e6f8a0b1c2d3e4f5a6b7c8d9e0f";
+    const NEW: &str = "9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c4d3e2f1a0b9c8d7e6f";
 
     fn inputs(
         paths: &[Option<&str>],
         flag: bool,
+        // Comma-separated: two tokens while a rotation runs.
         secret: Result<&str, &str>,
         strict: bool,
     ) -> Inputs {
@@ -189,7 +200,9 @@ mod tests {
                 .map(|(i, p)| (format!("line{i}"), p.map(str::to_string)))
                 .collect(),
             flag: flag.then(|| "/etc/nodegate/path/token".to_string()),
-            secret: secret.map(str::to_string).map_err(str::to_string),
+            secret: secret
+                .map(|t| t.split(',').map(str::to_string).collect())
+                .map_err(str::to_string),
             strict,
         }
     }
@@ -197,6 +210,7 @@ mod tests {
     #[test]
     fn each_install() {
         let good = format!("/mutate/{TOKEN}");
+        let both = format!("{NEW},{TOKEN}");
         let cases = [
             (
                 inputs(&[Some(&good), Some(&good)], true, Ok(TOKEN), true),
@@ -232,6 +246,16 @@ mod tests {
                 ),
                 Status::Fail,
                 "line0 (another token)",
+            ),
+            (
+                inputs(&[Some(&good)], true, Ok(&both), false),
+                Status::Warn,
+                "a path token rotation is under way",
+            ),
+            (
+                inputs(&[Some(&format!("/mutate/{NEW}"))], true, Ok(&both), false),
+                Status::Warn,
+                "run `nodegate-certs rotate-path-token` again",
             ),
             (
                 inputs(&[Some(&good)], true, Err("does not exist"), false),

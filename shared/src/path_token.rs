@@ -33,6 +33,29 @@ pub fn parse(contents: &str) -> Result<&str, String> {
     Ok(t)
 }
 
+/// Tokens a token file (the Secret's `token` key) may hold: the one the
+/// lines call, and during a rotation the one it replaces.
+pub const MAX_TOKENS: usize = 2;
+
+/// A token file's tokens, one a line (blank lines and whitespace around each
+/// ignored), the one the lines call first: 1 to [`MAX_TOKENS`]. One bad line
+/// makes the whole file unusable, so a typo never silently drops a token the
+/// lines still call.
+pub fn parse_file(contents: &str) -> Result<Vec<&str>, String> {
+    let tokens = contents
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(parse)
+        .collect::<Result<Vec<_>, _>>()?;
+    match tokens.len() {
+        0 => Err("no token".into()),
+        n if n > MAX_TOKENS => Err(format!(
+            "{n} tokens; at most {MAX_TOKENS} (the current one and the one it replaces)"
+        )),
+        _ => Ok(tokens),
+    }
+}
+
 /// Encodes random bytes as a token.
 pub fn encode(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
@@ -57,5 +80,23 @@ mod tests {
             "the API server refuses uppercase"
         );
         assert!(parse(&format!("{}_x", &good[..40])).is_err());
+    }
+
+    #[test]
+    fn a_file_holds_one_token_or_two_during_a_rotation() {
+        let (a, b) = (encode(&[0xab; 24]), encode(&[0xcd; 24]));
+        assert_eq!(parse_file(&format!("{a}\n")), Ok(vec![a.as_str()]));
+        assert_eq!(
+            parse_file(&format!("\n {b} \n\n{a}\n")),
+            Ok(vec![b.as_str(), a.as_str()])
+        );
+        for bad in [
+            String::new(),
+            "\n".into(),
+            format!("{a}\n{b}\n{a}"),
+            format!("{a}\nnope"),
+        ] {
+            assert!(parse_file(&bad).is_err(), "{bad:?}");
+        }
     }
 }

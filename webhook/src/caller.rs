@@ -49,23 +49,10 @@ impl Authority {
         }
     }
 
-    /// A token file's contents: one token a line (blank lines and
-    /// whitespace around each ignored), at most [`MAX_TOKENS`]. One bad line
-    /// makes the whole file unusable, so a typo never silently drops a token
-    /// the lines still call.
+    /// A token file's contents ([`path_token::parse_file`]).
     pub fn from_contents(s: &str) -> Result<Authority, String> {
-        let tokens = s
-            .lines()
-            .filter(|l| !l.trim().is_empty())
-            .map(|l| path_token::parse(l).map(str::to_owned))
-            .collect::<Result<Vec<_>, _>>()?;
-        match tokens.len() {
-            0 => Err("no token".into()),
-            n if n > MAX_TOKENS => Err(format!(
-                "{n} tokens; at most {MAX_TOKENS} (the current one and the one it replaces)"
-            )),
-            _ => Ok(Authority::Token(tokens)),
-        }
+        path_token::parse_file(s)
+            .map(|tokens| Authority::Token(tokens.into_iter().map(str::to_owned).collect()))
     }
 
     /// Whether a review posted with `presented` (the path's last segment

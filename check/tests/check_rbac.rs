@@ -20,7 +20,7 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use nodegate_e2e::cluster::Cluster;
 use nodegate_e2e::process::{WEBHOOK_NAMESPACE, WEBHOOK_PATH_SECRET};
 use nodegate_emulator::users;
-use nodegate_shared::keys::EXCLUDE_LABEL;
+use nodegate_shared::keys::{EXCLUDE_LABEL, READY_BOOT_ID_ANNOTATION};
 use serde_json::{Value, json};
 
 use support::check;
@@ -134,6 +134,66 @@ async fn nodes_only_dry_run(
             .unwrap()
             .is_none()
     );
+    a_copy_with_a_new_boot_regates_nothing(admin, check, node).await;
+}
+
+/// The credential's create of a copy of a ready node with another boot ID,
+/// as its kubelet re-registering after a reboot would: the dry-run-only
+/// policy refuses it only after mutating admission ran, so the webhook must
+/// not have re-gated the node (only the node's own kubelet moves it).
+async fn a_copy_with_a_new_boot_regates_nothing(
+    admin: &kube::Client,
+    check: &kube::Client,
+    node: &str,
+) {
+    let all = Api::<Node>::all(admin.clone());
+    let gated = all.get(node).await.unwrap().spec.and_then(|s| s.taints);
+    all.patch(
+        node,
+        &PatchParams::default(),
+        &Patch::Merge(
+            json!({"metadata": {"annotations": {READY_BOOT_ID_ANNOTATION: "boot-1"}},
+                             "spec": {"taints": null}}),
+        ),
+    )
+    .await
+    .unwrap();
+    let before = all.get(node).await.unwrap();
+    let mut copy = serde_json::to_value(&before).unwrap();
+    copy["status"]["nodeInfo"]["bootID"] = json!("boot-2");
+    for field in [
+        "resourceVersion",
+        "uid",
+        "creationTimestamp",
+        "managedFields",
+    ] {
+        copy["metadata"].as_object_mut().unwrap().remove(field);
+    }
+    let copy: Node = serde_json::from_value(copy).unwrap();
+    match Api::<Node>::all(check.clone())
+        .create(&PostParams::default(), &copy)
+        .await
+    {
+        Err(kube::Error::Api(e)) => assert!(matches!(e.code, 403 | 409), "{}", e.message),
+        other => panic!("the copy's create: {other:?}"),
+    }
+    let after = all.get(node).await.unwrap();
+    assert!(
+        after
+            .spec
+            .and_then(|s| s.taints)
+            .unwrap_or_default()
+            .is_empty(),
+        "the check's credential re-gated {node}"
+    );
+    // The gate back, for the steps that follow.
+    all.patch(
+        node,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"taints": gated}})),
+    )
+    .await
+    .unwrap();
 }
 
 /// Secrets: the two it names, nothing else.

@@ -125,6 +125,7 @@ async fn nodegate_on_real_nodes() {
     reboot::crash_reboot(&c).await;
     reboot::kubelet_restart(&c).await;
     outage::webhook_drained(&c).await;
+    token::token_in_logs(&c.h, "webhooks_drained");
     rollouts::rollouts(&c).await;
     token::token_in_logs(&c.h, "rollouts");
     token::rotation(&c).await;

@@ -5,6 +5,7 @@
 //! the first version of its new boot.
 
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use nodegate_e2e::real_nodes::admission::Window;
@@ -51,11 +52,15 @@ fn lines_with(path: &Path, tokens: &[String]) -> u64 {
     n
 }
 
+/// The API server log's lines holding a token at the previous count.
+static APISERVER_LINES: AtomicU64 = AtomicU64::new(0);
+
 /// Counts the lines holding the token in each place a less trusted reader
 /// looks, as figures `token_lines_<when>_<place>`. nodegate keeps it out of
 /// the audit log (its check never sends it), the kubelets' logs and every
 /// pod's log; the API server's log it cannot keep it out of (a failed call
-/// is logged with its URL), so that count is a figure only.
+/// is logged with its URL), so that count is a figure only, with the lines
+/// added since the previous count (`…_apiserver_log_new`).
 pub(crate) fn token_in_logs(h: &Harness, when: &str) {
     step(&format!("the path token in the logs after the {when}"));
     let tokens = tokens(h);
@@ -76,6 +81,11 @@ pub(crate) fn token_in_logs(h: &Harness, when: &str) {
         .unwrap_or(0);
     let pods = lines_with(Path::new("/var/log/pods"), &tokens);
     figure(&format!("token_lines_{when}_apiserver_log"), apiserver);
+    let before = APISERVER_LINES.swap(apiserver, Ordering::AcqRel);
+    figure(
+        &format!("token_lines_{when}_apiserver_log_new"),
+        apiserver.saturating_sub(before),
+    );
     figure(&format!("token_lines_{when}_audit_log"), audit);
     figure(&format!("token_lines_{when}_node_logs"), nodes);
     figure(&format!("token_lines_{when}_pod_logs"), pods);

@@ -128,7 +128,7 @@ async fn nodegate_on_real_nodes() {
     token::token_in_logs(&c.h, "webhooks_drained");
     rollouts::rollouts(&c).await;
     token::token_in_logs(&c.h, "rollouts");
-    token::rotation(&c).await;
+    token::rotation(&c, "default").await;
     rollouts::upgrade(&c).await;
     pruning::pruning(&c).await;
     outage::webhook_host_crash(&c).await;

@@ -45,6 +45,8 @@ pub(crate) async fn strict_mode(c: &Ctx) {
     );
     switch(c, Install::Strict).await;
     forged_reviews(c, node, "strict").await;
+    crate::token::rotation(c, "strict").await;
+    crate::token::token_in_logs(&c.h, "strict_rotation");
     stolen_token_cannot_evict(c, node).await;
     // The boot gate follows the stored new boot, not the re-registration's
     // claim: what that costs, over 10 crash reboots. With the taint-eviction

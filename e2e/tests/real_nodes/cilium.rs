@@ -396,16 +396,27 @@ async fn reboot(c: &Ctx, node: &str, what: &str, kind: Reboot) -> Gating {
         p.map(|_| ())
     })
     .await;
-    if kind == Reboot::Strict {
-        assert!(
-            boot_gated(&new_boot.obj),
-            "{what}: the first version of the new boot lacks the boot gate"
+    // Strict mode's boot gate follows the stored new boot (never the
+    // re-registration's claim): the version after the first of the new boot
+    // or soon after, before the agent is ready.
+    let boot_gate = if kind == Reboot::Strict {
+        let g = first_version(rec, node, new_boot.rv - 1, "the boot gate", 30, boot_gated).await;
+        figure(
+            &format!("{what}_new_boot_to_boot_gate_ms"),
+            g.at.saturating_duration_since(new_boot.at).as_millis(),
         );
-    }
+        g.rv
+    } else {
+        new_boot.rv
+    };
     let (g, ready_rv) = measure(c, node, what, start, (before, first_gated.rv), &boot).await;
     assert_gated_until_ready(rec, node, first_gated.rv, ready_rv, &bound_before, what);
     if kind == Reboot::Strict {
-        let lost: Vec<u64> = versions_after(rec, node, new_boot.rv - 1)
+        assert!(
+            boot_gate < ready_rv,
+            "{what}: the boot gate came after the agent was ready"
+        );
+        let lost: Vec<u64> = versions_after(rec, node, boot_gate - 1)
             .into_iter()
             .filter(|s| s.rv < ready_rv && !boot_gated(&s.obj))
             .map(|s| s.rv)

@@ -18,6 +18,7 @@ use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Secret, ServiceAccount};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use nodegate_e2e::cluster::Cluster;
+use nodegate_e2e::forged_review::copy_with_boot;
 use nodegate_e2e::process::{WEBHOOK_NAMESPACE, WEBHOOK_PATH_SECRET};
 use nodegate_emulator::users;
 use nodegate_shared::keys::{EXCLUDE_LABEL, READY_BOOT_ID_ANNOTATION};
@@ -159,16 +160,7 @@ async fn a_copy_with_a_new_boot_regates_nothing(
     .await
     .unwrap();
     let before = all.get(node).await.unwrap();
-    let mut copy = serde_json::to_value(&before).unwrap();
-    copy["status"]["nodeInfo"]["bootID"] = json!("boot-2");
-    for field in [
-        "resourceVersion",
-        "uid",
-        "creationTimestamp",
-        "managedFields",
-    ] {
-        copy["metadata"].as_object_mut().unwrap().remove(field);
-    }
+    let copy = copy_with_boot(&serde_json::to_value(&before).unwrap(), "boot-2");
     let copy: Node = serde_json::from_value(copy).unwrap();
     match Api::<Node>::all(check.clone())
         .create(&PostParams::default(), &copy)

@@ -33,6 +33,26 @@ pub fn review(node: &Value, boot: &str, status_write: bool) -> Value {
     json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request})
 }
 
+/// What a user who may create Nodes sends to make a stored Node look
+/// rebooted: a copy of `node` (a stored Node as JSON) with boot ID `boot`,
+/// without the fields the API server sets, ready to create (the API server
+/// answers AlreadyExists, after mutating admission has run).
+pub fn copy_with_boot(node: &Value, boot: &str) -> Value {
+    let mut copy = node.clone();
+    copy["status"]["nodeInfo"]["bootID"] = json!(boot);
+    if let Some(meta) = copy["metadata"].as_object_mut() {
+        for field in [
+            "resourceVersion",
+            "uid",
+            "creationTimestamp",
+            "managedFields",
+        ] {
+            meta.remove(field);
+        }
+    }
+    copy
+}
+
 /// The paths a forger tries: the one the shipped configuration names
 /// before the token patch, the root, and a guessed token.
 pub const PATHS: [&str; 3] = [
@@ -56,6 +76,13 @@ mod tests {
             "forged"
         );
         assert!(r["request"]["oldObject"].is_null());
+        let stored = json!({"metadata": {"name": "n1", "uid": "u", "resourceVersion": "7"},
+                            "status": {"nodeInfo": {"bootID": "b1"}}});
+        let copy = copy_with_boot(&stored, "b2");
+        assert_eq!(
+            copy,
+            json!({"metadata": {"name": "n1"}, "status": {"nodeInfo": {"bootID": "b2"}}})
+        );
         let s = review(&node, "forged", true);
         assert_eq!(s["request"]["subResource"], "status");
         assert_eq!(

@@ -14,7 +14,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::Api;
 use nodegate_e2e::cluster::Cluster;
-use nodegate_e2e::forged_review::review;
+use nodegate_e2e::forged_review::{copy_with_boot, review};
 use nodegate_e2e::metrics::parse;
 use nodegate_e2e::process::shipped_rbac;
 use nodegate_e2e::standin::{AgentReadiness, StandInAgent};
@@ -335,16 +335,10 @@ async fn a_node_creators_create_changes_nothing(strict: bool) {
     };
     let (_kubelet, api) = ready_node(&emu, "victim", &gates).await;
     let before = api.get("victim").await.unwrap();
-    let mut copy = serde_json::to_value(&before).unwrap();
-    copy["status"]["nodeInfo"]["bootID"] = json!("ffffffff-0000-4000-8000-000000000001");
-    for field in [
-        "resourceVersion",
-        "uid",
-        "creationTimestamp",
-        "managedFields",
-    ] {
-        copy["metadata"].as_object_mut().unwrap().remove(field);
-    }
+    let copy = copy_with_boot(
+        &serde_json::to_value(&before).unwrap(),
+        "ffffffff-0000-4000-8000-000000000001",
+    );
     let creator: Api<Node> = Api::all(emu.client(NODE_CREATOR).await.unwrap());
     let copy: Node = serde_json::from_value(copy).unwrap();
     match creator.create(&Default::default(), &copy).await {
@@ -404,16 +398,10 @@ async fn a_node_creator_regates_nothing_on_either_cluster() {
     let (name, _kubelet, _agent) = registered_and_ready(&c, "creator").await;
     let api: Api<Node> = Api::all(c.client(users::ADMIN).await.unwrap());
     let before = api.get(&name).await.unwrap();
-    let mut copy = serde_json::to_value(&before).unwrap();
-    copy["status"]["nodeInfo"]["bootID"] = json!("ffffffff-0000-4000-8000-000000000002");
-    for field in [
-        "resourceVersion",
-        "uid",
-        "creationTimestamp",
-        "managedFields",
-    ] {
-        copy["metadata"].as_object_mut().unwrap().remove(field);
-    }
+    let copy = copy_with_boot(
+        &serde_json::to_value(&before).unwrap(),
+        "ffffffff-0000-4000-8000-000000000002",
+    );
     let creator: Api<Node> = Api::all(c.client(user).await.unwrap());
     let copy: Node = serde_json::from_value(copy).unwrap();
     // RBAC in a real cluster may take a moment to reach the authorizer's cache.

@@ -62,8 +62,9 @@ async fn reboot_is_gated(emu: &Emulator, kubelet: &mut SimKubelet, api: &Api<Nod
     assert!(gated(api, kubelet.name()).await, "the reboot was not gated");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_token_rotation_under_load_refuses_the_api_server_nothing() {
+/// An emulator with the shipped RBAC and a webhook serving with a path token
+/// it reads again every 100 ms.
+async fn installed() -> (Emulator, WebhookProcess) {
     let emu = Emulator::start(EmulatorOptions {
         rbac: Some(shipped_rbac().unwrap()),
         ..Default::default()
@@ -79,6 +80,35 @@ async fn a_token_rotation_under_load_refuses_the_api_server_nothing() {
     .await
     .unwrap();
     webhook.attach(&emu, None).unwrap();
+    (emu, webhook)
+}
+
+/// 400 kubelets registering until `stop`, each create asking for the
+/// re-registration check (which only a review on an accepted path may
+/// make); `created` counts them.
+async fn registering(
+    emu: &Emulator,
+    stop: Arc<AtomicBool>,
+    created: Arc<AtomicUsize>,
+) -> tokio::task::JoinHandle<()> {
+    let mut kubelets = Vec::new();
+    for i in 0..400 {
+        kubelets.push(SimKubelet::new(emu, &format!("load-{i}")).await.unwrap());
+    }
+    tokio::spawn(async move {
+        for k in kubelets {
+            if stop.load(Ordering::Acquire) {
+                break;
+            }
+            k.register().await.unwrap();
+            created.fetch_add(1, Ordering::AcqRel);
+        }
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_rotation_under_load_refuses_the_api_server_nothing() {
+    let (emu, webhook) = installed().await;
     let old = webhook.path_token().unwrap().to_string();
     let new = nodegate_certs::path_token();
     let file = webhook.path_token_file().unwrap();
@@ -90,22 +120,7 @@ async fn a_token_rotation_under_load_refuses_the_api_server_nothing() {
     // check, which only a review on an accepted path may make.
     let stop = Arc::new(AtomicBool::new(false));
     let created = Arc::new(AtomicUsize::new(0));
-    let load = {
-        let (stop, created) = (stop.clone(), created.clone());
-        let mut kubelets = Vec::new();
-        for i in 0..400 {
-            kubelets.push(SimKubelet::new(&emu, &format!("load-{i}")).await.unwrap());
-        }
-        tokio::spawn(async move {
-            for k in kubelets {
-                if stop.load(Ordering::Acquire) {
-                    break;
-                }
-                k.register().await.unwrap();
-                created.fetch_add(1, Ordering::AcqRel);
-            }
-        })
-    };
+    let load = registering(&emu, stop.clone(), created.clone()).await;
 
     // 1. The Secret holds both; every replica reads it.
     std::fs::write(&file, format!("{new}\n{old}\n")).unwrap();
@@ -158,23 +173,8 @@ async fn the_rotation_command_refuses_the_api_server_nothing() {
     use k8s_openapi::api::core::v1::Secret;
     use kube::api::{Patch, PatchParams};
 
-    let emu = Emulator::start(EmulatorOptions {
-        rbac: Some(shipped_rbac().unwrap()),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
-    let webhook = Arc::new(
-        WebhookProcess::start(WebhookOptions {
-            kubeconfig: Some(emu.webhook_kubeconfig().unwrap()),
-            path_token: true,
-            extra_args: vec!["--tls-reload-interval=100ms".into()],
-            ..Default::default()
-        })
-        .await
-        .unwrap(),
-    );
-    webhook.attach(&emu, None).unwrap();
+    let (emu, webhook) = installed().await;
+    let webhook = Arc::new(webhook);
     webhook.install_objects(&emu).unwrap();
     let old = webhook.path_token().unwrap().to_string();
     let admin = emu.client(users::ADMIN).await.unwrap();
@@ -234,21 +234,8 @@ async fn the_rotation_command_refuses_the_api_server_nothing() {
         })
     };
     // Kubelets register all along.
-    let load = {
-        let stop = stop.clone();
-        let mut kubelets = Vec::new();
-        for i in 0..400 {
-            kubelets.push(SimKubelet::new(&emu, &format!("load-{i}")).await.unwrap());
-        }
-        tokio::spawn(async move {
-            for k in kubelets {
-                if stop.load(Ordering::Acquire) {
-                    break;
-                }
-                k.register().await.unwrap();
-            }
-        })
-    };
+    let created = Arc::new(AtomicUsize::new(0));
+    let load = registering(&emu, stop.clone(), created.clone()).await;
 
     let out = tokio::process::Command::new(nodegate_e2e::process::bin_path("nodegate-certs"))
         .arg("rotate-path-token")

@@ -26,18 +26,13 @@ fn boot(id: &str) -> Value {
     json!({"status": {"nodeInfo": {"bootID": id}}})
 }
 
-/// Strict mode's boot gate evicts every workload that does not tolerate it,
-/// so a stolen agent token must not be able to put it on its node while the
-/// node runs the boot it recorded as ready, nor move the record to make it
-/// look rebooted. On a real boot change the agent's safety net needs it.
-/// Emulator only: a real cluster runs one install, and the real-nodes suite
-/// attacks the strict-mode install there.
-#[tokio::test]
-async fn in_strict_mode_a_stolen_agent_token_cannot_evict_its_nodes_workloads() {
-    let c = Cluster::start().await.unwrap();
+/// The strict-mode confinement installed, and a node named from `base` on
+/// boot `b1`, recorded by its agent as ready; `None` on a real cluster (it
+/// runs one install, and the real-nodes suite attacks the strict-mode one).
+async fn ready_on_b1(c: &Cluster, base: &str) -> Option<(String, Api<Node>)> {
     let Some(emu) = c.emulator() else {
         println!("skipped on a real cluster: e2e/real-nodes attacks the strict-mode install");
-        return;
+        return None;
     };
     emu.apply(&nodegate_webhook::confinement::render(
         &[DEFAULT_TAINT.parse().unwrap()],
@@ -47,7 +42,7 @@ async fn in_strict_mode_a_stolen_agent_token_cannot_evict_its_nodes_workloads() 
         &[],
     ))
     .unwrap();
-    let a = node(&c, "strict-a").await;
+    let a = node(c, base).await;
     let admin = c.client(users::ADMIN).await.unwrap();
     let nodes: Api<Node> = Api::all(admin.clone());
     nodes
@@ -61,6 +56,21 @@ async fn in_strict_mode_a_stolen_agent_token_cannot_evict_its_nodes_workloads() 
     )
     .await
     .unwrap();
+    Some((a, nodes))
+}
+
+/// Strict mode's boot gate evicts every workload that does not tolerate it,
+/// so a stolen agent token must not be able to put it on its node while the
+/// node runs the boot it recorded as ready, nor move the record to make it
+/// look rebooted. On a real boot change the agent's safety net needs it.
+/// Emulator only: a real cluster runs one install, and the real-nodes suite
+/// attacks the strict-mode install there.
+#[tokio::test]
+async fn in_strict_mode_a_stolen_agent_token_cannot_evict_its_nodes_workloads() {
+    let c = Cluster::start().await.unwrap();
+    let Some((a, nodes)) = ready_on_b1(&c, "strict-a").await else {
+        return;
+    };
     let agent = c.agent_client(&a).await.unwrap();
     the_ready_boot_can_be_neither_gated_nor_moved(&c, &agent, &a).await;
     a_new_boot_is_gated_then_released(&c, &nodes, &agent, &a).await;
@@ -171,32 +181,9 @@ async fn a_new_boot_is_gated_then_released(
 #[tokio::test]
 async fn in_strict_mode_a_stolen_webhook_token_cannot_evict_a_ready_boot() {
     let c = Cluster::start().await.unwrap();
-    let Some(emu) = c.emulator() else {
-        println!("skipped on a real cluster: e2e/real-nodes attacks the strict-mode install");
+    let Some((a, nodes)) = ready_on_b1(&c, "strict-w").await else {
         return;
     };
-    emu.apply(&nodegate_webhook::confinement::render(
-        &[DEFAULT_TAINT.parse().unwrap()],
-        &["nodegate.dev/agent-not-ready=true:NoExecute"
-            .parse()
-            .unwrap()],
-        &[],
-    ))
-    .unwrap();
-    let a = node(&c, "strict-w").await;
-    let admin = c.client(users::ADMIN).await.unwrap();
-    let nodes: Api<Node> = Api::all(admin.clone());
-    nodes
-        .patch_status(&a, &PatchParams::default(), &Patch::Merge(boot("b1")))
-        .await
-        .unwrap();
-    patch(
-        &admin,
-        &a,
-        json!({"metadata": {"annotations": {READY_BOOT_ID_ANNOTATION: "b1"}}}),
-    )
-    .await
-    .unwrap();
     let webhook = c.webhook_client().await.unwrap();
     let add_gate = json!([{"op": "add", "path": "/spec/taints/-", "value": boot_gate()}]);
     assert_refused(

@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 
-use nodegate_e2e::forged_review::{PATHS, review};
+use nodegate_e2e::forged_review::{PATHS, copy_with_boot, review};
 use nodegate_e2e::metrics::parse;
 use serde_json::Value;
 
@@ -188,18 +188,10 @@ async fn node_creator(c: &Ctx, node: &str, mode: &str) {
     h.kubectl(&format!(
         "create clusterrolebinding {CREATOR} --clusterrole={CREATOR} --user={CREATOR} --dry-run=client -o yaml | kubectl apply -f -"
     ));
-    let mut copy = serde_json::to_value(live_node(client, node).await.unwrap()).unwrap();
-    copy["status"]["nodeInfo"]["bootID"] = "ffffffff-0000-4000-8000-0000000000aa".into();
-    for field in [
-        "resourceVersion",
-        "uid",
-        "creationTimestamp",
-        "managedFields",
-    ] {
-        if let Some(m) = copy["metadata"].as_object_mut() {
-            m.remove(field);
-        }
-    }
+    let copy = copy_with_boot(
+        &serde_json::to_value(live_node(client, node).await.unwrap()).unwrap(),
+        "ffffffff-0000-4000-8000-0000000000aa",
+    );
     std::fs::write(
         h.work.path().join("n.json"),
         serde_json::to_vec(&copy).unwrap(),

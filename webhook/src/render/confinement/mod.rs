@@ -59,6 +59,10 @@ pub const WEBHOOK_POLICY: &str = "nodegate-webhook-confinement";
 
 /// `object`'s taints, `[]` when it has none.
 const NEW_TAINTS: &str = "(has(object.spec) && has(object.spec.taints) ? object.spec.taints : [])";
+/// The node's boot, `''` when none: a main-resource write keeps the stored
+/// status, so `oldObject`'s is the one the node runs.
+const STORED_BOOT_ID: &str = "(has(oldObject.status) && has(oldObject.status.nodeInfo) \
+                   && has(oldObject.status.nodeInfo.bootID) ? oldObject.status.nodeInfo.bootID : '')";
 /// `oldObject`'s taints, `[]` when it has none.
 const OLD_TAINTS: &str =
     "(has(oldObject.spec) && has(oldObject.spec.taints) ? oldObject.spec.taints : [])";
@@ -181,9 +185,7 @@ fn boot_gate_rules(boot: &[TaintSpec]) -> String {
     let (new_taints, old_taints) = (NEW_TAINTS, OLD_TAINTS);
     let new_ann = or_empty("object.metadata", "annotations", "{}");
     let old_ann = or_empty("oldObject.metadata", "annotations", "{}");
-    // A main-resource write keeps the stored status: this is the node's boot.
-    let boot_id = "(has(oldObject.status) && has(oldObject.status.nodeInfo) \
-                   && has(oldObject.status.nodeInfo.bootID) ? oldObject.status.nodeInfo.bootID : '')";
+    let boot_id = STORED_BOOT_ID;
     let is_boot = managed(boot, "t");
     let gate = shown(boot);
     format!(
@@ -220,8 +222,7 @@ fn webhook_boot_gate_rule(boot: &[TaintSpec]) -> String {
     let ready = q(READY_BOOT_ID_ANNOTATION);
     let (new_taints, old_taints) = (NEW_TAINTS, OLD_TAINTS);
     let old_ann = or_empty("oldObject.metadata", "annotations", "{}");
-    let boot_id = "(has(oldObject.status) && has(oldObject.status.nodeInfo) \
-                   && has(oldObject.status.nodeInfo.bootID) ? oldObject.status.nodeInfo.bootID : '')";
+    let boot_id = STORED_BOOT_ID;
     let is_boot = managed(boot, "t");
     let gate = shown(boot);
     format!(

@@ -27,6 +27,7 @@ use serde_json::{Value, json};
 
 mod support;
 
+use support::poll::eventually;
 use support::registration::registered_and_ready;
 
 const BOOT_GATE: &str = "nodegate.dev/agent-not-ready=true:NoExecute";
@@ -261,19 +262,16 @@ async fn forged_reviews_change_nothing(strict: bool) {
         "a genuine reboot is gated from its first version: {:?}",
         taints(&after)
     );
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let mut got = taints(&api.get("victim").await.unwrap());
-        got.sort();
-        if got == want {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "gates {got:?}, want {want:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually(
+        "every gate once the new boot is stored",
+        Duration::from_secs(10),
+        async || {
+            let mut got = taints(&api.get("victim").await.unwrap());
+            got.sort();
+            got == want
+        },
+    )
+    .await;
     let m = webhook.metrics().await.unwrap();
     assert_eq!(
         parse(&m).sum(REREGISTRATIONS, &[("result", "ok")]),
@@ -431,18 +429,12 @@ const CLAIMS: &str = "nodegate_webhook_reboot_claims_total";
 
 /// Waits until the webhook's `name{labels}` sum reads at least `want`.
 async fn wait_count(webhook: &WebhookProcess, name: &str, labels: &[(&str, &str)], want: f64) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        let m = webhook.metrics().await.unwrap();
-        if parse(&m).sum(name, labels) >= want {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{name}{labels:?} never reached {want}: {m}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually(
+        &format!("{name}{labels:?} reaches {want}"),
+        Duration::from_secs(20),
+        async || parse(&webhook.metrics().await.unwrap()).sum(name, labels) >= want,
+    )
+    .await;
 }
 
 /// The path token leaked: a forger posts the kubelet's re-registration of a
@@ -498,18 +490,12 @@ async fn a_leaked_token_regates_once_per_interval_evicts_nothing_and_is_counted(
     // A genuine reboot within the interval: its claim is held back too, and
     // the stored new boot gates it (both gates, from the status write).
     kubelet.reboot().await.unwrap();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let now = taints(&api.get("victim").await.unwrap());
-        if now.len() == 2 {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the reboot left {now:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually(
+        "both gates on the rebooted node",
+        Duration::from_secs(10),
+        async || taints(&api.get("victim").await.unwrap()).len() == 2,
+    )
+    .await;
     let m = webhook.metrics().await.unwrap();
     let scrape = parse(&m);
     assert_eq!(scrape.sum(CLAIMS, &[("result", "unconfirmed")]), 1.0, "{m}");

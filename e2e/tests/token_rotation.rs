@@ -19,24 +19,26 @@ use nodegate_emulator::kubelet::SimKubelet;
 use nodegate_emulator::{Emulator, EmulatorOptions, users};
 use serde_json::json;
 
+mod support;
+
+use support::poll::eventually_some;
+
 const UNAUTHENTICATED: &str = "nodegate_webhook_unauthenticated_side_effects_total";
 const REREGISTRATIONS: &str = "nodegate_webhook_reregistration_patches_total";
 const PATH_TOKENS: &str = "nodegate_webhook_path_tokens";
 
 /// Waits until the webhook's metric `name` reads `want`.
 async fn wait_metric(webhook: &WebhookProcess, name: &str, want: f64) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        let m = webhook.metrics().await.unwrap();
-        if parse(&m).sum(name, &[]) == want {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{name} never {want}: {m}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    // A plain closure: the StatefulSet stand-in calls this on a spawned task,
+    // whose future must be Send.
+    eventually_some(
+        &format!("{name} reads {want}"),
+        Duration::from_secs(20),
+        move || async move {
+            (parse(&webhook.metrics().await.unwrap()).sum(name, &[]) == want).then_some(())
+        },
+    )
+    .await;
 }
 
 /// Every gate nodegate put on `node`.

@@ -17,9 +17,6 @@ use std::sync::{PoisonError, RwLock};
 
 use nodegate_shared::path_token;
 
-/// Tokens a file may hold: the current one and the one a rotation replaces.
-pub const MAX_TOKENS: usize = 2;
-
 /// Who may trigger the side effects.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Authority {

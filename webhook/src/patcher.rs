@@ -193,8 +193,8 @@ impl RebootPatcher {
             return;
         };
         let node = &job.node;
-        let claims = Some((self.claims.as_ref(), self.metrics.as_ref()));
-        match tokio::time::timeout_at(until, retaint_reregistered(api, rules, job, claims)).await {
+        let checked = retaint_reregistered(api, rules, job, &self.claims, &self.metrics);
+        match tokio::time::timeout_at(until, checked).await {
             Ok(Ok(PatchOutcome::RateLimited)) => {
                 self.metrics.reregistration(Background::Skipped);
                 tracing::warn!(%node, boot = %job.boot_id, "a re-registration claiming a reboot while the node's previous claim is unconfirmed, within --reregistration-min-interval: not re-tainted on its claim (the stored new boot still gates it)");
@@ -309,12 +309,15 @@ enum Attempt {
 /// first stored version with the new boot; left to the background it can
 /// lose that race. One GET per Node create (a brand-new node: a 404); a
 /// guarded patch only after a reboot. Conflicts are retried at once a few
-/// times; the caller bounds the whole by the request's deadline.
+/// times; the caller bounds the whole by the request's deadline. `claims`
+/// may hold the re-taint back while the node's previous claim is
+/// unconfirmed ([`Claims::admit`]), and records this one.
 pub async fn retaint_reregistered(
     api: &Api<NodeView>,
     rules: &Rules,
     job: &Reregistration,
-    claims: Option<(&Mutex<Claims>, &Metrics)>,
+    claims: &Mutex<Claims>,
+    metrics: &Metrics,
 ) -> Result<PatchOutcome, KubeError> {
     const ATTEMPTS: u32 = 3;
     let name = job.node.as_str();
@@ -328,17 +331,15 @@ pub async fn retaint_reregistered(
             return Ok(PatchOutcome::Unneeded);
         }
         let now = std::time::Instant::now();
-        if let Some((claims, metrics)) = claims {
-            let (admit, verdict) = claims.lock().unwrap_or_else(PoisonError::into_inner).admit(
-                name,
-                node.boot_id(),
-                now,
-            );
-            count_verdict(metrics, name, verdict);
-            if admit == Admit::RateLimited {
-                metrics.reboot_claim(ClaimResult::RateLimited);
-                return Ok(PatchOutcome::RateLimited);
-            }
+        let (admit, verdict) =
+            claims
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .admit(name, node.boot_id(), now);
+        count_verdict(metrics, name, verdict);
+        if admit == Admit::RateLimited {
+            metrics.reboot_claim(ClaimResult::RateLimited);
+            return Ok(PatchOutcome::RateLimited);
         }
         let patch = add_taints(&node, &missing, Guard::Current);
         match api
@@ -346,12 +347,10 @@ pub async fn retaint_reregistered(
             .await
         {
             Ok(_) => {
-                if let Some((claims, _)) = claims {
-                    claims
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .record(name, &job.boot_id, now);
-                }
+                claims
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .record(name, &job.boot_id, now);
                 return Ok(PatchOutcome::Patched(missing.len()));
             }
             Err(err) if attempt < ATTEMPTS && retryable(&err) => attempt += 1,

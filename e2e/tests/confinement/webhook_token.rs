@@ -14,12 +14,10 @@ use crate::support::refusals::{WEBHOOK_POLICY, assert_refused};
 use crate::support::taints::{TAINT_KEY, taints};
 use crate::support::target_node::node;
 
-#[tokio::test]
-async fn the_webhook_token_can_only_add_the_taint() {
-    let c = Cluster::start().await.unwrap();
-    let a = node(&c, "conf-w").await;
-    let webhook = c.webhook_client().await.unwrap();
-    // Remove the gate as admin, so the webhook has something to add.
+/// A node named from `base` whose gate the admin removed, so the webhook
+/// has something to add.
+async fn ungated_node(c: &Cluster, base: &str) -> String {
+    let a = node(c, base).await;
     let admin = c.client(users::ADMIN).await.unwrap();
     json_patch(
         &admin,
@@ -28,6 +26,14 @@ async fn the_webhook_token_can_only_add_the_taint() {
     )
     .await
     .unwrap();
+    a
+}
+
+#[tokio::test]
+async fn the_webhook_token_can_only_add_the_taint() {
+    let c = Cluster::start().await.unwrap();
+    let a = ungated_node(&c, "conf-w").await;
+    let webhook = c.webhook_client().await.unwrap();
     assert_refused(
         "webhook removes a taint",
         json_patch(
@@ -86,15 +92,8 @@ async fn the_webhook_token_can_only_add_the_taint() {
 #[tokio::test]
 async fn only_a_pod_of_the_webhook_statefulset_writes_as_the_webhook() {
     let c = Cluster::start().await.unwrap();
-    let a = node(&c, "conf-wpod").await;
+    let a = ungated_node(&c, "conf-wpod").await;
     let admin = c.client(users::ADMIN).await.unwrap();
-    json_patch(
-        &admin,
-        &a,
-        json!([{"op": "remove", "path": "/spec/taints/0"}]),
-    )
-    .await
-    .unwrap();
     let add_gate = json!([{"op": "add", "path": "/spec/taints/-",
         "value": {"key": TAINT_KEY, "value": "true", "effect": "NoSchedule"}}]);
     // What an editor gets by impersonating the ServiceAccount.

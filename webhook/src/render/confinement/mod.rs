@@ -173,6 +173,15 @@ spec:
     )
 }
 
+/// CEL: the write adds one of the boot taints `boot` (by key and effect),
+/// the one change both strict-mode rules hold to the node's boot.
+fn adds_boot_gate(boot: &[TaintSpec]) -> String {
+    let is_boot = managed(boot, "t");
+    format!(
+        "{NEW_TAINTS}.exists(t, {is_boot} && !{OLD_TAINTS}.exists(o, o.key == t.key && o.effect == t.effect))"
+    )
+}
+
 /// The agent's strict-mode validations: the boot gate `boot` is added only
 /// on a boot the node has not recorded as ready, and the recorded bootID
 /// only ever moves to the current one. Empty without boot taints, so the
@@ -182,16 +191,15 @@ fn boot_gate_rules(boot: &[TaintSpec]) -> String {
         return String::new();
     }
     let ready = q(READY_BOOT_ID_ANNOTATION);
-    let (new_taints, old_taints) = (NEW_TAINTS, OLD_TAINTS);
     let new_ann = or_empty("object.metadata", "annotations", "{}");
     let old_ann = or_empty("oldObject.metadata", "annotations", "{}");
     let boot_id = STORED_BOOT_ID;
-    let is_boot = managed(boot, "t");
+    let adds_gate = adds_boot_gate(boot);
     let gate = shown(boot);
     format!(
         r#"    - expression: >-
         request.operation != 'UPDATE'
-        || !{new_taints}.exists(t, {is_boot} && !{old_taints}.exists(o, o.key == t.key && o.effect == t.effect))
+        || !{adds_gate}
         || ({ready} in {old_ann} && {old_ann}[{ready}] != {boot_id})
       messageExpression: >-
         variables.who + " may add the boot gate {gate} to node '" + request.name
@@ -220,15 +228,14 @@ fn webhook_boot_gate_rule(boot: &[TaintSpec]) -> String {
         return String::new();
     }
     let ready = q(READY_BOOT_ID_ANNOTATION);
-    let (new_taints, old_taints) = (NEW_TAINTS, OLD_TAINTS);
     let old_ann = or_empty("oldObject.metadata", "annotations", "{}");
     let boot_id = STORED_BOOT_ID;
-    let is_boot = managed(boot, "t");
+    let adds_gate = adds_boot_gate(boot);
     let gate = shown(boot);
     format!(
         r#"    - expression: >-
         request.operation != 'UPDATE'
-        || !{new_taints}.exists(t, {is_boot} && !{old_taints}.exists(o, o.key == t.key && o.effect == t.effect))
+        || !{adds_gate}
         || !({ready} in {old_ann}) || {old_ann}[{ready}] != {boot_id}
       messageExpression: >-
         "nodegate-webhook may add the boot gate {gate} to node '" + request.name

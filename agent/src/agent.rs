@@ -22,6 +22,7 @@ use crate::node_writer::NodeWriter;
 use crate::probe::{self, Probe};
 use crate::prune::Pruner;
 use crate::prune_loop::{self, PruneContext};
+use crate::removal_check::RemovalCheck;
 use crate::snapshot::{self, Loaded};
 
 #[derive(Debug, thiserror::Error)]
@@ -39,7 +40,8 @@ pub enum Error {
     },
 }
 
-/// Runs the agent until `shutdown` resolves, then re-taints (if enabled) and
+/// Runs the agent until `shutdown` resolves, then re-taints (if enabled;
+/// with `--daemonset`, a removal of nodegate opens the node instead) and
 /// writes the last snapshot within `--shutdown-deadline`. Credentials come
 /// from the pod's service account or KUBECONFIG.
 pub async fn run(args: Args, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
@@ -231,7 +233,8 @@ fn spawn_pruner(
 }
 
 /// The readiness gate: the own Node's writer, the probes and the settings;
-/// the writer holds the one taint set the gate's rules read too.
+/// the writer holds the one taint set the gate's rules read too. With
+/// `--daemonset`, the removal check its shutdown runs.
 fn readiness_gate(
     args: &Args,
     client: &Client,
@@ -246,6 +249,20 @@ fn readiness_gate(
     };
     let wake = Arc::new(Notify::new());
     let probes = probes(args, client, &wake)?;
+    let removal = args.removal_target().map(|(namespace, daemonset)| {
+        tracing::info!(%namespace, %daemonset, "on SIGTERM, a removal of nodegate opens the node instead of re-tainting it");
+        RemovalCheck::new(client.clone(), namespace, daemonset, args.shutdown_deadline)
+    });
+    if removal.is_none()
+        && args
+            .daemonset
+            .as_deref()
+            .is_some_and(|d| !d.trim().is_empty())
+    {
+        tracing::warn!(
+            "--daemonset without the pod's namespace (POD_NAMESPACE): no removal check, SIGTERM always re-taints"
+        );
+    }
     Ok(Gate {
         writer,
         probes,
@@ -253,6 +270,7 @@ fn readiness_gate(
         cfg: args.gate_config(),
         metrics: metrics.clone(),
         started,
+        removal,
     })
 }
 

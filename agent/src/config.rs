@@ -87,6 +87,20 @@ pub struct Args {
     #[arg(long, env = "NODEGATE_SHUTDOWN_DEADLINE", default_value = "10s", value_parser = parse_duration)]
     pub shutdown_deadline: Duration,
 
+    /// The agent's own DaemonSet, in --pod-namespace. On SIGTERM the agent
+    /// reads it and its Namespace: if either is gone or being deleted (or
+    /// the DaemonSet's read is forbidden), nodegate is being removed and
+    /// the agent removes its gates from the node instead of re-tainting
+    /// it. Unset or empty (`--daemonset=`): no check, SIGTERM always
+    /// re-taints.
+    #[arg(long, env = "NODEGATE_DAEMONSET")]
+    pub daemonset: Option<String>,
+
+    /// The pod's namespace (downward API `metadata.namespace`): where
+    /// --daemonset is. Without it there is no check.
+    #[arg(long, env = "POD_NAMESPACE")]
+    pub pod_namespace: Option<String>,
+
     /// Keep probing after ready: re-taint after the failure threshold, untaint when ready again.
     #[arg(long, env = "NODEGATE_CONTINUOUS")]
     pub continuous: bool,
@@ -264,8 +278,24 @@ impl Args {
             timeout: self.probe_timeout,
             thresholds: self.thresholds(),
             continuous: self.continuous,
-            taint_on_shutdown: self.taint_on_shutdown.then_some(self.shutdown_deadline),
+            taint_on_shutdown: self.taint_on_shutdown,
+            shutdown_deadline: self.shutdown_deadline,
         }
+    }
+
+    /// The namespace and DaemonSet the removal check reads: both named, or
+    /// no check. A namespace is never guessed (the client's default would
+    /// be `default`, where the DaemonSet is not found, and every stop would
+    /// read as a removal); whoever runs the shipped args without
+    /// `POD_NAMESPACE` (simulated fleets) gets today's shutdown.
+    pub fn removal_target(&self) -> Option<(String, String)> {
+        let named = |s: &Option<String>| {
+            s.as_deref()
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned)
+        };
+        Some((named(&self.pod_namespace)?, named(&self.daemonset)?))
     }
 
     pub fn confirm(&self) -> crate::confirm::ConfirmConfig {
@@ -320,6 +350,7 @@ mod tests {
             "gate-only unless a handler is set"
         );
         assert_eq!(a.probe_specs().unwrap().len(), 3);
+        assert_eq!(a.removal_target(), None, "no removal check unless asked");
         assert_eq!(a.state_dir, PathBuf::from("/var/run/nodegate"));
         assert_eq!(a.admin_address(), a.admin_listen, "no POD_IP: as given");
         assert_eq!(a.admin_listen.port(), 9091);
@@ -349,6 +380,35 @@ mod tests {
             "127.0.0.1:9999",
         ]);
         assert_eq!(a.admin_address().to_string(), "127.0.0.1:9999");
+    }
+
+    /// The removal check runs only with both names; `--daemonset=` last
+    /// (after the shipped one) turns it off.
+    #[test]
+    fn the_removal_check_needs_both_names() {
+        let target = |extra: &[&str]| {
+            let mut argv = vec!["a", "--node-name", "n"];
+            argv.extend_from_slice(extra);
+            let a = Args::try_parse_from(argv).unwrap();
+            a.validate().unwrap();
+            a.removal_target()
+        };
+        assert_eq!(
+            target(&["--daemonset=nodegate-agent", "--pod-namespace=nodegate"]),
+            Some(("nodegate".into(), "nodegate-agent".into()))
+        );
+        for off in [
+            &["--daemonset=nodegate-agent"][..],
+            &["--pod-namespace=nodegate"],
+            &["--daemonset=nodegate-agent", "--pod-namespace= "],
+            &[
+                "--daemonset=nodegate-agent",
+                "--pod-namespace=nodegate",
+                "--daemonset=",
+            ],
+        ] {
+            assert_eq!(target(off), None, "{off:?}");
+        }
     }
 
     #[test]

@@ -20,6 +20,7 @@ use crate::node_patch::{
     AddReason, Added, EventType, MarkReady, Origin, ReadyOutcome, needs_ready_patch,
 };
 use crate::readiness::{Readiness, Thresholds, Transition};
+use crate::removal::Decision;
 use crate::taint_set::TaintSet;
 
 /// Reason of the Warning Event the safety net leaves on the Node.
@@ -43,8 +44,11 @@ pub struct GateConfig {
     pub thresholds: Thresholds,
     pub continuous: bool,
     /// Re-taint on shutdown (the node may be going down, and must come
-    /// back tainted), within this long.
-    pub taint_on_shutdown: Option<Duration>,
+    /// back tainted), unless nodegate is being removed.
+    pub taint_on_shutdown: bool,
+    /// Everything done on shutdown (the removal check, then the re-taint or
+    /// the opening of the node) within this long.
+    pub shutdown_deadline: Duration,
 }
 
 /// When the next probe round is due, after an event handled at `now`: one
@@ -76,8 +80,15 @@ pub enum Event {
         reason: AddReason,
         result: Result<Added, String>,
     },
-    /// SIGTERM: stop after the returned actions.
-    Shutdown,
+    /// SIGTERM: stop after the returned actions; `decision` says whether
+    /// nodegate is being removed ([`crate::removal`]), `within` how long
+    /// the write may take.
+    Shutdown {
+        decision: Decision,
+        within: Duration,
+    },
+    /// What [`Action::OpenNode`] did: the taints removed.
+    Opened(Result<Vec<String>, String>),
 }
 
 /// What to do, in order.
@@ -107,6 +118,12 @@ pub enum Action {
     ObserveTimeToReady { origin: Origin, seconds: f64 },
     /// An autoscaler did not wait for the gate (`gate_undeclared_total`).
     CountGateUndeclared(Autoscaler),
+    /// nodegate is being removed: remove every gate the ready patch
+    /// removes, add none; retried for up to `within`; answer with
+    /// [`Event::Opened`].
+    OpenNode { within: Duration },
+    /// The shutdown's decision (`shutdown_decisions_total`).
+    CountShutdown(Decision),
 }
 
 /// The gate's memory between events.
@@ -256,16 +273,38 @@ impl State {
                 self.rebooted(now, &mut out);
             }
             Event::TaintsAdded { reason, result } => self.added(reason, result, now, &mut out),
-            Event::Shutdown => {
-                if let Some(within) = self.cfg.taint_on_shutdown {
-                    out.push(Action::AddTaints {
-                        reason: AddReason::Shutdown,
-                        within,
-                    });
-                }
+            Event::Shutdown { decision, within } => self.shutdown(decision, within, &mut out),
+            Event::Opened(Ok(removed)) => {
+                tracing::info!(node = %self.name, ?removed, "node opened on removal");
+            }
+            Event::Opened(Err(e)) => {
+                tracing::warn!(node = %self.name, error = %e, "cannot open the node on removal: its gate stays until an admin removes it");
             }
         }
         out
+    }
+
+    /// The re-taint, or on removal the opening of the node; one line says
+    /// which and why.
+    fn shutdown(&self, decision: Decision, within: Duration, out: &mut Vec<Action>) {
+        let (name, why) = (&self.name, decision.why().as_str());
+        out.push(Action::CountShutdown(decision));
+        match decision {
+            Decision::OpenNode(_) => {
+                tracing::info!(node = %name, decision = decision.as_str(), reason = why, "shutdown: nodegate is being removed; opening the node instead of re-tainting it");
+                out.push(Action::OpenNode { within });
+            }
+            Decision::ReTaint(_) if self.cfg.taint_on_shutdown => {
+                tracing::info!(node = %name, decision = decision.as_str(), reason = why, "shutdown: not a removal; re-tainting the node");
+                out.push(Action::AddTaints {
+                    reason: AddReason::Shutdown,
+                    within,
+                });
+            }
+            Decision::ReTaint(_) => {
+                tracing::info!(node = %name, decision = decision.as_str(), reason = why, "shutdown: not a removal; --taint-on-shutdown=false leaves the node as it is");
+            }
+        }
     }
 
     /// A watched version older than the one the ready patch answered with,
@@ -565,7 +604,8 @@ mod tests {
             timeout: Duration::from_secs(1),
             thresholds: Thresholds { success, failure },
             continuous,
-            taint_on_shutdown: Some(Duration::from_secs(5)),
+            taint_on_shutdown: true,
+            shutdown_deadline: Duration::from_secs(5),
         }
     }
 
@@ -589,6 +629,8 @@ mod tests {
                 format!("ttr:{}:{seconds}", origin.as_str())
             }
             Action::CountGateUndeclared(a) => format!("undeclared:{}", a.as_str()),
+            Action::OpenNode { within } => format!("open/{}s", within.as_secs()),
+            Action::CountShutdown(d) => format!("shutdown:{}:{}", d.as_str(), d.why().as_str()),
         }
     }
 
@@ -1182,18 +1224,88 @@ mod tests {
         );
     }
 
+    fn shutdown(decision: Decision) -> Event {
+        Event::Shutdown {
+            decision,
+            within: Duration::from_secs(4),
+        }
+    }
+
     #[test]
     fn shutdown_retaints_when_configured() {
+        use crate::removal::Why;
+        for why in [Why::NotChecked, Why::Installed, Why::CheckFailed] {
+            let counted = format!("shutdown:retaint:{}", why.as_str());
+            run(
+                "shutdown",
+                cfg(1, 1, false),
+                vec![
+                    (
+                        shutdown(Decision::ReTaint(why)),
+                        &[counted.as_str(), "add:shutdown/4s"],
+                    ),
+                    (added(AddReason::Shutdown, 1), &[]),
+                ],
+            );
+        }
+        let mut off = cfg(1, 1, false);
+        off.taint_on_shutdown = false;
         run(
-            "shutdown",
+            "no shutdown re-taint",
+            off,
+            vec![(
+                shutdown(Decision::ReTaint(crate::removal::Why::Installed)),
+                &["shutdown:retaint:installed"],
+            )],
+        );
+    }
+
+    /// On removal the node is opened, whether it was ready or still gated
+    /// and whatever `--taint-on-shutdown` says: no agent is left to open
+    /// it later. A failed write is only reported.
+    #[test]
+    fn on_removal_the_node_is_opened_not_retainted() {
+        use crate::removal::Why;
+        let removed = |why| shutdown(Decision::OpenNode(why));
+        run(
+            "ready node, DaemonSet gone",
             cfg(1, 1, false),
             vec![
-                (Event::Shutdown, &["add:shutdown/5s"]),
-                (added(AddReason::Shutdown, 1), &[]),
+                (Event::NodeChanged(node("b1", true)), &[]),
+                (Event::Probed(true), &["ready=1", "remove@b1/10s"]),
+                (
+                    patched("b1", true),
+                    &["ttr:webhook:3", "event:Normal:NodegateReady"],
+                ),
+                (
+                    removed(Why::DaemonSetNotFound),
+                    &["shutdown:open:daemonset_not_found", "open/4s"],
+                ),
+                (Event::Opened(Ok(Vec::new())), &[]),
+            ],
+        );
+        run(
+            "gated node, namespace terminating",
+            cfg(1, 1, false),
+            vec![
+                (Event::NodeChanged(node("b1", true)), &[]),
+                (Event::Probed(false), &[]),
+                (
+                    removed(Why::NamespaceTerminating),
+                    &["shutdown:open:namespace_terminating", "open/4s"],
+                ),
+                (Event::Opened(Err("403 forbidden".into())), &[]),
             ],
         );
         let mut off = cfg(1, 1, false);
-        off.taint_on_shutdown = None;
-        run("no shutdown re-taint", off, vec![(Event::Shutdown, &[])]);
+        off.taint_on_shutdown = false;
+        run(
+            "no shutdown re-taint, RBAC gone",
+            off,
+            vec![(
+                removed(Why::DaemonSetForbidden),
+                &["shutdown:open:daemonset_forbidden", "open/4s"],
+            )],
+        );
     }
 }

@@ -15,9 +15,13 @@ use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
 use crate::gate::{Action, Event, GateConfig, State, next_round};
-use crate::metrics::{AutoscalerLabel, Metrics, OriginLabel, ProbeLabels, ProbeName};
+use crate::metrics::{
+    AutoscalerLabel, Metrics, OriginLabel, ProbeLabels, ProbeName, ShutdownLabels,
+};
 use crate::node_writer::NodeWriter;
 use crate::probe::Probe;
+use crate::removal::{Decision, Why};
+use crate::removal_check::RemovalCheck;
 
 pub struct Gate {
     pub writer: NodeWriter,
@@ -28,10 +32,13 @@ pub struct Gate {
     pub metrics: Metrics,
     /// Agent start, for the time-to-ready log line.
     pub started: Instant,
+    /// With `--daemonset`: tells a removal of nodegate from a stop on SIGTERM.
+    pub removal: Option<RemovalCheck>,
 }
 
 impl Gate {
-    /// Runs until `shutdown` flips, then the shutdown re-taint (if enabled).
+    /// Runs until `shutdown` flips, then the shutdown re-taint (if enabled),
+    /// or the opening of the node if nodegate is being removed.
     pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
         let mut state = State::new(
             self.writer.name.clone(),
@@ -49,7 +56,14 @@ impl Gate {
         if !stopped_early {
             self.follow(&mut state, &mut shutdown).await;
         }
-        self.act(&mut state, Event::Shutdown).await;
+        let stop = Instant::now();
+        let decision = match &self.removal {
+            Some(check) => check.run().await,
+            None => Decision::ReTaint(Why::NotChecked),
+        };
+        let within = self.cfg.shutdown_deadline.saturating_sub(stop.elapsed());
+        self.act(&mut state, Event::Shutdown { decision, within })
+            .await;
     }
 
     /// The event loop: own Node updates, the period, probe wake-ups.
@@ -120,6 +134,22 @@ impl Gate {
                             origin: origin.as_str().into(),
                         })
                         .observe(seconds);
+                    None
+                }
+                Action::OpenNode { within } => Some(Event::Opened(
+                    self.writer
+                        .open(Instant::now() + within)
+                        .await
+                        .map_err(|e| e.to_string()),
+                )),
+                Action::CountShutdown(d) => {
+                    self.metrics
+                        .shutdown_decisions
+                        .get_or_create(&ShutdownLabels {
+                            decision: d.as_str(),
+                            reason: d.why().as_str(),
+                        })
+                        .inc();
                     None
                 }
                 Action::CountGateUndeclared(a) => {

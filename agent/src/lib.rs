@@ -7,7 +7,9 @@
 //!   thresholds), [`node_patch`] (what to write on the own Node) and
 //!   [`autoscaler`] (an autoscaler's mark on a node it did not wait for);
 //!   [`gate_loop`] runs the [`probe`]s and sends the writes through
-//!   [`node_writer`]; both read one [`taint_set`].
+//!   [`node_writer`]; both read one [`taint_set`]. On SIGTERM [`removal`]
+//!   tells a removal of nodegate from a stop, from the reads
+//!   [`removal_check`] makes: a stop re-taints the node, a removal opens it.
 //! - pruning (only with a deletion handler): [`prune`] keeps the live set of
 //!   the roster's [`nodegate_roster::record`]s and has each [`deletion`]
 //!   confirmed ([`confirm`]); [`prune_loop`] follows the node roster (or
@@ -17,7 +19,7 @@
 //!   wires it up.
 //!
 //! Modules import one way: the pure ones (`taint_set`, `deletion`,
-//! `readiness`, `node_patch`, `autoscaler`, `confirm`, `gate`, `prune`)
+//! `readiness`, `removal`, `node_patch`, `autoscaler`, `confirm`, `gate`, `prune`)
 //! never use the loops, and no module imports through this root.
 
 pub mod agent;
@@ -36,6 +38,8 @@ mod process;
 pub mod prune;
 pub mod prune_loop;
 pub mod readiness;
+pub mod removal;
+pub mod removal_check;
 pub mod snapshot;
 pub mod taint_set;
 pub mod watch;

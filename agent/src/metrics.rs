@@ -41,6 +41,13 @@ pub struct AutoscalerLabel {
     pub autoscaler: &'static str,
 }
 
+/// The shutdown's decision (`retaint|open`) and why (`removal::Why`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ShutdownLabels {
+    pub decision: &'static str,
+    pub reason: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct Source {
     pub source: String,
@@ -66,6 +73,7 @@ pub struct Metrics {
     pub taint_adds: Family<Reason, Counter>,
     pub taint_removals: Counter,
     pub gate_undeclared: Family<AutoscalerLabel, Counter>,
+    pub shutdown_decisions: Family<ShutdownLabels, Counter>,
     pub pruned_nodes: Family<Source, Counter>,
     pub nodes_known: Gauge,
     pub snapshot_nodes: Gauge,
@@ -94,6 +102,7 @@ impl Default for Metrics {
             taint_adds: Family::default(),
             taint_removals: Counter::default(),
             gate_undeclared: Family::default(),
+            shutdown_decisions: Family::default(),
             pruned_nodes: Family::default(),
             nodes_known: Gauge::default(),
             snapshot_nodes: Gauge::default(),
@@ -175,6 +184,11 @@ impl Metrics {
             "gate_undeclared",
             "Ready patches that found an autoscaler's mark on the node it removed the gate from, on the node's first ready: the autoscaler (karpenter|cluster-autoscaler) did not wait for the gate",
             self.gate_undeclared.clone(),
+        );
+        r.register(
+            "shutdown_decisions",
+            "SIGTERM decisions: retaint (not a removal of nodegate; the shutdown re-taint unless --taint-on-shutdown=false) or open (nodegate is being removed: its gates removed, none added), by reason (not_checked|installed|check_failed|daemonset_not_found|daemonset_deleting|daemonset_forbidden|namespace_terminating|namespace_not_found)",
+            self.shutdown_decisions.clone(),
         );
         // Born at 0, so a first increase is one `increase()` sees.
         for a in crate::autoscaler::Autoscaler::ALL {

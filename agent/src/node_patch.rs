@@ -21,18 +21,7 @@ use crate::taint_set::TaintSet;
 /// The `test`s make the patch fail (HTTP 422) if the taint list moved since
 /// it was read; other taints are never touched.
 pub fn ready_patch(node: &NodeView, taints: &TaintSet) -> Option<Patch> {
-    let mut ops = Vec::new();
-    for (i, taint) in node.taints().iter().enumerate().rev() {
-        if taints.removes(taint) {
-            let path =
-                PointerBuf::from_tokens(["spec".to_string(), "taints".into(), i.to_string()]);
-            ops.push(PatchOperation::Test(TestOperation {
-                path: path.clone(),
-                value: taint.clone(),
-            }));
-            ops.push(PatchOperation::Remove(RemoveOperation { path }));
-        }
-    }
+    let mut ops = removals(node, taints);
     if let Some(boot) = node.boot_id()
         && node.ready_boot_id() != Some(boot)
     {
@@ -60,6 +49,35 @@ pub fn ready_patch(node: &NodeView, taints: &TaintSet) -> Option<Patch> {
             }));
         }
     }
+    (!ops.is_empty()).then_some(Patch(ops))
+}
+
+/// The ready patch's `test` and `remove` of each configured or released
+/// taint present, highest index first.
+fn removals(node: &NodeView, taints: &TaintSet) -> Vec<PatchOperation> {
+    let mut ops = Vec::new();
+    for (i, taint) in node.taints().iter().enumerate().rev() {
+        if taints.removes(taint) {
+            let path =
+                PointerBuf::from_tokens(["spec".to_string(), "taints".into(), i.to_string()]);
+            ops.push(PatchOperation::Test(TestOperation {
+                path: path.clone(),
+                value: taint.clone(),
+            }));
+            ops.push(PatchOperation::Remove(RemoveOperation { path }));
+        }
+    }
+    ops
+}
+
+/// The patch that opens the node when nodegate is being removed: the ready
+/// patch's guarded removals of every configured, boot and released taint,
+/// without recording the bootID. The annotation says the network agent was
+/// ready on this boot; on a node still waiting for it that would be false,
+/// and a later install's safety net would trust it and leave the node
+/// open. `None` when no gate is on the node.
+pub fn open_patch(node: &NodeView, taints: &TaintSet) -> Option<Patch> {
+    let ops = removals(node, taints);
     (!ops.is_empty()).then_some(Patch(ops))
 }
 
@@ -342,6 +360,46 @@ mod tests {
         let patch = ready_patch(&read, &taints(&[])).unwrap();
         let mut moved = json!({"metadata": {"annotations": {"x": "y"}},
             "spec": {"taints": [{"key": "k", "effect": "NoSchedule"}, ours()]}});
+        assert!(json_patch::patch(&mut moved, &patch).is_err());
+    }
+
+    /// On removal every gate the ready patch removes goes (the boot gate
+    /// and a released taint too), guarded the same way; others stay, and
+    /// the node is not recorded as ready.
+    #[test]
+    fn the_open_patch_removes_every_gate_and_records_nothing() {
+        let boot: TaintSpec = "nodegate.dev/agent-not-ready=true:NoExecute"
+            .parse()
+            .unwrap();
+        let legacy: TaintSpec = nodegate_shared::keys::LEGACY_TAINT.parse().unwrap();
+        let set = TaintSet::new(specs(), vec![boot], vec![legacy]);
+        let other = json!({"key": "example.com/dedicated", "effect": "NoSchedule"});
+        let node = json!({
+            "metadata": {"name": "n", "annotations": {"nodegate.dev/ready-boot-id": "b0"}},
+            "spec": {"taints": [
+                ours(),
+                other,
+                {"key": "nodegate.dev/agent-not-ready", "value": "true", "effect": "NoExecute"},
+                {"key": "node.cilium.io/agent-not-ready", "value": "true", "effect": "NoSchedule"},
+            ]},
+            "status": {"nodeInfo": {"bootID": "b1"}}
+        });
+        let patch = open_patch(&view(node.clone()), &set).unwrap();
+        let mut doc = node.clone();
+        json_patch::patch(&mut doc, &patch).unwrap();
+        assert_eq!(doc["spec"]["taints"], json!([other]));
+        assert_eq!(
+            doc["metadata"]["annotations"],
+            json!({"nodegate.dev/ready-boot-id": "b0"}),
+            "the bootID is not recorded as ready"
+        );
+        assert!(open_patch(&view(doc), &set).is_none(), "nothing left");
+        // A moved list fails the `test`s, as the ready patch's does.
+        let mut moved = node;
+        moved["spec"]["taints"]
+            .as_array_mut()
+            .unwrap()
+            .insert(0, json!({"key": "k", "effect": "NoSchedule"}));
         assert!(json_patch::patch(&mut moved, &patch).is_err());
     }
 

@@ -17,7 +17,7 @@ use tokio::time::Instant;
 
 use crate::metrics::{Metrics, Reason};
 use crate::node_patch::{
-    AddReason, Added, EventType, MarkReady, ReadyOutcome, ready_patch, taints_to_add,
+    AddReason, Added, EventType, MarkReady, ReadyOutcome, open_patch, ready_patch, taints_to_add,
 };
 use crate::taint_set::TaintSet;
 
@@ -46,6 +46,16 @@ pub struct NodeWriter {
 /// conflict.
 fn moved(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if matches!(s.code, 409 | 422))
+}
+
+/// A taint entry as flags spell it: `key=value:Effect` (`key:Effect`
+/// without a value).
+fn shown(t: &serde_json::Value) -> String {
+    let field = |k: &str| t.get(k).and_then(serde_json::Value::as_str).unwrap_or("");
+    match field("value") {
+        "" => format!("{}:{}", field("key"), field("effect")),
+        v => format!("{}={v}:{}", field("key"), field("effect")),
+    }
 }
 
 fn retryable(e: &kube::Error) -> bool {
@@ -194,6 +204,26 @@ impl NodeWriter {
             outcome: out,
             latest,
         })
+    }
+
+    /// On removal: removes every gate the ready patch removes, guarded the
+    /// same way, on a fresh read. Returns the taints removed, as
+    /// `key=value:Effect` (empty: none was on the node).
+    pub async fn open(&self, deadline: Instant) -> Result<Vec<String>, WriteError> {
+        let taints = &*self.taints;
+        let (out, _) = self
+            .patch_loop(deadline, None, |view| {
+                let patch = open_patch(view, taints)?;
+                let removed = view
+                    .taints()
+                    .iter()
+                    .filter(|t| taints.removes(t))
+                    .map(shown)
+                    .collect::<Vec<_>>();
+                Some((patch, removed))
+            })
+            .await?;
+        Ok(out.map(|(removed, _)| removed).unwrap_or_default())
     }
 
     /// Adds the missing configured taints (guarded by a `test` of the list

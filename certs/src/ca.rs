@@ -5,7 +5,8 @@ use std::net::IpAddr;
 use nodegate_shared::taint::is_dns1123_label;
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DistinguishedName, DnType,
-    ExtendedKeyUsagePurpose, IsCa, KeyPair, KeyUsagePurpose, PKCS_ECDSA_P256_SHA256, SanType,
+    ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose, PKCS_ECDSA_P256_SHA256,
+    SanType,
 };
 use time::{Duration, OffsetDateTime};
 
@@ -16,7 +17,7 @@ const MAX_DAYS: u32 = 36_500;
 
 /// A self-signed CA that can issue serving certificates.
 pub struct Ca {
-    issuer: CertifiedIssuer<'static, KeyPair>,
+    issuer: Issuer<'static, KeyPair>,
     cert_pem: String,
 }
 
@@ -120,9 +121,26 @@ impl Ca {
             KeyUsagePurpose::DigitalSignature,
         ];
         validity(&mut params, days);
-        let issuer = CertifiedIssuer::self_signed(params, key)?;
-        let cert_pem = issuer.pem();
-        Ok(Ca { issuer, cert_pem })
+        let certified = CertifiedIssuer::self_signed(params, key)?;
+        let cert_pem = certified.pem();
+        let key_pem = certified.key().serialize_pem();
+        Ca::from_pem(&cert_pem, &key_pem)
+    }
+
+    /// A CA kept from an earlier run (the in-cluster controller's Secret):
+    /// its certificate and its key, both PEM.
+    pub fn from_pem(cert_pem: &str, key_pem: &str) -> Result<Ca, CertError> {
+        let key = KeyPair::from_pem(key_pem)?;
+        let issuer = Issuer::from_ca_cert_pem(cert_pem, key)?;
+        Ok(Ca {
+            issuer,
+            cert_pem: cert_pem.to_owned(),
+        })
+    }
+
+    /// The CA's private key, PEM: only for the Secret that keeps it.
+    pub fn key_pem(&self) -> String {
+        self.issuer.key().serialize_pem()
     }
 
     /// The CA certificate, for `ca.crt` and the webhook's `caBundle`.
@@ -251,6 +269,22 @@ mod tests {
         assert_ne!(a.cert_pem, b.cert_pem);
         assert_ne!(a.key_pem, b.key_pem);
         verify(ca.cert_pem(), &b.cert_pem, "nodegate-webhook.nodegate.svc").unwrap();
+    }
+
+    #[test]
+    fn a_kept_ca_issues_leaves_its_certificate_verifies() {
+        let ca = Ca::generate(30).unwrap();
+        let kept = Ca::from_pem(ca.cert_pem(), &ca.key_pem()).unwrap();
+        assert_eq!(kept.cert_pem(), ca.cert_pem());
+        let leaf = kept.issue(&request()).unwrap();
+        verify(
+            ca.cert_pem(),
+            &leaf.cert_pem,
+            "nodegate-webhook.nodegate.svc",
+        )
+        .unwrap();
+        assert!(Ca::from_pem(ca.cert_pem(), "not a key").is_err());
+        assert!(Ca::from_pem("not a cert", &ca.key_pem()).is_err());
     }
 
     #[test]

@@ -6,10 +6,14 @@
 //! PEM goes into `clientConfig.caBundle` of the MutatingWebhookConfiguration.
 
 mod ca;
+pub mod cert_info;
+pub mod cli;
+pub mod controller;
 mod error;
 mod files;
 pub mod rotate;
 pub mod trust;
+pub mod uninstall;
 mod webhook_config;
 
 pub use ca::{Ca, ServingCert, ServingRequest};

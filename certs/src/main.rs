@@ -100,10 +100,22 @@ enum Command {
         #[arg(long, default_value = "10m", value_parser = nodegate_shared::duration::parse)]
         rollout_timeout: std::time::Duration,
     },
+    /// Run in the cluster: keep the CA, the serving certificate, the path
+    /// token, every line's caBundle and `/mutate/<token>` path, and renew
+    /// them before they expire (docs/install.md).
+    Controller(nodegate_certs::cli::ControllerArgs),
+    /// Remove nodegate and open every node (the Helm pre-delete hook and the
+    /// kustomize removal's Job run this).
+    Uninstall(nodegate_certs::cli::UninstallArgs),
 }
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    match args.command {
+        Some(Command::Controller(a)) => return nodegate_certs::cli::controller(a),
+        Some(Command::Uninstall(a)) => return nodegate_certs::cli::uninstall(a),
+        _ => {}
+    }
     if let Some(Command::RotatePathToken {
         namespace,
         secret,

@@ -140,6 +140,7 @@ pub fn shipped_rbac() -> anyhow::Result<Vec<String>> {
     for part in [
         "webhook",
         "agent",
+        "certs",
         "../components/pruning",
         "../components/probe-pod",
     ] {
@@ -442,6 +443,27 @@ impl WebhookProcess {
         self.path_token
             .as_ref()
             .map(|_| self._dir.path().join("path-token"))
+    }
+
+    /// Replaces the files it serves from, as a kubelet syncing its Secret
+    /// volumes does: the serving certificate and key, and the path token.
+    pub fn serve_from(
+        &self,
+        tls_crt: &[u8],
+        tls_key: &[u8],
+        token: Option<&[u8]>,
+    ) -> anyhow::Result<()> {
+        let dir = self._dir.path();
+        // The key first: a reload between the two writes then pairs the
+        // old certificate with the new key and fails, keeping the old pair.
+        std::fs::write(dir.join("tls.key.new"), tls_key)?;
+        std::fs::write(dir.join("tls.crt.new"), tls_crt)?;
+        std::fs::rename(dir.join("tls.key.new"), dir.join("tls.key"))?;
+        std::fs::rename(dir.join("tls.crt.new"), dir.join("tls.crt"))?;
+        if let Some(t) = token {
+            std::fs::write(dir.join("path-token"), t)?;
+        }
+        Ok(())
     }
 
     /// `"nodegate-webhook.nodegate.svc"`, the name the API server verifies.

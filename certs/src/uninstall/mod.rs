@@ -1,0 +1,407 @@
+//! `nodegate-certs uninstall`: removes nodegate and leaves every node as it
+//! was before, schedulable. Helm runs it as a pre-delete hook; the
+//! kustomize removal (`kubectl apply -k manifests/uninstall`) as a Job.
+//!
+//! 1. The admission objects go first (webhook configuration, admission
+//!    policy): nothing re-gates a node from then on.
+//! 2. The agent DaemonSet goes (foreground) and its Pods are waited for: an
+//!    agent that sees its DaemonSet gone opens its node instead of
+//!    re-gating it on SIGTERM.
+//! 3. Every node's gates are removed, whatever its agent did: a node whose
+//!    agent was not ready, or is down, or strict mode's boot gate.
+//! 4. Without Helm, the rest of the install goes: cluster-scoped objects by
+//!    label, then the namespace (its own credential last, by ownership).
+//! 5. What is left is listed, each with the command that finishes it, and
+//!    the exit code says whether anything is.
+//!
+//! Its credential exists for the removal only: no Pod runs with it
+//! otherwise, so there is no token of it to steal (docs/security.md).
+
+pub mod plan;
+
+use std::time::Duration;
+
+use anyhow::Context;
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch,
+    PatchParams, PropagationPolicy,
+};
+use kube::{Client, ResourceExt};
+use serde_json::{Value, json};
+
+use plan::Leftover;
+
+/// What the removal touches.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub namespace: String,
+    /// Every taint key nodegate may have put on a node.
+    pub gate_keys: Vec<String>,
+    pub agent_daemonset: String,
+    /// Label selector of the agent's Pods.
+    pub agent_selector: String,
+    pub webhook_config: String,
+    /// The removal's own ClusterRole and ClusterRoleBinding.
+    pub own_name: String,
+    /// How long the agents' Pods may take to stop.
+    pub agents_timeout: Duration,
+}
+
+/// Cluster-scoped kinds an install may hold, admission objects first.
+const CLUSTER_KINDS: &[(&str, &str, &str, &str)] = &[
+    (
+        "admissionregistration.k8s.io",
+        "v1",
+        "MutatingWebhookConfiguration",
+        "mutatingwebhookconfigurations",
+    ),
+    (
+        "admissionregistration.k8s.io",
+        "v1",
+        "MutatingAdmissionPolicyBinding",
+        "mutatingadmissionpolicybindings",
+    ),
+    (
+        "admissionregistration.k8s.io",
+        "v1",
+        "MutatingAdmissionPolicy",
+        "mutatingadmissionpolicies",
+    ),
+    (
+        "admissionregistration.k8s.io",
+        "v1",
+        "ValidatingAdmissionPolicyBinding",
+        "validatingadmissionpolicybindings",
+    ),
+    (
+        "admissionregistration.k8s.io",
+        "v1",
+        "ValidatingAdmissionPolicy",
+        "validatingadmissionpolicies",
+    ),
+    (
+        "rbac.authorization.k8s.io",
+        "v1",
+        "ClusterRoleBinding",
+        "clusterrolebindings",
+    ),
+    (
+        "rbac.authorization.k8s.io",
+        "v1",
+        "ClusterRole",
+        "clusterroles",
+    ),
+];
+
+fn api(client: &Client, kind: &(&str, &str, &str, &str)) -> Api<DynamicObject> {
+    let (g, v, k, plural) = *kind;
+    let ar = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(g, v, k), plural);
+    Api::all_with(client.clone(), &ar)
+}
+
+fn is_status(e: &kube::Error, code: u16) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == code)
+}
+
+/// Deletes `name`; gone already is done.
+async fn delete_named(api: &Api<DynamicObject>, kind: &str, name: &str, left: &mut Vec<Leftover>) {
+    match api.delete(name, &DeleteParams::default()).await {
+        Ok(_) => tracing::info!(kind, name, "deleted"),
+        Err(e) if is_status(&e, 404) => {}
+        Err(e) => left.push(Leftover::Object {
+            kind: kind.into(),
+            name: name.into(),
+            namespace: None,
+            why: e.to_string(),
+        }),
+    }
+}
+
+/// 1: the admission objects, so nothing re-gates a node from here on.
+async fn remove_admission(client: &Client, o: &Options, left: &mut Vec<Leftover>) {
+    delete_named(
+        &api(client, &CLUSTER_KINDS[0]),
+        CLUSTER_KINDS[0].2,
+        &o.webhook_config,
+        left,
+    )
+    .await;
+    for kind in &CLUSTER_KINDS[1..3] {
+        let a = api(client, kind);
+        // Not served below Kubernetes 1.36 (or with the API off): nothing to delete.
+        match a
+            .list(&ListParams::default().labels(&format!(
+                "{}={}",
+                plan::PART_OF.0,
+                plan::PART_OF.1
+            )))
+            .await
+        {
+            Ok(list) => {
+                for obj in list {
+                    delete_named(&a, kind.2, &obj.name_any(), left).await;
+                }
+            }
+            Err(e) if is_status(&e, 404) => {}
+            Err(e) => left.push(Leftover::Object {
+                kind: kind.2.into(),
+                name: "(list)".into(),
+                namespace: None,
+                why: e.to_string(),
+            }),
+        }
+    }
+}
+
+/// 2: the agents, waited for.
+async fn remove_agents(client: &Client, o: &Options, left: &mut Vec<Leftover>) {
+    let sets: Api<DaemonSet> = Api::namespaced(client.clone(), &o.namespace);
+    let dp = DeleteParams {
+        propagation_policy: Some(PropagationPolicy::Foreground),
+        ..Default::default()
+    };
+    match sets.delete(&o.agent_daemonset, &dp).await {
+        Ok(_) => tracing::info!(daemonset = %o.agent_daemonset, "deleting the agents"),
+        Err(e) if is_status(&e, 404) => {}
+        Err(e) => left.push(Leftover::Object {
+            kind: "DaemonSet".into(),
+            name: o.agent_daemonset.clone(),
+            namespace: Some(o.namespace.clone()),
+            why: e.to_string(),
+        }),
+    }
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &o.namespace);
+    let deadline = tokio::time::Instant::now() + o.agents_timeout;
+    loop {
+        let running = match pods
+            .list(&ListParams::default().labels(&o.agent_selector))
+            .await
+        {
+            Ok(l) => l.items,
+            Err(e) => {
+                tracing::warn!(error = %e, "listing the agents' Pods");
+                Vec::new()
+            }
+        };
+        if running.is_empty() {
+            return;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            for p in running {
+                left.push(Leftover::AgentPod {
+                    node: p
+                        .spec
+                        .as_ref()
+                        .and_then(|s| s.node_name.clone())
+                        .unwrap_or_default(),
+                    pod: p.name_any(),
+                });
+            }
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// 3: every gate off every node; a patch that lost a race is tried again.
+async fn open_nodes(
+    client: &Client,
+    o: &Options,
+    left: &mut Vec<Leftover>,
+) -> anyhow::Result<usize> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let mut opened = 0;
+    for node in nodes
+        .list(&ListParams::default())
+        .await
+        .context("listing Nodes")?
+    {
+        let name = node.name_any();
+        let mut current = node;
+        let mut attempt = 0;
+        loop {
+            let taints: Vec<Value> = current
+                .spec
+                .as_ref()
+                .and_then(|s| s.taints.as_ref())
+                .map(|t| {
+                    t.iter()
+                        .filter_map(|t| serde_json::to_value(t).ok())
+                        .collect()
+                })
+                .unwrap_or_default();
+            let Some(ops) = plan::open_patch(&taints, &o.gate_keys) else {
+                break;
+            };
+            let patch: json_patch::Patch = serde_json::from_value(Value::Array(ops))?;
+            match nodes
+                .patch(&name, &PatchParams::default(), &Patch::<()>::Json(patch))
+                .await
+            {
+                Ok(_) => {
+                    tracing::info!(node = %name, "opened");
+                    opened += 1;
+                    break;
+                }
+                Err(e) if attempt < 5 && !is_status(&e, 403) => {
+                    attempt += 1;
+                    match nodes.get_opt(&name).await {
+                        Ok(Some(n)) => current = n,
+                        Ok(None) => break,
+                        Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+                    }
+                }
+                Err(e) => {
+                    let keys = plan::gate_indices(&taints, &o.gate_keys)
+                        .into_iter()
+                        .filter_map(|i| taints[i]["key"].as_str().map(str::to_owned))
+                        .collect::<std::collections::BTreeSet<_>>()
+                        .into_iter()
+                        .collect();
+                    left.push(Leftover::GatedNode {
+                        node: name.clone(),
+                        keys,
+                        why: e.to_string(),
+                    });
+                    break;
+                }
+            }
+        }
+    }
+    Ok(opened)
+}
+
+/// 4: without Helm, the rest: cluster-scoped objects by label, the
+/// removal's own credential handed to the namespace (the garbage collector
+/// deletes it once the namespace is gone), then the namespace.
+async fn remove_rest(
+    client: &Client,
+    o: &Options,
+    left: &mut Vec<Leftover>,
+) -> anyhow::Result<bool> {
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let Some(ns) = namespaces.get_opt(&o.namespace).await? else {
+        return Ok(false);
+    };
+    if !plan::deletes(ns.metadata.labels.as_ref(), &o.namespace, &o.own_name) {
+        // Helm's install (or a namespace someone else made): Helm deletes
+        // its objects after this hook, and the namespace is not ours.
+        return Ok(false);
+    }
+    for kind in &CLUSTER_KINDS[3..] {
+        let a = api(client, kind);
+        let list = match a
+            .list(&ListParams::default().labels(&format!(
+                "{}={}",
+                plan::PART_OF.0,
+                plan::PART_OF.1
+            )))
+            .await
+        {
+            Ok(l) => l,
+            Err(e) if is_status(&e, 404) => continue,
+            Err(e) => {
+                left.push(Leftover::Object {
+                    kind: kind.2.into(),
+                    name: "(list)".into(),
+                    namespace: None,
+                    why: e.to_string(),
+                });
+                continue;
+            }
+        };
+        for obj in list {
+            if plan::deletes(obj.metadata.labels.as_ref(), &obj.name_any(), &o.own_name) {
+                delete_named(&a, kind.2, &obj.name_any(), left).await;
+            }
+        }
+    }
+    if !left.iter().any(Leftover::is_failure) {
+        let owner = json!({"metadata": {"ownerReferences": [{
+            "apiVersion": "v1", "kind": "Namespace", "name": o.namespace,
+            "uid": ns.metadata.uid.clone().unwrap_or_default(),
+        }]}});
+        for kind in [&CLUSTER_KINDS[5], &CLUSTER_KINDS[6]] {
+            if let Err(e) = api(client, kind)
+                .patch(&o.own_name, &PatchParams::default(), &Patch::Merge(&owner))
+                .await
+            {
+                tracing::warn!(kind = kind.2, error = %e, "handing the removal's credential to the namespace");
+            }
+        }
+        namespaces
+            .delete(&o.namespace, &DeleteParams::default())
+            .await
+            .with_context(|| format!("deleting Namespace {}", o.namespace))?;
+        tracing::info!(namespace = %o.namespace, "deleting the namespace");
+    }
+    Ok(true)
+}
+
+/// 5: what is still there, after the steps reported their own failures.
+async fn verify(client: &Client, o: &Options, left: &mut Vec<Leftover>) -> anyhow::Result<()> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    for node in nodes
+        .list(&ListParams::default())
+        .await
+        .context("listing Nodes")?
+    {
+        let taints: Vec<Value> = node
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.as_ref())
+            .map(|t| {
+                t.iter()
+                    .filter_map(|t| serde_json::to_value(t).ok())
+                    .collect()
+            })
+            .unwrap_or_default();
+        let keys: Vec<String> = plan::gate_indices(&taints, &o.gate_keys)
+            .into_iter()
+            .filter_map(|i| taints[i]["key"].as_str().map(str::to_owned))
+            .collect();
+        let name = node.name_any();
+        if !keys.is_empty()
+            && !left
+                .iter()
+                .any(|l| matches!(l, Leftover::GatedNode { node, .. } if *node == name))
+        {
+            left.push(Leftover::GatedNode {
+                node: name,
+                keys,
+                why: "gated again after it was opened".into(),
+            });
+        }
+    }
+    let mwc = api(client, &CLUSTER_KINDS[0]);
+    if mwc.get_opt(&o.webhook_config).await?.is_some()
+        && !left
+            .iter()
+            .any(|l| matches!(l, Leftover::Object { name, .. } if *name == o.webhook_config))
+    {
+        left.push(Leftover::Object {
+            kind: CLUSTER_KINDS[0].2.into(),
+            name: o.webhook_config.clone(),
+            namespace: None,
+            why: "still there".into(),
+        });
+    }
+    Ok(())
+}
+
+/// Runs the removal; the leftovers, each with its command, are the result
+/// (empty: the cluster is as it was).
+pub async fn run(client: Client, o: &Options) -> anyhow::Result<Vec<Leftover>> {
+    let mut left = Vec::new();
+    remove_admission(&client, o, &mut left).await;
+    remove_agents(&client, o, &mut left).await;
+    let opened = open_nodes(&client, o, &mut left).await?;
+    tracing::info!(opened, "every node's gates removed");
+    verify(&client, o, &mut left).await?;
+    // The namespace goes last: this Pod runs in it.
+    let whole = remove_rest(&client, o, &mut left).await?;
+    tracing::info!(whole_install = whole, "removal done");
+    Ok(left)
+}

@@ -13,12 +13,41 @@ pub fn repo_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-/// The commands of the README's install block ("Certificates and
-/// manifests"), with continuation lines joined, in order.
+/// The commands of docs/install.md's "Bring your own CA" block (the
+/// install with a CA made on the admin's machine), with continuation lines
+/// joined, in order.
 pub fn install_commands() -> anyhow::Result<Vec<String>> {
+    let doc = std::fs::read_to_string(repo_dir().join("docs/install.md"))
+        .context("reading docs/install.md")?;
+    commands_after(&doc, "## Bring your own CA")
+}
+
+/// The README's one-command install (`helm`: its Helm block, else its
+/// kustomize block) or removal, as a user copies it.
+pub fn readme_command(section: &str, helm: bool) -> anyhow::Result<String> {
     let readme =
         std::fs::read_to_string(repo_dir().join("README.md")).context("reading README.md")?;
-    commands_after(&readme, "**Certificates and manifests**")
+    let start = readme
+        .find(section)
+        .with_context(|| format!("no {section:?} in the README"))?;
+    let first = commands_after(&readme[start..], section)?;
+    let commands = if helm {
+        first
+    } else {
+        let after_first = readme[start..]
+            .find("```sh\n")
+            .and_then(|i| {
+                readme[start + i + 6..]
+                    .find("```")
+                    .map(|j| start + i + 6 + j + 3)
+            })
+            .context("no sh block")?;
+        commands_after(&readme[after_first..], "```sh")?
+    };
+    match commands.as_slice() {
+        [one] => Ok(one.clone()),
+        other => anyhow::bail!("{section}: one command expected, got {other:?}"),
+    }
 }
 
 /// The commands of the first ```sh block after `heading`.

@@ -1,5 +1,7 @@
-//! The README's install, as a user runs it: the certificate step in a fresh
-//! directory, and the caBundle kept when the install is applied again.
+//! The installs as a user runs them: the README's one command each way (and
+//! its removal), docs/install.md's bring-your-own-CA steps with the
+//! certificate step in a fresh directory, and the caBundle and paths kept
+//! when the install is applied again.
 //!
 //! The whole install (namespace, RBAC, workloads) runs through real kubelets
 //! in the real-node harness (`e2e/real-nodes/`); here, in CI, the two steps
@@ -13,7 +15,7 @@ use std::path::Path;
 use std::process::Output;
 
 use nodegate_e2e::process::{bin_path, manifests_dir};
-use nodegate_e2e::readme::{install_commands, shell, stdout_if_ok, user_dir};
+use nodegate_e2e::readme::{install_commands, readme_command, shell, stdout_if_ok, user_dir};
 use nodegate_emulator::{Emulator, EmulatorOptions, users};
 
 fn sh(dir: &Path, kubeconfig: Option<&Path>, command: &str) -> Output {
@@ -33,8 +35,39 @@ fn fresh_dir() -> tempfile::TempDir {
     user_dir().unwrap()
 }
 
+/// The README leads with one command per way (what the real-node harness
+/// runs verbatim), and each kustomization it names builds.
 #[test]
-fn the_readme_certificate_step_runs_as_written_in_a_fresh_directory() {
+fn the_readme_installs_and_removes_with_one_command_each() {
+    assert_eq!(
+        readme_command("## Install", true).unwrap(),
+        "helm install nodegate charts/nodegate -n nodegate --create-namespace"
+    );
+    assert_eq!(
+        readme_command("## Install", false).unwrap(),
+        "kubectl apply -k manifests/"
+    );
+    assert_eq!(
+        readme_command("## Uninstall", true).unwrap(),
+        "helm uninstall nodegate -n nodegate"
+    );
+    let removal = readme_command("## Uninstall", false).unwrap();
+    assert_eq!(removal, "kubectl apply -k manifests/uninstall");
+    let dir = fresh_dir();
+    for k in ["manifests/", "manifests/uninstall"] {
+        ok(
+            k,
+            sh(
+                dir.path(),
+                None,
+                &format!("kubectl kustomize {k} >/dev/null"),
+            ),
+        );
+    }
+}
+
+#[test]
+fn the_own_ca_certificate_step_runs_as_written_in_a_fresh_directory() {
     let commands = install_commands().unwrap();
     let certs: Vec<&String> = commands
         .iter()
@@ -46,13 +79,7 @@ fn the_readme_certificate_step_runs_as_written_in_a_fresh_directory() {
         "the README's nodegate-certs line",
         sh(dir.path(), None, certs[0]),
     );
-    for f in [
-        "ca.crt",
-        "tls.crt",
-        "tls.key",
-        "ca-bundle-patch.yaml",
-        "path-token",
-    ] {
+    for f in ["ca.crt", "tls.crt", "tls.key", "ca-bundle-patch.yaml"] {
         assert!(dir.path().join("ng-certs").join(f).is_file(), "{f} missing");
     }
     // Every file a later command reads is one this step wrote.
@@ -92,8 +119,26 @@ async fn applying_the_install_again_keeps_the_patched_ca_bundle() {
     ok("patch", sh(d, Some(&kubeconfig), &patch_cmd));
     let first = ok("read", sh(d, Some(&kubeconfig), bundle));
     assert!(!first.is_empty(), "the patch set no caBundle");
-    let token = std::fs::read_to_string(d.join("ng-certs/path-token")).unwrap();
-    let want_paths = vec![format!("/mutate/{}", token.trim()); 3].join(" ");
+    assert_eq!(
+        ok("read", sh(d, Some(&kubeconfig), paths)),
+        "",
+        "the own-CA patch leaves the paths to the certificates controller"
+    );
+    // The controller's part: every line to /mutate/<token>, as its JSON patch.
+    let token = nodegate_certs::path_token();
+    let ops: Vec<serde_json::Value> = (0..3)
+        .map(|i| serde_json::json!({"op": "add", "path": format!("/webhooks/{i}/clientConfig/service/path"), "value": format!("/mutate/{token}")}))
+        .collect();
+    std::fs::write(d.join("paths.json"), serde_json::to_string(&ops).unwrap()).unwrap();
+    ok(
+        "paths",
+        sh(
+            d,
+            Some(&kubeconfig),
+            "kubectl patch mutatingwebhookconfiguration nodegate --type=json --patch-file paths.json",
+        ),
+    );
+    let want_paths = vec![format!("/mutate/{token}"); 3].join(" ");
     assert_eq!(ok("read", sh(d, Some(&kubeconfig), paths)), want_paths);
     // An upgrade: the same install applied again, twice.
     for round in 0..2 {

@@ -28,6 +28,8 @@ mod cilium;
 mod cilium_operator;
 #[path = "real_nodes/forged.rs"]
 mod forged;
+#[path = "real_nodes/helm.rs"]
+mod helm;
 #[path = "real_nodes/install.rs"]
 mod install;
 #[path = "real_nodes/join.rs"]
@@ -91,7 +93,7 @@ async fn nodegate_on_real_nodes() {
         nodes0.len() >= 2,
         "the harness brings up at least two nodes"
     );
-    // One group alone (`strict`, `cilium`, `lines`, `forged`), on a cluster
+    // One group alone (`strict`, `cilium`, `lines`, `forged`, `helm`), on a cluster
     // an earlier run left up with nodegate installed
     // (NODEGATE_REAL_NODES_KEEP=1): a shorter loop while working on it.
     let only = std::env::var("NODEGATE_REAL_NODES_ONLY").ok();
@@ -115,8 +117,9 @@ async fn nodegate_on_real_nodes() {
             return rollouts::rollouts(&c).await;
         }
         Some("forged") => return forged::forged_reviews(&c, &c.nodes0[1], "default").await,
+        Some("helm") => return helm::helm(&c).await,
         Some(other) => {
-            panic!("NODEGATE_REAL_NODES_ONLY={other}: strict, cilium, lines or forged")
+            panic!("NODEGATE_REAL_NODES_ONLY={other}: strict, cilium, lines, forged or helm")
         }
         None => {}
     }
@@ -137,4 +140,5 @@ async fn nodegate_on_real_nodes() {
     pruning::memory_and_nothing_gated(&c).await;
     strict::strict_mode(&c).await;
     cilium::cilium(&c).await;
+    helm::helm(&c).await;
 }

@@ -2,22 +2,32 @@
 //! first scenario), and the user's own kustomization later scenarios apply
 //! as upgrades.
 
-use nodegate_e2e::readme::install_commands;
-use nodegate_e2e::real_nodes::harness::{Harness, figure, ok, step};
+use std::time::Instant;
+
+use nodegate_e2e::readme::readme_command;
+use nodegate_e2e::real_nodes::harness::{Harness, figure, ok, step, wait};
 use nodegate_e2e::real_nodes::lines::Lines;
 use nodegate_e2e::real_nodes::live::{all_nodegate_ready, wait_gated};
 
-/// The README's install, verbatim, on nodes whose network agent runs.
+/// The README's kustomize install, verbatim (one command: the
+/// certificates controller makes the rest), on nodes whose network agent
+/// runs.
 pub(crate) async fn install(h: &Harness, client: &kube::Client, nodes0: &[String]) {
-    step("install (README, verbatim) and nodegate-check");
+    step("install (README, verbatim: one command) and nodegate-check");
     for n in nodes0 {
         h.cluster(&["ready", n]);
     }
-    for c in install_commands().unwrap() {
-        println!("$ {c}");
-        ok(&c, h.sh(&c));
-    }
+    let c = readme_command("## Install", false).unwrap();
+    println!("$ {c}");
+    let t0 = Instant::now();
+    ok(&c, h.sh(&c));
     all_nodegate_ready(client, 2).await;
+    let paths = "get mutatingwebhookconfiguration nodegate -o jsonpath={.webhooks[*].clientConfig.service.path}";
+    wait("every line calling /mutate/<token>", 180, async || {
+        (h.kubectl(paths).matches("/mutate/").count() == 3).then_some(())
+    })
+    .await;
+    figure("install_to_lines_on_token_ms", t0.elapsed().as_millis());
     for n in nodes0 {
         wait_gated(client, n, false, 120).await;
     }

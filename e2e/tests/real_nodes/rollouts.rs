@@ -61,33 +61,38 @@ pub(crate) async fn rollouts(c: &Ctx) {
     cert_rotation(c).await;
 }
 
-/// The serving certificate rotated to a new CA the way docs/install.md
-/// says, while canaries register: not one call fails open.
+/// The certificates controller replaces the CA while canaries register:
+/// with its CA Secret deleted it makes a new CA, keeps the one the
+/// replicas serve trusted beside it and writes a leaf of the new one; the
+/// replicas reload it; not one call fails open.
 async fn cert_rotation(c: &Ctx) {
     let Ctx {
         h, client, prober, ..
     } = c;
-    step("certificate rotation to a new CA: caBundle trusts both, Secret, caBundle trusts the new");
+    step("a new CA by the certificates controller: caBundle trusts both, then the new leaf");
     let window = Window::open(h, prober);
     let t0 = Instant::now();
-    ok(
-        "rotation, first half",
-        // Trusting the CA the cluster trusts now, whatever made it.
-        h.sh("kubectl get mutatingwebhookconfiguration nodegate \
-                -o jsonpath='{.webhooks[0].clientConfig.caBundle}' | base64 -d > ./trusted-ca.crt
-              kubectl get mutatingwebhookconfiguration nodegate -o yaml > ./ng-live.yaml
-              mkdir -p ./ng-certs-2 && cp ./ng-certs/path-token ./ng-certs-2/
-              nodegate-certs --service nodegate-webhook --namespace nodegate --out-dir ./ng-certs-2 \
-                --webhook-config ./ng-live.yaml --also-trust ./trusted-ca.crt
-              kubectl patch mutatingwebhookconfiguration nodegate --patch-file ./ng-certs-2/ca-bundle-patch.yaml
-              kubectl -n nodegate create secret tls nodegate-webhook-tls --cert ./ng-certs-2/tls.crt \
-                --key ./ng-certs-2/tls.key --dry-run=client -o yaml | kubectl apply -f -"),
+    let leaf = "-n nodegate get secret nodegate-webhook-tls -o jsonpath={.data.tls\\.crt}";
+    let old_leaf = h.kubectl(leaf);
+    h.kubectl("-n nodegate delete secret nodegate-webhook-ca");
+    wait("a new leaf in the Secret", 120, async || {
+        (h.kubectl(leaf) != old_leaf).then_some(())
+    })
+    .await;
+    let trusted = ok(
+        "the caBundle's CAs",
+        h.sh("kubectl get mutatingwebhookconfiguration nodegate -o jsonpath='{.webhooks[0].clientConfig.caBundle}' \
+              | base64 -d | grep -c 'BEGIN CERTIFICATE'"),
     );
-    // Each replica serves the new leaf once the kubelet has synced the
-    // Secret's volume and the webhook reloaded it.
+    assert_eq!(
+        trusted.trim(),
+        "2",
+        "the old CA stays trusted beside the new one"
+    );
     let want = ok(
         "new leaf",
-        h.sh("openssl x509 -in ./ng-certs-2/tls.crt -noout -fingerprint -sha256"),
+        h.sh("kubectl -n nodegate get secret nodegate-webhook-tls -o jsonpath='{.data.tls\\.crt}' | base64 -d \
+              | openssl x509 -noout -fingerprint -sha256"),
     );
     let hosts: Vec<String> = live_pods(client)
         .await
@@ -107,10 +112,8 @@ async fn cert_rotation(c: &Ctx) {
         .await;
     }
     figure("cert_rotation_reloaded_ms", t0.elapsed().as_millis());
-    h.kubectl("patch mutatingwebhookconfiguration nodegate --patch-file ./ng-certs-2/ca-bundle-final-patch.yaml");
-    // A few canaries under the new CA alone.
     let mark = prober.mark();
-    wait("canaries under the new CA alone", 60, async || {
+    wait("canaries under the new leaf", 60, async || {
         (prober.since(mark).0 >= 8).then_some(())
     })
     .await;

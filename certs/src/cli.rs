@@ -97,6 +97,21 @@ pub struct UninstallArgs {
     /// How long the agents' Pods may take to stop.
     #[arg(long, default_value = "60s", value_parser = duration::parse)]
     pub agents_timeout: Duration,
+    /// The certificates controller's Deployment (deleted before its Secrets).
+    #[arg(long, default_value = "nodegate-certs")]
+    pub certs_deployment: String,
+    /// A Secret the controller made (repeatable): the CA, the serving
+    /// certificate and the path token, which neither Helm nor kustomize
+    /// deletes.
+    #[arg(
+        long = "secret",
+        value_delimiter = ',',
+        default_value = "nodegate-webhook-ca,nodegate-webhook-tls,nodegate-webhook-path"
+    )]
+    pub secrets: Vec<String>,
+    /// `helm test`'s Pod.
+    #[arg(long, default_value = "nodegate-check")]
+    pub test_pod: String,
 }
 
 /// The keys of every taint nodegate ships.
@@ -159,6 +174,9 @@ pub fn uninstall(a: UninstallArgs) -> anyhow::Result<()> {
             webhook_config: a.webhook_config,
             own_name: a.own_name,
             agents_timeout: a.agents_timeout,
+            certs_deployment: a.certs_deployment,
+            secrets: a.secrets,
+            test_pod: a.test_pod,
         };
         let left = uninstall::run(client, &o).await?;
         for l in &left {

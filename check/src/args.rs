@@ -2,13 +2,15 @@
 //! the names it derives from them. The checks take only the values they
 //! need (lib.rs hands them out), so no check depends on this module.
 
+use std::path::PathBuf;
+
 use clap::Parser;
 use nodegate_shared::gate_flags::GateFlags;
 
 use crate::served_certs;
 
-/// Checks an installation of nodegate with the current kubeconfig; exits 1
-/// if any check fails.
+/// Checks an installation of nodegate with the current kubeconfig (in a Pod
+/// without one, its ServiceAccount); exits 1 if any check fails.
 #[derive(Debug, Clone, Parser)]
 #[command(name = "nodegate-check", version, about)]
 pub struct Args {
@@ -55,6 +57,25 @@ pub struct Args {
         default_value = "nodegate-agent"
     )]
     pub daemonset: String,
+    /// The certificate controller's Deployment; an install without one is
+    /// warned that nothing renews its certificate and path token.
+    #[arg(
+        long,
+        env = "NODEGATE_CHECK_CERTS_DEPLOYMENT",
+        default_value = "nodegate-certs"
+    )]
+    pub certs_deployment: String,
+    /// Read the webhook's path token from this file (Secret
+    /// nodegate-webhook-path's `token` key, mounted) instead of the Secret:
+    /// how a Pod of the check (`helm test`) gets it.
+    #[arg(long, env = "NODEGATE_CHECK_PATH_TOKEN_FILE")]
+    pub path_token_file: Option<PathBuf>,
+    /// After an uninstall: list what nodegate left behind (gated Nodes,
+    /// admission objects, cluster roles, its workloads and Secrets), each
+    /// with the kubectl command that removes it; exits 1 if anything is
+    /// left. Run it with a credential that may list them (an admin's).
+    #[arg(long, env = "NODEGATE_CHECK_AFTER_UNINSTALL")]
+    pub after_uninstall: bool,
     /// The Secret holding the serving certificate (`tls.crt`).
     #[arg(
         long,
@@ -139,6 +160,19 @@ mod tests {
         );
         assert_eq!(a.webhook_workload(), "nodegate-webhook");
         assert_eq!(a.served_certs.connect_timeout, Duration::from_secs(3));
+        assert_eq!(a.certs_deployment, "nodegate-certs");
+        assert_eq!((a.path_token_file, a.after_uninstall), (None, false));
+    }
+
+    /// What a Pod of the check (`helm test`) passes.
+    #[test]
+    fn in_a_pod() {
+        let a = parse(&["--path-token-file=/etc/nodegate/path/token"]).unwrap();
+        assert_eq!(
+            a.path_token_file.as_deref(),
+            Some(std::path::Path::new("/etc/nodegate/path/token"))
+        );
+        assert!(parse(&["--after-uninstall"]).unwrap().after_uninstall);
     }
 
     /// The shared taint flags, repeatable and comma-separated.

@@ -18,8 +18,9 @@
 //!   without a warning: policies cannot return one);
 //! - [`webhook_config`]: the MutatingWebhookConfiguration and its conditions
 //!   ([`matching`]: how the API server matches a request);
-//! - [`webhook_service`], [`workloads`], [`daemonset`]: the webhook's
-//!   Service and StatefulSet, the agent DaemonSet;
+//! - [`webhook_service`], [`workloads`], [`daemonset`],
+//!   [`certs_controller`]: the webhook's Service and StatefulSet, the agent
+//!   DaemonSet, the certificate controller (a warning without it);
 //! - [`expected`]: the taints the canary and every line must come back with;
 //! - [`lines`]: the first line and one backup line per replica, each
 //!   replica called directly through the API server's service proxy;
@@ -45,13 +46,18 @@
 //! - [`karpenter`], [`cluster_autoscaler`]: the autoscalers wait for
 //!   nodegate's gates ([`gates`]) instead of launching duplicate nodes.
 //!
+//! [`after_uninstall`] (`--after-uninstall`) runs instead of all of these:
+//! what an uninstall left behind.
+//!
 //! [`args`] is the command line; only this file reads it, and hands each
 //! check the values it needs.
 
 pub mod admission_policy;
+pub mod after_uninstall;
 pub mod apiserver_metrics;
 pub mod args;
 pub mod canary;
+pub mod certs_controller;
 pub mod cilium;
 pub mod cluster_autoscaler;
 pub mod confinement;
@@ -81,8 +87,12 @@ use kube::Client;
 pub use args::Args;
 pub use report::{Report, Status};
 
-/// Runs every check; never panics, never returns early without a line
-/// saying why.
+/// Runs every check (with `--after-uninstall`, the leftover checks
+/// instead); never panics, never returns early without a line saying why.
+///
+/// The credential: the kubeconfig (`KUBECONFIG`, else `~/.kube/config`), or
+/// without one the Pod's ServiceAccount (in-cluster), as kube's
+/// `Config::infer` finds them.
 pub async fn run(args: &Args) -> Report {
     let mut report = Report::default();
     let config = match kube::Config::infer().await {
@@ -103,8 +113,33 @@ pub async fn run(args: &Args) -> Report {
             return report;
         }
     };
-    run_with_client(args, client, Some(&config), &mut report).await;
+    if args.after_uninstall {
+        after_uninstall_with_client(args, &client, &mut report).await;
+    } else {
+        run_with_client(args, client, Some(&config), &mut report).await;
+    }
     report
+}
+
+/// `--after-uninstall` with a given client: what nodegate left behind.
+pub async fn after_uninstall_with_client(args: &Args, client: &Client, report: &mut Report) {
+    let names = after_uninstall::Names {
+        namespace: &args.namespace,
+        webhook_config: &args.webhook_config,
+        policy: &args.policy,
+        webhook_workload: args.webhook_workload(),
+        daemonset: &args.daemonset,
+        certs_deployment: &args.certs_deployment,
+        tls_secret: &args.tls_secret,
+    };
+    let taints: Vec<_> = args
+        .gate
+        .taints
+        .iter()
+        .chain(&args.gate.boot_taints)
+        .cloned()
+        .collect();
+    after_uninstall::check(client, &names, &taints, report).await;
 }
 
 /// A client for the service proxy: kube retries a 503 with backoff for
@@ -162,6 +197,7 @@ pub async fn run_with_client(
         served_certs::check(c, h, &args.served_certs, report).await;
     }
     daemonset::check(c, ns, &args.daemonset, report).await;
+    certs_controller::check(c, ns, &args.certs_deployment, report).await;
     let expected = want.as_ref().map(|want| canary::Expected {
         want,
         want_warning: policy.is_none(),
@@ -195,7 +231,8 @@ pub async fn run_with_client(
     let installed = installed::read(c, ns, workload, &args.daemonset).await;
     strict_mode::check(c, &args.policy, &installed, report).await;
     let strict = gates::installed(&installed).is_some_and(|g| g.iter().any(|g| g.boot));
-    path_token::check(c, ns, hook.as_ref(), &installed, strict, report).await;
+    let token_file = args.path_token_file.as_deref();
+    path_token::check(c, ns, token_file, hook.as_ref(), &installed, strict, report).await;
     let cilium = cilium::Where {
         namespace: &args.cilium_namespace,
         config: &args.cilium_config,

@@ -8,6 +8,8 @@
 //!
 //! [`verdict`] decides from what was read; [`check`] only reads.
 
+use std::path::Path;
+
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhook;
 use k8s_openapi::api::core::v1::Secret;
 use kube::Client;
@@ -124,6 +126,24 @@ fn paths(entries: &[MutatingWebhook]) -> Vec<(String, Option<String>)> {
         .collect()
 }
 
+fn tokens(text: &str) -> Result<Vec<String>, String> {
+    parse_file(text)
+        .map(|t| t.into_iter().map(str::to_string).collect())
+        .map_err(|why| format!("holds no usable token ({why})"))
+}
+
+/// The Secret's key as mounted in the check's Pod: the same tokens, read
+/// without permission to get the Secret.
+async fn mounted(path: &Path) -> Result<Vec<String>, String> {
+    let shown = path.display();
+    match tokio::fs::read_to_string(path).await {
+        Ok(text) => tokens(&text).map_err(|why| format!("(mounted at {shown}) {why}")),
+        Err(e) => Err(format!(
+            "cannot be read where --path-token-file says it is mounted, {shown} ({e})"
+        )),
+    }
+}
+
 async fn secret(client: &Client, ns: &str) -> Result<Vec<String>, String> {
     let api: Api<Secret> = Api::namespaced(client.clone(), ns);
     match api.get_opt(SECRET).await {
@@ -133,22 +153,21 @@ async fn secret(client: &Client, ns: &str) -> Result<Vec<String>, String> {
                 .and_then(|d| d.get(SECRET_KEY).cloned())
                 .ok_or_else(|| format!("has no key {SECRET_KEY}"))?;
             let text = String::from_utf8(bytes.0).map_err(|_| "holds no text".to_string())?;
-            parse_file(&text)
-                .map(|t| t.into_iter().map(str::to_string).collect())
-                .map_err(|why| format!("holds no usable token ({why})"))
+            tokens(&text)
         }
         Ok(None) => Err("does not exist".into()),
         Err(e) => Err(format!("cannot be read ({e})")),
     }
 }
 
-/// Reads the lines' paths, the webhook's flag and the Secret; reports
-/// [`verdict`]. Skipped when the configuration or the webhook could not be
-/// read (other lines say why). `namespace`: the webhook's, where its
-/// Secret is.
+/// Reads the lines' paths, the webhook's flag and the Secret (from
+/// `token_file` when given: the Secret mounted); reports [`verdict`].
+/// Skipped when the configuration or the webhook could not be read (other
+/// lines say why). `namespace`: the webhook's, where its Secret is.
 pub async fn check(
     client: &Client,
     namespace: &str,
+    token_file: Option<&Path>,
     hook: Option<&Hook>,
     installed: &Installed,
     strict: bool,
@@ -168,7 +187,10 @@ pub async fn check(
     let inputs = Inputs {
         paths: paths(&hook.entries),
         secret: if flag.is_some() {
-            secret(client, namespace).await
+            match token_file {
+                Some(path) => mounted(path).await,
+                None => secret(client, namespace).await,
+            }
         } else {
             Err("not read".into())
         },
@@ -205,6 +227,23 @@ mod tests {
                 .map_err(str::to_string),
             strict,
         }
+    }
+
+    /// The Secret's key as a Pod mounts it reads as the Secret does.
+    #[tokio::test]
+    async fn a_mounted_token() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("token");
+        std::fs::write(&path, format!("{NEW}\n{TOKEN}\n")).unwrap();
+        assert_eq!(mounted(&path).await.unwrap(), vec![NEW, TOKEN]);
+        std::fs::write(&path, "short\n").unwrap();
+        let why = mounted(&path).await.unwrap_err();
+        assert!(why.contains("holds no usable token"), "{why}");
+        let why = mounted(&dir.path().join("absent")).await.unwrap_err();
+        assert!(
+            why.contains("cannot be read where --path-token-file says"),
+            "{why}"
+        );
     }
 
     #[test]

@@ -11,6 +11,8 @@ pub enum Status {
     Fail,
     /// Could not be checked (e.g. no permission); exit stays 0.
     Skip,
+    /// Worth knowing, no risk (e.g. a harmless leftover); exit stays 0.
+    Info,
 }
 
 impl Status {
@@ -20,6 +22,7 @@ impl Status {
             Status::Warn => "WARN",
             Status::Fail => "FAIL",
             Status::Skip => "SKIP",
+            Status::Info => "INFO",
         }
     }
 }
@@ -80,9 +83,15 @@ impl Report {
         for l in &self.lines {
             let _ = writeln!(out, "{}  {:<22} {}", l.status.as_str(), l.check, l.detail);
         }
+        // Notes are counted only when there are any: the install's checks
+        // make none, and their summary stays as it was.
+        let info = match self.count(Status::Info) {
+            0 => String::new(),
+            n => format!(", {n} info"),
+        };
         let _ = writeln!(
             out,
-            "result: {} ({} passed, {} failed, {} warnings, {} skipped)",
+            "result: {} ({} passed, {} failed, {} warnings, {} skipped{info})",
             if self.failed() { "FAIL" } else { "PASS" },
             self.count(Status::Pass),
             self.count(Status::Fail),
@@ -108,6 +117,10 @@ mod tests {
             r.render()
                 .ends_with("result: PASS (1 passed, 0 failed, 1 warnings, 1 skipped)\n")
         );
+        r.add("e", Status::Info, "harmless");
+        assert_eq!(r.exit_code(), 0);
+        assert!(r.render().contains("INFO  e "));
+        assert!(r.render().ends_with("1 skipped, 1 info)\n"));
         r.add("d", Status::Fail, "broken");
         assert_eq!(r.exit_code(), 1);
         assert!(r.render().contains("FAIL  d                      broken\n"));

@@ -24,12 +24,12 @@ use nodegate_emulator::users;
 use nodegate_shared::keys::{EXCLUDE_LABEL, READY_BOOT_ID_ANNOTATION};
 use serde_json::{Value, json};
 
-use support::check;
 use support::rbac::{
     GROUP, NODE_CLAIM, POD_NAME_CLAIM, POD_UID_CLAIM, PROBE_POD, SA, admin_kubeconfig,
     assert_forbidden, check_kubeconfig, client_of, cluster, documents, fixture_node, impersonating,
     status_of, verdicts, without_gate,
 };
+use support::{check, line};
 
 /// The same verdict for every line as the cluster admin's, and none of
 /// them held back by a missing permission.
@@ -87,6 +87,38 @@ async fn the_check_reports_the_same_with_its_own_credential_as_with_an_admin() {
             );
         }
     }
+}
+
+/// As a Pod of the check runs it (`helm test`): its own credential, and the
+/// path token from Secret nodegate-webhook-path as mounted, not read
+/// through the API.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_check_reads_the_path_token_where_its_pod_mounts_it() {
+    let cluster = cluster().await;
+    let dir = tempfile::tempdir().unwrap();
+    let admin = cluster.client(users::ADMIN).await.unwrap();
+    let secret = Api::<Secret>::namespaced(admin, WEBHOOK_NAMESPACE)
+        .get(WEBHOOK_PATH_SECRET)
+        .await
+        .unwrap();
+    let mounted = dir.path().join("token");
+    std::fs::write(&mounted, &secret.data.unwrap()["token"].0).unwrap();
+    let kubeconfig = check_kubeconfig(&cluster, dir.path()).await;
+    let flag = format!("--path-token-file={}", mounted.display());
+    let (code, out) = check(&kubeconfig, &[&flag]);
+    assert!(
+        line(&out, "PASS", "forged reviews").contains("the webhook holds that token"),
+        "{out}"
+    );
+    if !cluster.is_real() {
+        assert_eq!(code, 0, "{out}");
+    }
+    // A mount that holds no token is said so, and fails the check.
+    std::fs::write(&mounted, "\n").unwrap();
+    let (code, out) = check(&kubeconfig, &[&flag]);
+    assert_eq!(code, 1, "{out}");
+    let l = line(&out, "FAIL", "forged reviews");
+    assert!(l.contains("holds no usable token (no token)"), "{l}");
 }
 
 /// Nodes: no write but a dry-run.

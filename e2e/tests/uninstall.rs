@@ -42,6 +42,13 @@ fn options() -> Options {
         webhook_config: "nodegate".into(),
         own_name: "nodegate-uninstall".into(),
         agents_timeout: Duration::from_secs(10),
+        certs_deployment: "nodegate-certs".into(),
+        secrets: vec![
+            "nodegate-webhook-ca".into(),
+            "nodegate-webhook-tls".into(),
+            "nodegate-webhook-path".into(),
+        ],
+        test_pod: "nodegate-check".into(),
     }
 }
 
@@ -82,6 +89,22 @@ async fn installed(helm: bool) -> Emulator {
         if let Err(e) = emu.apply(&d.to_string()) {
             assert!(e.to_string().contains("does not serve"), "{e:#}");
         }
+    }
+    // What the certificates controller made, which neither Helm nor
+    // kustomize knows.
+    for name in [
+        "nodegate-webhook-ca",
+        "nodegate-webhook-tls",
+        "nodegate-webhook-path",
+    ] {
+        emu.apply(
+            &json!({"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+                "metadata": {"name": name, "namespace": WEBHOOK_NAMESPACE,
+                             "labels": {"app.kubernetes.io/part-of": "nodegate"}},
+                "data": {"k": "dg=="}})
+            .to_string(),
+        )
+        .unwrap();
     }
     // An agent Pod, which the garbage collector deletes once its DaemonSet goes.
     emu.apply(

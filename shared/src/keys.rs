@@ -26,3 +26,23 @@ pub const LEGACY_TAINT: &str = "node.cilium.io/agent-not-ready=true:NoSchedule";
 
 /// Prefix of the user name the API server gives a kubelet.
 pub const NODE_USER_PREFIX: &str = "system:node:";
+
+/// The taint of the key profile for a managed Cluster Autoscaler
+/// (`components/key-profiles/cluster-autoscaler`): a key under CA's startup
+/// prefix, a startup taint to every CA without a flag.
+pub const MANAGED_CA_PROFILE_TAINT: &str =
+    "startup-taint.cluster-autoscaler.kubernetes.io/nodegate-agent-not-ready=true:NoSchedule";
+
+/// The taint of the key profile for Karpenter
+/// (`components/key-profiles/karpenter`): a key under `readiness.k8s.io/`,
+/// which Karpenter counts as ephemeral.
+pub const KARPENTER_PROFILE_TAINT: &str =
+    "readiness.k8s.io/nodegate-agent-not-ready=true:NoSchedule";
+
+/// Every taint nodegate ships a profile for: the default and the key
+/// profiles. Strict mode's boot gate uses the same keys with `NoExecute`.
+pub const PROFILE_TAINTS: &[&str] = &[
+    DEFAULT_TAINT,
+    MANAGED_CA_PROFILE_TAINT,
+    KARPENTER_PROFILE_TAINT,
+];

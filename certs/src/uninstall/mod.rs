@@ -4,13 +4,16 @@
 //!
 //! 1. The admission objects go first (webhook configuration, admission
 //!    policy): nothing re-gates a node from then on.
-//! 2. The agent DaemonSet goes (foreground) and its Pods are waited for: an
-//!    agent that sees its DaemonSet gone opens its node instead of
-//!    re-gating it on SIGTERM.
+//! 2. The certificates controller goes (it would make its Secrets again),
+//!    then the agent DaemonSet (foreground), its Pods waited for: an agent
+//!    that sees its DaemonSet gone opens its node instead of re-gating it on
+//!    SIGTERM.
 //! 3. Every node's gates are removed, whatever its agent did: a node whose
 //!    agent was not ready, or is down, or strict mode's boot gate.
-//! 4. Without Helm, the rest of the install goes: cluster-scoped objects by
-//!    label, then the namespace (its own credential last, by ownership).
+//! 4. The Secrets the controller made (CA key included), which neither Helm
+//!    nor kustomize knows, and `helm test`'s Pod go; without Helm, the rest
+//!    of the install: cluster-scoped objects by label, then the namespace
+//!    (its own credential last, by ownership).
 //! 5. What is left is listed, each with the command that finishes it, and
 //!    the exit code says whether anything is.
 //!
@@ -22,8 +25,8 @@ pub mod plan;
 use std::time::Duration;
 
 use anyhow::Context;
-use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret};
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch,
     PatchParams, PropagationPolicy,
@@ -47,6 +50,12 @@ pub struct Options {
     pub own_name: String,
     /// How long the agents' Pods may take to stop.
     pub agents_timeout: Duration,
+    /// The certificates controller's Deployment.
+    pub certs_deployment: String,
+    /// The Secrets it made: gone with the install.
+    pub secrets: Vec<String>,
+    /// `helm test`'s Pod.
+    pub test_pod: String,
 }
 
 /// Cluster-scoped kinds an install may hold, admission objects first.
@@ -155,7 +164,86 @@ async fn remove_admission(client: &Client, o: &Options, left: &mut Vec<Leftover>
     }
 }
 
-/// 2: the agents, waited for.
+/// Deletes a namespaced object; gone already is done.
+async fn delete_in<K>(
+    api: &Api<K>,
+    namespace: &str,
+    kind: &str,
+    name: &str,
+    dp: &DeleteParams,
+    left: &mut Vec<Leftover>,
+) where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    match api.delete(name, dp).await {
+        Ok(_) => tracing::info!(kind, name, "deleted"),
+        Err(e) if is_status(&e, 404) => {}
+        Err(e) => left.push(Leftover::Object {
+            kind: kind.into(),
+            name: name.into(),
+            namespace: Some(namespace.into()),
+            why: e.to_string(),
+        }),
+    }
+}
+
+/// 2a: the certificates controller, so it makes no Secret again.
+async fn remove_certs_controller(client: &Client, o: &Options, left: &mut Vec<Leftover>) {
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &o.namespace);
+    let dp = DeleteParams {
+        propagation_policy: Some(PropagationPolicy::Foreground),
+        ..Default::default()
+    };
+    delete_in(
+        &deployments,
+        &o.namespace,
+        "Deployment",
+        &o.certs_deployment,
+        &dp,
+        left,
+    )
+    .await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &o.namespace);
+    let selector = format!("app.kubernetes.io/name={}", o.certs_deployment);
+    let deadline = tokio::time::Instant::now() + o.agents_timeout;
+    while tokio::time::Instant::now() < deadline {
+        match pods.list(&ListParams::default().labels(&selector)).await {
+            Ok(l) if l.items.is_empty() => return,
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "listing the certificates controller's Pods"),
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    tracing::warn!("the certificates controller's Pod has not stopped; its Secrets may come back");
+}
+
+/// 4a: the controller's Secrets and `helm test`'s Pod.
+async fn remove_made(client: &Client, o: &Options, left: &mut Vec<Leftover>) {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &o.namespace);
+    for name in &o.secrets {
+        delete_in(
+            &secrets,
+            &o.namespace,
+            "Secret",
+            name,
+            &DeleteParams::default(),
+            left,
+        )
+        .await;
+    }
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &o.namespace);
+    delete_in(
+        &pods,
+        &o.namespace,
+        "Pod",
+        &o.test_pod,
+        &DeleteParams::default(),
+        left,
+    )
+    .await;
+}
+
+/// 2b: the agents, waited for.
 async fn remove_agents(client: &Client, o: &Options, left: &mut Vec<Leftover>) {
     let sets: Api<DaemonSet> = Api::namespaced(client.clone(), &o.namespace);
     let dp = DeleteParams {
@@ -396,9 +484,11 @@ async fn verify(client: &Client, o: &Options, left: &mut Vec<Leftover>) -> anyho
 pub async fn run(client: Client, o: &Options) -> anyhow::Result<Vec<Leftover>> {
     let mut left = Vec::new();
     remove_admission(&client, o, &mut left).await;
+    remove_certs_controller(&client, o, &mut left).await;
     remove_agents(&client, o, &mut left).await;
     let opened = open_nodes(&client, o, &mut left).await?;
     tracing::info!(opened, "every node's gates removed");
+    remove_made(&client, o, &mut left).await;
     verify(&client, o, &mut left).await?;
     // The namespace goes last: this Pod runs in it.
     let whole = remove_rest(&client, o, &mut left).await?;

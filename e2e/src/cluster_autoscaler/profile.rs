@@ -35,7 +35,7 @@ pub const DEFAULT: Profile = Profile {
 pub const MANAGED_CA: Profile = Profile {
     name: "managed-ca",
     component: "cluster-autoscaler",
-    taint: "startup-taint.cluster-autoscaler.kubernetes.io/nodegate-agent-not-ready=true:NoSchedule",
+    taint: nodegate_shared::keys::MANAGED_CA_PROFILE_TAINT,
 };
 
 /// A key under Node Readiness Controller's domain, which Karpenter knows as
@@ -43,7 +43,7 @@ pub const MANAGED_CA: Profile = Profile {
 pub const KARPENTER: Profile = Profile {
     name: "karpenter",
     component: "karpenter",
-    taint: "readiness.k8s.io/nodegate-agent-not-ready=true:NoSchedule",
+    taint: nodegate_shared::keys::KARPENTER_PROFILE_TAINT,
 };
 
 impl Profile {

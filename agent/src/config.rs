@@ -33,7 +33,11 @@ pub struct Args {
     #[command(flatten)]
     pub gate: GateFlags,
 
-    // `--release-taint`: removed with the ready patch, never added.
+    // `--release-taint`: removed with the ready patch, never added. Every
+    // other gate nodegate ships is released besides, without a flag
+    // (`taint_set`): a switch of key profile or strict mode turned off then
+    // leaves no stale gate, and the confinement generator computes the same
+    // set from the same shared function, so the policy cannot drift.
     #[command(flatten)]
     pub release: ReleaseFlags,
 
@@ -261,12 +265,13 @@ impl Args {
     }
 
     /// The taints to manage (the default one without `--taint`), the boot
-    /// gate and the released ones.
+    /// gate and the released ones: `--release-taint`, then every shipped
+    /// gate not managed here (`ReleaseFlags::effective`).
     pub fn taint_set(&self) -> TaintSet {
         TaintSet::new(
             self.gate.ordinary(),
             self.gate.boot_taints.clone(),
-            self.release.release_taints.clone(),
+            self.release.effective(&self.gate),
         )
     }
 
@@ -337,9 +342,17 @@ mod tests {
         let taints = a.taint_set();
         assert_eq!(taints.managed().len(), 1);
         assert_eq!(taints.managed()[0].to_string(), DEFAULT_TAINT);
+        assert_eq!(
+            taints.release(),
+            nodegate_shared::taint::release_set(taints.managed(), &[]),
+            "without the flag: the built-in set only"
+        );
         assert!(
-            taints.release().is_empty(),
-            "the flag's default releases nothing"
+            !taints
+                .release()
+                .iter()
+                .any(|r| r.to_string() == nodegate_shared::keys::LEGACY_TAINT),
+            "Cilium's key is released only on request"
         );
         assert_eq!(a.pending_probe_period, Duration::from_millis(20));
         assert!(!a.taint_on_shutdown);

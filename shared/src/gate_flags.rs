@@ -3,7 +3,7 @@
 //! `nodegate-check`), so the three parse, name and document them alike.
 
 use crate::keys::DEFAULT_TAINT;
-use crate::taint::{TaintError, TaintSpec, check_release, check_taints};
+use crate::taint::{TaintError, TaintSpec, check_release, check_taints, release_set};
 
 /// `--taint` and `--boot-taint`: the gate the webhook adds and the agent
 /// removes.
@@ -57,15 +57,18 @@ impl GateFlags {
 }
 
 /// `--release-taint`: taints the agent removes with its ready patch when
-/// they match exactly (key, value and effect) and never adds; the
-/// confinement lets its token do exactly that.
+/// they match exactly (key, value and effect) and never adds, besides the
+/// built-in ones ([`ReleaseFlags::effective`]); the confinement lets its
+/// token do exactly that.
 #[derive(Debug, Clone, Default, PartialEq, Eq, clap::Args)]
 pub struct ReleaseFlags {
     /// A taint to remove with the ready patch when it matches exactly (key,
     /// value and effect), never to add: one an older configuration added
     /// (`components/release-cilium-key` releases the old default,
     /// `node.cilium.io/agent-not-ready=true:NoSchedule`, for an upgrade);
-    /// repeatable.
+    /// repeatable. Built in besides: every other gate nodegate ships (each
+    /// key profile's taint, and its NoExecute boot gate) that --taint and
+    /// --boot-taint do not name.
     #[arg(
         long = "release-taint",
         env = "NODEGATE_RELEASE_TAINTS",
@@ -78,6 +81,13 @@ impl ReleaseFlags {
     /// None of them is a taint of the gate, and none repeats.
     pub fn validate(&self, gate: &GateFlags) -> Result<(), TaintError> {
         check_release(&gate.all(), &self.release_taints)
+    }
+
+    /// What the agent releases under `gate`: these flags, then every gate
+    /// nodegate ships that `gate` does not hold ([`release_set`], which the
+    /// confinement generator calls too).
+    pub fn effective(&self, gate: &GateFlags) -> Vec<TaintSpec> {
+        release_set(&gate.all(), &self.release_taints)
     }
 }
 
@@ -126,5 +136,16 @@ mod tests {
         assert!(released_gate.release.validate(&released_gate.gate).is_err());
         let legacy = parse(&["--release-taint=node.cilium.io/agent-not-ready=true:NoSchedule"]);
         assert!(legacy.release.validate(&legacy.gate).is_ok());
+    }
+
+    /// The flags' releases come first, then the shipped gates not held.
+    #[test]
+    fn the_effective_release_adds_the_shipped_gates_not_held() {
+        let legacy = "node.cilium.io/agent-not-ready=true:NoSchedule";
+        let cli = parse(&[&format!("--release-taint={legacy}")]);
+        let effective = cli.release.effective(&cli.gate);
+        assert_eq!(effective[0].to_string(), legacy);
+        assert_eq!(effective[1..], release_set(&cli.gate.all(), &[]));
+        assert!(!effective.iter().any(|r| r.to_string() == DEFAULT_TAINT));
     }
 }

@@ -202,6 +202,49 @@ pub fn check_release(managed: &[TaintSpec], release: &[TaintSpec]) -> Result<(),
     check_unique(release)
 }
 
+/// Every gate nodegate ships: each key profile's taint
+/// ([`PROFILE_TAINTS`](crate::keys::PROFILE_TAINTS), NoSchedule) and strict
+/// mode's NoExecute boot gate under the same key and value.
+pub fn shipped_gates() -> Vec<TaintSpec> {
+    let profiles: Vec<TaintSpec> = crate::keys::PROFILE_TAINTS
+        .iter()
+        .filter_map(|t| t.parse().ok())
+        .collect();
+    let boot_gates: Vec<TaintSpec> = profiles
+        .iter()
+        .map(|t| TaintSpec {
+            effect: Effect::NoExecute,
+            ..t.clone()
+        })
+        .collect();
+    profiles.into_iter().chain(boot_gates).collect()
+}
+
+/// The taints the agent releases (removes with its ready patch when they
+/// match exactly, never adds) under a configuration that holds `held` (its
+/// `--taint`s and `--boot-taint`s) and names `explicit` (`--release-taint`):
+/// those, then every shipped gate ([`shipped_gates`]) it does not hold.
+///
+/// Built in rather than listed in each configuration's flags: a switch of
+/// key profile, or strict mode turned off, then leaves no stale gate from
+/// any other configuration, and the agent and its confinement policy
+/// (`nodegate-webhook confinement`) both call this, so they cannot drift.
+/// A held gate is left out by key and effect, as [`check_release`] refuses
+/// it; an explicit one equal to a built-in one is listed once. Another
+/// writer's key (Cilium's) is never built in: it stays opt-in.
+pub fn release_set(held: &[TaintSpec], explicit: &[TaintSpec]) -> Vec<TaintSpec> {
+    let mut out = explicit.to_vec();
+    for gate in shipped_gates() {
+        let is_held = held
+            .iter()
+            .any(|h| h.key == gate.key && h.effect == gate.effect);
+        if !is_held && !out.contains(&gate) {
+            out.push(gate);
+        }
+    }
+    out
+}
+
 /// The command-line flags (`--taint`, `--boot-taint`) that configure
 /// `ordinary` and `boot`, as a generated file names the command that made it.
 pub fn as_flags(ordinary: &[TaintSpec], boot: &[TaintSpec]) -> String {
@@ -342,6 +385,65 @@ mod tests {
             Err(TaintError::ReleaseManaged(_))
         ));
         assert!(check_release(&managed, &[legacy.clone(), legacy]).is_err());
+    }
+
+    #[test]
+    fn every_shipped_gate_parses_in_both_effects() {
+        use crate::keys::PROFILE_TAINTS;
+        let gates = shipped_gates();
+        assert_eq!(gates.len(), 2 * PROFILE_TAINTS.len());
+        for (i, t) in PROFILE_TAINTS.iter().enumerate() {
+            assert_eq!(gates[i].to_string(), *t);
+            let boot = &gates[PROFILE_TAINTS.len() + i];
+            assert_eq!(
+                (boot.key(), boot.value(), boot.effect()),
+                (gates[i].key(), gates[i].value(), Effect::NoExecute)
+            );
+        }
+        assert!(check_unique(&gates).is_ok());
+    }
+
+    /// Every shipped gate the configuration does not hold (by key and
+    /// effect) is released, after the explicit ones, each once, and never
+    /// one that `check_release` refuses against what is held.
+    #[test]
+    fn the_release_set_is_every_shipped_gate_not_held() {
+        let spec = |s: &str| s.parse::<TaintSpec>().unwrap();
+        let shown = |v: Vec<TaintSpec>| v.iter().map(ToString::to_string).collect::<Vec<_>>();
+        let default = spec(crate::keys::DEFAULT_TAINT);
+        let boot = spec("nodegate.dev/agent-not-ready=true:NoExecute");
+        let karpenter = spec(crate::keys::KARPENTER_PROFILE_TAINT);
+        let legacy = spec(crate::keys::LEGACY_TAINT);
+        let released = release_set(std::slice::from_ref(&default), &[]);
+        assert_eq!(
+            shown(released.clone()),
+            [
+                "startup-taint.cluster-autoscaler.kubernetes.io/nodegate-agent-not-ready=true:NoSchedule",
+                "readiness.k8s.io/nodegate-agent-not-ready=true:NoSchedule",
+                "nodegate.dev/agent-not-ready=true:NoExecute",
+                "startup-taint.cluster-autoscaler.kubernetes.io/nodegate-agent-not-ready=true:NoExecute",
+                "readiness.k8s.io/nodegate-agent-not-ready=true:NoExecute",
+            ]
+        );
+        assert!(check_release(std::slice::from_ref(&default), &released).is_ok());
+        // Strict mode holds its boot gate; a held key with another value is
+        // still held (identity is key and effect).
+        let other_value = spec("nodegate.dev/agent-not-ready=x:NoSchedule");
+        let strict = release_set(&[other_value, boot.clone()], &[]);
+        assert!(!strict.iter().any(|r| r.key() == default.key()));
+        assert_eq!(strict.len(), 4);
+        // An explicit release comes first and is listed once.
+        let profile = release_set(
+            std::slice::from_ref(&karpenter),
+            &[default.clone(), legacy.clone()],
+        );
+        assert_eq!(profile[..2], [default.clone(), legacy.clone()]);
+        assert_eq!(profile.iter().filter(|r| **r == default).count(), 1);
+        assert!(profile.contains(&boot) && !profile.contains(&karpenter));
+        assert!(check_release(&[karpenter], &profile).is_ok());
+        // A gate of nobody else's: every shipped one is released.
+        let custom = release_set(&[spec("example.com/gate:NoSchedule")], &[]);
+        assert_eq!(custom, shipped_gates());
     }
 
     #[test]

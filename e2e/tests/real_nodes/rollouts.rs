@@ -72,8 +72,9 @@ async fn cert_rotation(c: &Ctx) {
     step("a new CA by the certificates controller: caBundle trusts both, then the new leaf");
     let window = Window::open(h, prober);
     let t0 = Instant::now();
-    let leaf = "-n nodegate get secret nodegate-webhook-tls -o jsonpath={.data.tls\\.crt}";
+    let leaf = "-n nodegate get secret nodegate-webhook-tls -o jsonpath='{.data.tls\\.crt}'";
     let old_leaf = h.kubectl(leaf);
+    assert!(!old_leaf.is_empty(), "no serving certificate to replace");
     h.kubectl("-n nodegate delete secret nodegate-webhook-ca");
     wait("a new leaf in the Secret", 120, async || {
         (h.kubectl(leaf) != old_leaf).then_some(())

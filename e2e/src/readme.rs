@@ -78,10 +78,13 @@ pub fn commands_after(text: &str, heading: &str) -> anyhow::Result<Vec<String>> 
     Ok(commands)
 }
 
-/// A fresh directory holding the repository's manifests, as a clone has them.
+/// A fresh directory holding the repository's manifests and chart, as a
+/// clone has them.
 pub fn user_dir() -> anyhow::Result<tempfile::TempDir> {
     let dir = tempfile::tempdir()?;
-    std::os::unix::fs::symlink(repo_dir().join("manifests"), dir.path().join("manifests"))?;
+    for d in ["manifests", "charts"] {
+        std::os::unix::fs::symlink(repo_dir().join(d), dir.path().join(d))?;
+    }
     Ok(dir)
 }
 

@@ -379,9 +379,10 @@ async fn the_removals_token_reaches_no_further_than_its_radius() {
 }
 
 /// Every cluster-scoped object of every configuration the chart's CI
-/// renders (base, each component, the admission-policy overlay) is one the
-/// removal's role may delete by name: an object added to the install
-/// without its name here would be left behind.
+/// renders (base, each component, the admission-policy overlay), and every
+/// Role outside the install's namespace, is one the removal's role may
+/// delete by name: an object added to the install without its name here
+/// would be left behind.
 #[test]
 fn the_removal_may_delete_every_cluster_scoped_object_of_every_configuration() {
     let rbac = std::fs::read_to_string(manifests_dir().join("../uninstall/rbac.yaml")).unwrap();
@@ -403,7 +404,12 @@ fn the_removal_may_delete_every_cluster_scoped_object_of_every_configuration() {
         for d in
             nodegate_emulator::server::parse_documents(&kustomize(dir.to_str().unwrap())).unwrap()
         {
+            let outside = d["metadata"]["namespace"]
+                .as_str()
+                .is_some_and(|ns| ns != WEBHOOK_NAMESPACE);
             let plural = match d["kind"].as_str().unwrap() {
+                "Role" if outside => "roles",
+                "RoleBinding" if outside => "rolebindings",
                 "ClusterRole" => "clusterroles",
                 "ClusterRoleBinding" => "clusterrolebindings",
                 "ValidatingAdmissionPolicy" => "validatingadmissionpolicies",

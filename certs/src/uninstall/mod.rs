@@ -104,6 +104,17 @@ const CLUSTER_KINDS: &[(&str, &str, &str, &str)] = &[
     ),
 ];
 
+/// Namespaced kinds an install puts in namespaces other than its own.
+const NAMESPACED_RBAC: &[(&str, &str, &str, &str)] = &[
+    (
+        "rbac.authorization.k8s.io",
+        "v1",
+        "RoleBinding",
+        "rolebindings",
+    ),
+    ("rbac.authorization.k8s.io", "v1", "Role", "roles"),
+];
+
 fn api(client: &Client, kind: &(&str, &str, &str, &str)) -> Api<DynamicObject> {
     let (g, v, k, plural) = *kind;
     let ar = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(g, v, k), plural);
@@ -404,6 +415,51 @@ async fn remove_rest(
             if plan::deletes(obj.metadata.labels.as_ref(), &obj.name_any(), &o.own_name) {
                 delete_named(&a, kind.2, &obj.name_any(), left).await;
             }
+        }
+    }
+    // Roles of nodegate's identities in other namespaces (the agent's
+    // Events in `default`, probe-pod's and the check's in `kube-system`).
+    for kind in NAMESPACED_RBAC {
+        let (g, v, k, plural) = *kind;
+        let ar = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(g, v, k), plural);
+        let all: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
+        let list = match all
+            .list(&ListParams::default().labels(&format!(
+                "{}={}",
+                plan::PART_OF.0,
+                plan::PART_OF.1
+            )))
+            .await
+        {
+            Ok(l) => l,
+            Err(e) if is_status(&e, 404) => continue,
+            Err(e) => {
+                left.push(Leftover::Object {
+                    kind: k.into(),
+                    name: "(list)".into(),
+                    namespace: None,
+                    why: e.to_string(),
+                });
+                continue;
+            }
+        };
+        for obj in list {
+            let ns = obj.namespace().unwrap_or_default();
+            if ns == o.namespace
+                || !plan::deletes(obj.metadata.labels.as_ref(), &obj.name_any(), &o.own_name)
+            {
+                continue;
+            }
+            let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &ar);
+            delete_in(
+                &api,
+                &ns,
+                k,
+                &obj.name_any(),
+                &DeleteParams::default(),
+                left,
+            )
+            .await;
         }
     }
     if !left.iter().any(Leftover::is_failure) {

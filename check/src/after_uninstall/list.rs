@@ -26,7 +26,9 @@ async fn objects(client: &Client, k: &Kind, namespace: &str) -> Result<Vec<Objec
     let resource = ApiResource::from_gvk_with_plural(&gvk, k.plural);
     let api: Api<DynamicObject> = match k.scope {
         Scope::Namespaced => Api::namespaced_with(client.clone(), namespace, &resource),
-        Scope::Admission | Scope::Cluster => Api::all_with(client.clone(), &resource),
+        Scope::Admission | Scope::Cluster | Scope::AnyNamespace => {
+            Api::all_with(client.clone(), &resource)
+        }
     };
     let listed = api.list(&ListParams::default()).await.map(|l| l.items);
     served(listed).map(|items| {
@@ -35,6 +37,7 @@ async fn objects(client: &Client, k: &Kind, namespace: &str) -> Result<Vec<Objec
             .map(|o| Object {
                 name: o.name_any(),
                 labels: o.labels().clone(),
+                namespace: o.namespace(),
             })
             .collect()
     })

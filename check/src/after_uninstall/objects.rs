@@ -25,6 +25,9 @@ pub enum Scope {
     Cluster,
     /// In nodegate's namespace; by label or the install's names.
     Namespaced,
+    /// In any namespace (the agent's Events Role in `default`, probe-pod's
+    /// and the check's in `kube-system`); by label.
+    AnyNamespace,
 }
 
 /// A kind the check lists.
@@ -139,6 +142,20 @@ pub const KINDS: &[Kind] = &[
         Scope::Namespaced,
         "it still holds a key or the path token",
     ),
+    kind(
+        "Role",
+        RBAC,
+        "roles",
+        Scope::AnyNamespace,
+        "its grants stay",
+    ),
+    kind(
+        "RoleBinding",
+        RBAC,
+        "rolebindings",
+        Scope::AnyNamespace,
+        "a ServiceAccount made again under that name gets its grants back",
+    ),
 ];
 
 impl Kind {
@@ -153,6 +170,8 @@ impl Kind {
 pub struct Object {
     pub name: String,
     pub labels: BTreeMap<String, String>,
+    /// Its namespace, for a kind listed in every namespace.
+    pub namespace: Option<String>,
 }
 
 impl Object {
@@ -163,6 +182,7 @@ impl Object {
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
+            namespace: None,
         }
     }
 }
@@ -177,7 +197,7 @@ pub fn is_nodegates(k: &Kind, o: &Object, names: &Names) -> bool {
         Scope::Admission => {
             n.starts_with("nodegate") || n == names.webhook_config || n == names.policy
         }
-        Scope::Cluster => false,
+        Scope::Cluster | Scope::AnyNamespace => false,
         Scope::Namespaced => match k.kind {
             "DaemonSet" => n == names.daemonset,
             "StatefulSet" => n == names.webhook_workload,
@@ -195,6 +215,7 @@ fn scope_check(scope: Scope) -> &'static str {
         Scope::Admission => "admission objects",
         Scope::Cluster => "cluster roles",
         Scope::Namespaced => "namespace objects",
+        Scope::AnyNamespace => "roles elsewhere",
     }
 }
 
@@ -210,7 +231,12 @@ pub fn verdict(
     // kubectl arguments of the leftovers: cluster-scoped, then namespaced.
     let mut cluster_args: Vec<String> = Vec::new();
     let mut ns_args: Vec<String> = Vec::new();
-    for scope in [Scope::Admission, Scope::Cluster, Scope::Namespaced] {
+    for scope in [
+        Scope::Admission,
+        Scope::Cluster,
+        Scope::Namespaced,
+        Scope::AnyNamespace,
+    ] {
         let check = scope_check(scope);
         let before = lines.len();
         for (k, objects) in listed.iter().filter(|(k, _)| k.scope == scope) {
@@ -241,6 +267,10 @@ pub fn verdict(
                         ns_args.push(arg);
                         (None, command)
                     }
+                    Scope::AnyNamespace => {
+                        let at = o.namespace.as_deref().unwrap_or("default");
+                        (None, format!("kubectl -n {at} delete {}", k.arg(&o.name)))
+                    }
                     _ => {
                         let arg = k.arg(&o.name);
                         (Some(arg.clone()), format!("kubectl delete {arg}"))
@@ -249,6 +279,9 @@ pub fn verdict(
                 cluster_args.extend(arg);
                 let place = match scope {
                     Scope::Namespaced => format!("{ns}/{}", o.name),
+                    Scope::AnyNamespace => {
+                        format!("{}/{}", o.namespace.as_deref().unwrap_or_default(), o.name)
+                    }
                     _ => o.name.clone(),
                 };
                 lines.push(Line::new(
@@ -267,6 +300,9 @@ pub fn verdict(
                 Scope::Namespaced => format!(
                     "none of nodegate's workloads or Secrets in namespace {ns}"
                 ),
+                Scope::AnyNamespace => {
+                    format!("no Role or RoleBinding labelled {PART_OF}=nodegate in any namespace")
+                }
             };
             lines.push(Line::new(check, Status::Pass, what));
         }
@@ -551,7 +587,12 @@ mod tests {
             ),
         ];
         for (found, namespace, want) in rows {
-            let lines = verdict(&listed(found), &namespace, &NAMES);
+            // The roles-elsewhere scope passes in every row; its own test
+            // covers it.
+            let lines: Vec<Line> = verdict(&listed(found), &namespace, &NAMES)
+                .into_iter()
+                .filter(|l| !(l.check == "roles elsewhere" && l.status == Status::Pass))
+                .collect();
             assert_eq!(lines.len(), want.len(), "{lines:#?}");
             for (got, (check, status, part)) in lines.iter().zip(&want) {
                 assert_eq!(
@@ -563,5 +604,34 @@ mod tests {
                 assert!(got.detail.contains(part), "{:?} lacks {part:?}", got.detail);
             }
         }
+    }
+
+    #[test]
+    fn roles_left_in_other_namespaces_are_named_with_their_namespace() {
+        let mut role = Object::new("nodegate-agent-events", &[(PART_OF, "nodegate")]);
+        role.namespace = Some("default".into());
+        let mut theirs = Object::new("nodegate-lookalike", &[]);
+        theirs.namespace = Some("default".into());
+        let lines = verdict(
+            &listed(vec![("Role", Ok(vec![role, theirs]))]),
+            &Ok(false),
+            &NAMES,
+        );
+        let fails: Vec<&Line> = lines.iter().filter(|l| l.status == Status::Fail).collect();
+        assert_eq!(fails.len(), 1, "{lines:?}");
+        assert!(
+            fails[0].detail.contains("default/nodegate-agent-events")
+                && fails[0]
+                    .detail
+                    .contains("kubectl -n default delete role/nodegate-agent-events"),
+            "{:?}",
+            fails[0]
+        );
+        let clean = verdict(&listed(vec![]), &Ok(false), &NAMES);
+        assert!(
+            clean
+                .iter()
+                .any(|l| l.check == "roles elsewhere" && l.status == Status::Pass)
+        );
     }
 }

@@ -4,12 +4,13 @@
 //!
 //! 1. The admission objects go first (webhook configuration, admission
 //!    policy): nothing re-gates a node from then on.
-//! 2. The certificates controller goes (it would make its Secrets again),
-//!    then the agent DaemonSet (foreground), its Pods waited for: an agent
-//!    that sees its DaemonSet gone opens its node instead of re-gating it on
-//!    SIGTERM.
+//! 2. The certificates controller (it would make its Secrets again) and the
+//!    agent DaemonSet go: an agent that sees its DaemonSet gone opens its
+//!    node instead of re-gating it on SIGTERM.
 //! 3. Every node's gates are removed, whatever its agent did: a node whose
-//!    agent was not ready, or is down, or strict mode's boot gate.
+//!    agent was not ready, or is down, or strict mode's boot gate; then the
+//!    Pods are waited for (a slow kubelet delays no node) and every node
+//!    opened again (an older agent re-gates its node on SIGTERM).
 //! 4. The Secrets the controller made (CA key included), which neither Helm
 //!    nor kustomize knows, and `helm test`'s Pod go; without Helm, the rest
 //!    of the install: cluster-scoped objects by label, then the namespace
@@ -198,13 +199,15 @@ async fn delete_in<K>(
     }
 }
 
-/// 2a: the certificates controller, so it makes no Secret again.
-async fn remove_certs_controller(client: &Client, o: &Options, left: &mut Vec<Leftover>) {
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &o.namespace);
+/// 2: the certificates controller (it would make its Secrets again) and
+/// the agents go, in the foreground; their Pods are waited for after the
+/// nodes are opened, so a slow kubelet delays nothing.
+async fn delete_workloads(client: &Client, o: &Options, left: &mut Vec<Leftover>) {
     let dp = DeleteParams {
         propagation_policy: Some(PropagationPolicy::Foreground),
         ..Default::default()
     };
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &o.namespace);
     delete_in(
         &deployments,
         &o.namespace,
@@ -214,18 +217,61 @@ async fn remove_certs_controller(client: &Client, o: &Options, left: &mut Vec<Le
         left,
     )
     .await;
+    let sets: Api<DaemonSet> = Api::namespaced(client.clone(), &o.namespace);
+    delete_in(
+        &sets,
+        &o.namespace,
+        "DaemonSet",
+        &o.agent_daemonset,
+        &dp,
+        left,
+    )
+    .await;
+}
+
+/// The Pods matching `selector` still there at `deadline` (none: all gone).
+async fn pods_left(
+    client: &Client,
+    o: &Options,
+    selector: &str,
+    deadline: tokio::time::Instant,
+) -> Vec<Pod> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), &o.namespace);
-    let selector = format!("app.kubernetes.io/name={}", o.certs_deployment);
-    let deadline = tokio::time::Instant::now() + o.agents_timeout;
-    while tokio::time::Instant::now() < deadline {
-        match pods.list(&ListParams::default().labels(&selector)).await {
-            Ok(l) if l.items.is_empty() => return,
-            Ok(_) => {}
-            Err(e) => tracing::warn!(error = %e, "listing the certificates controller's Pods"),
+    loop {
+        let running = match pods.list(&ListParams::default().labels(selector)).await {
+            Ok(l) => l.items,
+            Err(e) => {
+                tracing::warn!(error = %e, selector, "listing Pods");
+                Vec::new()
+            }
+        };
+        if running.is_empty() || tokio::time::Instant::now() >= deadline {
+            return running;
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    tracing::warn!("the certificates controller's Pod has not stopped; its Secrets may come back");
+}
+
+/// 4: the agents' and the controller's Pods gone; an agent that does not
+/// stop (its node down) is reported, not waited for.
+async fn wait_workloads(client: &Client, o: &Options, left: &mut Vec<Leftover>) {
+    let deadline = tokio::time::Instant::now() + o.agents_timeout;
+    for p in pods_left(client, o, &o.agent_selector, deadline).await {
+        left.push(Leftover::AgentPod {
+            node: p
+                .spec
+                .as_ref()
+                .and_then(|s| s.node_name.clone())
+                .unwrap_or_default(),
+            pod: p.name_any(),
+        });
+    }
+    let certs = format!("app.kubernetes.io/name={}", o.certs_deployment);
+    if !pods_left(client, o, &certs, deadline).await.is_empty() {
+        tracing::warn!(
+            "the certificates controller's Pod has not stopped; its Secrets may come back"
+        );
+    }
 }
 
 /// 4a: the controller's Secrets and `helm test`'s Pod.
@@ -254,54 +300,17 @@ async fn remove_made(client: &Client, o: &Options, left: &mut Vec<Leftover>) {
     .await;
 }
 
-/// 2b: the agents, waited for.
-async fn remove_agents(client: &Client, o: &Options, left: &mut Vec<Leftover>) {
-    let sets: Api<DaemonSet> = Api::namespaced(client.clone(), &o.namespace);
-    let dp = DeleteParams {
-        propagation_policy: Some(PropagationPolicy::Foreground),
-        ..Default::default()
-    };
-    match sets.delete(&o.agent_daemonset, &dp).await {
-        Ok(_) => tracing::info!(daemonset = %o.agent_daemonset, "deleting the agents"),
-        Err(e) if is_status(&e, 404) => {}
-        Err(e) => left.push(Leftover::Object {
-            kind: "DaemonSet".into(),
-            name: o.agent_daemonset.clone(),
-            namespace: Some(o.namespace.clone()),
-            why: e.to_string(),
-        }),
-    }
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &o.namespace);
-    let deadline = tokio::time::Instant::now() + o.agents_timeout;
-    loop {
-        let running = match pods
-            .list(&ListParams::default().labels(&o.agent_selector))
-            .await
-        {
-            Ok(l) => l.items,
-            Err(e) => {
-                tracing::warn!(error = %e, "listing the agents' Pods");
-                Vec::new()
-            }
-        };
-        if running.is_empty() {
-            return;
-        }
-        if tokio::time::Instant::now() >= deadline {
-            for p in running {
-                left.push(Leftover::AgentPod {
-                    node: p
-                        .spec
-                        .as_ref()
-                        .and_then(|s| s.node_name.clone())
-                        .unwrap_or_default(),
-                    pod: p.name_any(),
-                });
-            }
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+/// A Node's taints as JSON, as the patch tests them.
+fn taints_of(node: &Node) -> Vec<Value> {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .map(|t| {
+            t.iter()
+                .filter_map(|t| serde_json::to_value(t).ok())
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// 3: every gate off every node; a patch that lost a race is tried again.
@@ -321,16 +330,7 @@ async fn open_nodes(
         let mut current = node;
         let mut attempt = 0;
         loop {
-            let taints: Vec<Value> = current
-                .spec
-                .as_ref()
-                .and_then(|s| s.taints.as_ref())
-                .map(|t| {
-                    t.iter()
-                        .filter_map(|t| serde_json::to_value(t).ok())
-                        .collect()
-                })
-                .unwrap_or_default();
+            let taints = taints_of(&current);
             let Some(ops) = plan::open_patch(&taints, &o.gate_keys) else {
                 break;
             };
@@ -353,12 +353,7 @@ async fn open_nodes(
                     }
                 }
                 Err(e) => {
-                    let keys = plan::gate_indices(&taints, &o.gate_keys)
-                        .into_iter()
-                        .filter_map(|i| taints[i]["key"].as_str().map(str::to_owned))
-                        .collect::<std::collections::BTreeSet<_>>()
-                        .into_iter()
-                        .collect();
+                    let keys = plan::gate_keys_on(&taints, &o.gate_keys);
                     left.push(Leftover::GatedNode {
                         node: name.clone(),
                         keys,
@@ -492,20 +487,8 @@ async fn verify(client: &Client, o: &Options, left: &mut Vec<Leftover>) -> anyho
         .await
         .context("listing Nodes")?
     {
-        let taints: Vec<Value> = node
-            .spec
-            .as_ref()
-            .and_then(|s| s.taints.as_ref())
-            .map(|t| {
-                t.iter()
-                    .filter_map(|t| serde_json::to_value(t).ok())
-                    .collect()
-            })
-            .unwrap_or_default();
-        let keys: Vec<String> = plan::gate_indices(&taints, &o.gate_keys)
-            .into_iter()
-            .filter_map(|i| taints[i]["key"].as_str().map(str::to_owned))
-            .collect();
+        let taints = taints_of(&node);
+        let keys = plan::gate_keys_on(&taints, &o.gate_keys);
         let name = node.name_any();
         if !keys.is_empty()
             && !left
@@ -540,10 +523,13 @@ async fn verify(client: &Client, o: &Options, left: &mut Vec<Leftover>) -> anyho
 pub async fn run(client: Client, o: &Options) -> anyhow::Result<Vec<Leftover>> {
     let mut left = Vec::new();
     remove_admission(&client, o, &mut left).await;
-    remove_certs_controller(&client, o, &mut left).await;
-    remove_agents(&client, o, &mut left).await;
+    delete_workloads(&client, o, &mut left).await;
     let opened = open_nodes(&client, o, &mut left).await?;
     tracing::info!(opened, "every node's gates removed");
+    wait_workloads(&client, o, &mut left).await;
+    // Again: an agent of an older release re-gates its node on SIGTERM.
+    let again = open_nodes(&client, o, &mut left).await?;
+    tracing::info!(again, "gates removed after the agents stopped");
     remove_made(&client, o, &mut left).await;
     verify(&client, o, &mut left).await?;
     // The namespace goes last: this Pod runs in it.

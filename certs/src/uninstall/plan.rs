@@ -25,6 +25,15 @@ pub fn gate_indices(taints: &[Value], keys: &[String]) -> Vec<usize> {
         .collect()
 }
 
+/// The gate keys a node carries, once each, sorted (the report's).
+pub fn gate_keys_on(taints: &[Value], keys: &[String]) -> Vec<String> {
+    let found: std::collections::BTreeSet<String> = gate_indices(taints, keys)
+        .into_iter()
+        .filter_map(|i| taints[i]["key"].as_str().map(str::to_owned))
+        .collect();
+    found.into_iter().collect()
+}
+
 /// The JSON patch removing those taints, each guarded by a `test` of its
 /// key (a list changed since it was read fails the patch instead of losing
 /// another taint); `None` when the node carries no gate.
@@ -136,6 +145,13 @@ mod tests {
             json!({"key": "node.kubernetes.io/not-ready", "effect": "NoExecute"}),
         ];
         assert_eq!(gate_indices(&taints, &keys()), [0, 2, 3]);
+        assert_eq!(
+            gate_keys_on(&taints, &keys()),
+            [
+                "nodegate.dev/agent-not-ready",
+                "readiness.k8s.io/nodegate-agent-not-ready"
+            ]
+        );
         let ops = open_patch(&taints, &keys()).unwrap();
         let mut node = json!({"spec": {"taints": taints}});
         let patch: json_patch::Patch = serde_json::from_value(Value::Array(ops.clone())).unwrap();

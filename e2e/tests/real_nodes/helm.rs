@@ -64,6 +64,17 @@ async fn a_gated_node(c: &Ctx) -> String {
     let crash = crash_to_new_boot(c, "node3", &[]).await;
     crash.assert_gated("before the removal");
     wait_gated(&c.client, "node3", true, 60).await;
+    // Up again (its kubelet reports Ready), only its agent not ready: a
+    // removal's Pod may land there as anywhere.
+    wait("node3 Ready on its new boot", 120, async || {
+        let n = live_node(&c.client, "node3").await?;
+        n.status?
+            .conditions?
+            .iter()
+            .any(|k| k.type_ == "Ready" && k.status == "True")
+            .then_some(())
+    })
+    .await;
     "node3".into()
 }
 
@@ -179,9 +190,9 @@ pub(crate) async fn helm(c: &Ctx) {
     .await;
 
     install(c).await;
-    join_and_reboot(c).await;
+    let joined = join_and_reboot(c).await;
     upgrade_and_rollback(c).await;
-    profile_switch(c).await;
+    profile_switch(c, &joined).await;
 
     let gated_node = a_gated_node(c).await;
     removal(
@@ -240,27 +251,41 @@ async fn install(c: &Ctx) {
     }
 }
 
+/// A node name the harness has not used yet (`node9`, `node10`, …).
+fn fresh_node(c: &Ctx) -> String {
+    let used = std::fs::read_to_string(c.h.state.join("nodes")).unwrap_or_default();
+    (9..)
+        .map(|i| format!("node{i}"))
+        .find(|n| !used.lines().any(|l| l.trim() == n))
+        .unwrap()
+}
+
 /// A node joins and then crash-reboots under the chart: gated from its
 /// first stored version each time, opened once its agent is ready.
-async fn join_and_reboot(c: &Ctx) {
-    step("helm: node4 joins gated from its first version; its crash reboot too");
+async fn join_and_reboot(c: &Ctx) -> String {
+    let node = fresh_node(c);
+    let node = node.as_str();
+    step(&format!(
+        "helm: {node} joins gated from its first version; its crash reboot too"
+    ));
     let before = c.rec.last_rv();
-    c.h.cluster(&["add-node", "node4"]);
-    let first = wait("node4's first version", 90, async || {
-        versions_after(&c.rec, "node4", before).into_iter().next()
+    c.h.cluster(&["add-node", node]);
+    let first = wait("the new node's first version", 90, async || {
+        versions_after(&c.rec, node, before).into_iter().next()
     })
     .await;
     assert!(
         gated(&first.obj),
-        "node4 joined ungated: {:?}",
+        "{node} joined ungated: {:?}",
         taints(&first.obj)
     );
-    ready_and_ungated(c, "node4", "helm_join_ready_to_untaint_ms").await;
+    ready_and_ungated(c, node, "helm_join_ready_to_untaint_ms").await;
     let window = Window::open(&c.h, &c.prober);
-    let crash = crash_to_new_boot(c, "node4", &[]).await;
-    crash.assert_gated("helm: node4's crash reboot");
-    ready_and_ungated(c, "node4", "helm_reboot_ready_to_untaint_ms").await;
+    let crash = crash_to_new_boot(c, node, &[]).await;
+    crash.assert_gated("helm: the new node's crash reboot");
+    ready_and_ungated(c, node, "helm_reboot_ready_to_untaint_ms").await;
     window.close_none_open(&c.h, &c.prober, "helm_reboot");
+    node.to_string()
 }
 
 /// Every node re-gated by its agent's rollout (any of nodegate's keys:
@@ -326,7 +351,7 @@ async fn upgrade_and_rollback(c: &Ctx) {
 }
 
 /// `helm upgrade --set profile=karpenter`, then back to the default.
-async fn profile_switch(c: &Ctx) {
+async fn profile_switch(c: &Ctx, node: &str) {
     for (profile, key) in [
         ("karpenter", "readiness.k8s.io/nodegate-agent-not-ready"),
         ("default", GATE),
@@ -341,15 +366,15 @@ async fn profile_switch(c: &Ctx) {
             c.h.sh(&format!("helm upgrade nodegate charts/nodegate -n {NS} --reuse-values --set profile={profile}")),
         );
         rolled(c, &format!("profile_{profile}"), before, window).await;
-        let crash = crash_to_new_boot(c, "node4", &[]).await;
-        wait("node4 gated with the new key", 60, async || {
-            let t = taints(&live_node(&c.client, "node4").await.unwrap());
+        let crash = crash_to_new_boot(c, node, &[]).await;
+        wait("the new node gated with the new key", 60, async || {
+            let t = taints(&live_node(&c.client, node).await.unwrap());
             t.iter().any(|(k, _)| k == key).then_some(())
         })
         .await;
         drop(crash);
-        c.h.cluster(&["ready", "node4"]);
-        wait("node4 open again", 120, async || {
+        c.h.cluster(&["ready", node]);
+        wait("the new node open again", 120, async || {
             nodes_with_gates(c).await.is_empty().then_some(())
         })
         .await;

@@ -75,9 +75,12 @@ impl Lines {
             .get(&format!("replica-0.{WEBHOOK}"))
             .copied()
             .unwrap_or(0);
-        let answered =
-            Self::backups(&self.calls).sum::<u64>() - Self::backups(&self.fail_open).sum::<u64>();
-        entering - answered
+        // Saturating: a configuration replaced mid-window (a key-profile
+        // switch) restarts the API server's per-line counters' meaning.
+        let answered = Self::backups(&self.calls)
+            .sum::<u64>()
+            .saturating_sub(Self::backups(&self.fail_open).sum::<u64>());
+        entering.saturating_sub(answered)
     }
 }
 

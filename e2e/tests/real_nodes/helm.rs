@@ -190,9 +190,16 @@ pub(crate) async fn helm(c: &Ctx) {
     .await;
 
     install(c).await;
-    let joined = join_and_reboot(c).await;
+    join_and_reboot(c).await;
+    upgrades(c).await;
+}
+
+/// From an install by the chart: upgrade and rollback, a profile switch and
+/// back, `helm uninstall`, and the kustomize install again for the suites'
+/// real-cluster mode (`NODEGATE_REAL_NODES_ONLY=helm-upgrade` starts here).
+pub(crate) async fn upgrades(c: &Ctx) {
     upgrade_and_rollback(c).await;
-    profile_switch(c, &joined).await;
+    profile_switch(c, "node3").await;
 
     let gated_node = a_gated_node(c).await;
     removal(
@@ -262,7 +269,7 @@ fn fresh_node(c: &Ctx) -> String {
 
 /// A node joins and then crash-reboots under the chart: gated from its
 /// first stored version each time, opened once its agent is ready.
-async fn join_and_reboot(c: &Ctx) -> String {
+async fn join_and_reboot(c: &Ctx) {
     let node = fresh_node(c);
     let node = node.as_str();
     step(&format!(
@@ -285,13 +292,12 @@ async fn join_and_reboot(c: &Ctx) -> String {
     crash.assert_gated("helm: the new node's crash reboot");
     ready_and_ungated(c, node, "helm_reboot_ready_to_untaint_ms").await;
     window.close_none_open(&c.h, &c.prober, "helm_reboot");
-    node.to_string()
 }
 
 /// Every node re-gated by its agent's rollout (any of nodegate's keys:
 /// a profile switch rolls agents of the old key) and open again, none left
 /// with a stale key, no call failed open.
-async fn rolled(c: &Ctx, what: &str, before: u64, window: Window) {
+async fn rolled(c: &Ctx, what: &str, before: u64, window: Window, regate: bool) {
     c.h.kubectl(&format!(
         "-n {NS} rollout status daemonset/nodegate-agent --timeout=300s"
     ));
@@ -300,16 +306,20 @@ async fn rolled(c: &Ctx, what: &str, before: u64, window: Window) {
     ));
     all_nodegate_ready(&c.client, 2).await;
     let nodes = node_names(&c.client).await;
+    let keys = shipped_keys();
+    let mut regated = 0;
     for n in &nodes {
         wait_gated(&c.client, n, false, 120).await;
-        let keys = shipped_keys();
+        let was = versions_after(&c.rec, n, before)
+            .iter()
+            .any(|v| taints(&v.obj).iter().any(|(k, _)| keys.contains(k)));
         assert!(
-            versions_after(&c.rec, n, before)
-                .iter()
-                .any(|v| taints(&v.obj).iter().any(|(k, _)| keys.contains(k))),
+            !regate || was,
             "{what}: {n} was not re-gated while its agent rolled"
         );
+        regated += usize::from(was);
     }
+    figure(&format!("{what}_nodes_regated_of_{}", nodes.len()), regated);
     window.close_none_open(&c.h, &c.prober, what);
     assert_eq!(nodes_with_gates(c).await, vec![], "{what}: a stale gate");
     let check = c.h.sh("nodegate-check");
@@ -333,7 +343,7 @@ async fn upgrade_and_rollback(c: &Ctx) {
         "helm upgrade",
         c.h.sh(&format!("helm upgrade nodegate charts/nodegate -n {NS} --reuse-values --set image.tag=0.1.0-rebuilt")),
     );
-    rolled(c, "helm_upgrade", before, window).await;
+    rolled(c, "helm_upgrade", before, window, true).await;
     assert!(
         c.h.kubectl(&format!("-n {NS} get daemonset nodegate-agent -o jsonpath={{.spec.template.spec.containers[0].image}}"))
             .ends_with(":0.1.0-rebuilt")
@@ -344,9 +354,9 @@ async fn upgrade_and_rollback(c: &Ctx) {
     let window = Window::open(&c.h, &c.prober);
     ok(
         "helm rollback",
-        c.h.sh(&format!("helm rollback nodegate 1 -n {NS} --wait")),
+        c.h.sh(&format!("helm rollback nodegate -n {NS} --wait")),
     );
-    rolled(c, "helm_rollback", before, window).await;
+    rolled(c, "helm_rollback", before, window, true).await;
     figure("helm_rollback_ms", t0.elapsed().as_millis());
 }
 
@@ -365,7 +375,11 @@ async fn profile_switch(c: &Ctx, node: &str) {
             "helm upgrade",
             c.h.sh(&format!("helm upgrade nodegate charts/nodegate -n {NS} --reuse-values --set profile={profile}")),
         );
-        rolled(c, &format!("profile_{profile}"), before, window).await;
+        // The new policy, applied with the new agents, lets an agent add only
+        // the new key: the old agents' shutdown re-gates are refused, so a
+        // switch does not re-gate nodes while the agents roll (the network
+        // agent itself keeps running).
+        rolled(c, &format!("profile_{profile}"), before, window, false).await;
         let crash = crash_to_new_boot(c, node, &[]).await;
         wait("the new node gated with the new key", 60, async || {
             let t = taints(&live_node(&c.client, node).await.unwrap());

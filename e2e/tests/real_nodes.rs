@@ -119,9 +119,10 @@ async fn nodegate_on_real_nodes() {
         Some("forged") => return forged::forged_reviews(&c, &c.nodes0[1], "default").await,
         Some("helm") => return helm::helm(&c).await,
         Some("helm-upgrade") => return helm::upgrades(&c).await,
+        Some("helm-profile") => return helm::profile(&c).await,
         Some(other) => {
             panic!(
-                "NODEGATE_REAL_NODES_ONLY={other}: strict, cilium, lines, forged, helm or helm-upgrade"
+                "NODEGATE_REAL_NODES_ONLY={other}: strict, cilium, lines, forged, helm, helm-upgrade or helm-profile"
             )
         }
         None => {}

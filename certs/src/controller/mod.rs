@@ -239,6 +239,30 @@ fn webhooks_ready(sts: &StatefulSet) -> bool {
         && want > 0
 }
 
+/// The CA Secret: `ca`'s certificate and key, and the earlier CAs still
+/// trusted (certificates only); a replacement at `resource_version`.
+async fn write_ca(
+    secrets: &Api<Secret>,
+    o: &Options,
+    ca: &Ca,
+    previous: &str,
+    resource_version: Option<String>,
+) -> anyhow::Result<()> {
+    let key = ca.key_pem();
+    let s = secret(
+        &o.ca_secret,
+        &o.namespace,
+        "Opaque",
+        &[
+            (CA_CERT_KEY, ca.cert_pem().as_bytes()),
+            (CA_KEY_KEY, key.as_bytes()),
+            (PREVIOUS_KEY, previous.as_bytes()),
+        ],
+        resource_version,
+    );
+    write(secrets, &s).await
+}
+
 /// One round: at most one step.
 pub async fn reconcile(client: &Client, o: &Options) -> anyhow::Result<Round> {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &o.namespace);
@@ -339,25 +363,13 @@ async fn certificates(
     match plan::ca_step(ca.as_ref().map(|c| &c.current), now) {
         CaStep::Create => {
             let ca = Ca::generate(o.ca_days)?;
-            let key = ca.key_pem();
             // An install made with a CA of its own (nodegate-certs on a
             // laptop) keeps it trusted until the replicas serve this one's.
             let adopted: String = plan::adopted(&bundles, now)
                 .iter()
                 .map(|c| c.pem())
                 .collect();
-            let s = secret(
-                &o.ca_secret,
-                &o.namespace,
-                "Opaque",
-                &[
-                    (CA_CERT_KEY, ca.cert_pem().as_bytes()),
-                    (CA_KEY_KEY, key.as_bytes()),
-                    (PREVIOUS_KEY, adopted.as_bytes()),
-                ],
-                None,
-            );
-            write(secrets, &s).await?;
+            write_ca(secrets, o, &ca, &adopted, None).await?;
             return Ok(Some(format!("made the CA (Secret {})", o.ca_secret)));
         }
         CaStep::Rotate => {
@@ -365,24 +377,19 @@ async fn certificates(
                 anyhow::bail!("a rotation without a stored CA");
             };
             let new = Ca::generate(o.ca_days)?;
-            let key = new.key_pem();
             // The old certificate stays trusted a while; its key goes.
             let previous: String = plan::wanted_bundle(&old.current, &old.previous, None, now)
                 .iter()
                 .map(|c| c.pem())
                 .collect();
-            let s = secret(
-                &o.ca_secret,
-                &o.namespace,
-                "Opaque",
-                &[
-                    (CA_CERT_KEY, new.cert_pem().as_bytes()),
-                    (CA_KEY_KEY, key.as_bytes()),
-                    (PREVIOUS_KEY, previous.as_bytes()),
-                ],
+            write_ca(
+                secrets,
+                o,
+                &new,
+                &previous,
                 stored.metadata.resource_version.clone(),
-            );
-            write(secrets, &s).await?;
+            )
+            .await?;
             return Ok(Some(
                 "rotated the CA: the old one stays trusted until the replicas serve the new one's leaf".into(),
             ));

@@ -126,18 +126,32 @@ fn is_status(e: &kube::Error, code: u16) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == code)
 }
 
-/// Deletes `name`; gone already is done.
-async fn delete_named(api: &Api<DynamicObject>, kind: &str, name: &str, left: &mut Vec<Leftover>) {
-    match api.delete(name, &DeleteParams::default()).await {
-        Ok(_) => tracing::info!(kind, name, "deleted"),
-        Err(e) if is_status(&e, 404) => {}
-        Err(e) => left.push(Leftover::Object {
-            kind: kind.into(),
-            name: name.into(),
-            namespace: None,
-            why: e.to_string(),
-        }),
+/// nodegate's objects of a kind, by label; a kind the API server does not
+/// serve (404) holds none, and a list that fails is reported and skipped.
+async fn labelled(
+    api: &Api<DynamicObject>,
+    kind: &str,
+    left: &mut Vec<Leftover>,
+) -> Vec<DynamicObject> {
+    let selector = format!("{}={}", plan::PART_OF.0, plan::PART_OF.1);
+    match api.list(&ListParams::default().labels(&selector)).await {
+        Ok(l) => l.items,
+        Err(e) if is_status(&e, 404) => Vec::new(),
+        Err(e) => {
+            left.push(Leftover::Object {
+                kind: kind.into(),
+                name: "(list)".into(),
+                namespace: None,
+                why: e.to_string(),
+            });
+            Vec::new()
+        }
     }
+}
+
+/// Deletes the cluster-scoped `name`; gone already is done.
+async fn delete_named(api: &Api<DynamicObject>, kind: &str, name: &str, left: &mut Vec<Leftover>) {
+    delete(api, None, kind, name, &DeleteParams::default(), left).await;
 }
 
 /// 1: the admission objects, so nothing re-gates a node from here on.
@@ -152,26 +166,8 @@ async fn remove_admission(client: &Client, o: &Options, left: &mut Vec<Leftover>
     for kind in &CLUSTER_KINDS[1..3] {
         let a = api(client, kind);
         // Not served below Kubernetes 1.36 (or with the API off): nothing to delete.
-        match a
-            .list(&ListParams::default().labels(&format!(
-                "{}={}",
-                plan::PART_OF.0,
-                plan::PART_OF.1
-            )))
-            .await
-        {
-            Ok(list) => {
-                for obj in list {
-                    delete_named(&a, kind.2, &obj.name_any(), left).await;
-                }
-            }
-            Err(e) if is_status(&e, 404) => {}
-            Err(e) => left.push(Leftover::Object {
-                kind: kind.2.into(),
-                name: "(list)".into(),
-                namespace: None,
-                why: e.to_string(),
-            }),
+        for obj in labelled(&a, kind.2, left).await {
+            delete_named(&a, kind.2, &obj.name_any(), left).await;
         }
     }
 }
@@ -187,13 +183,27 @@ async fn delete_in<K>(
 ) where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
+    delete(api, Some(namespace), kind, name, dp, left).await;
+}
+
+/// Deletes `name` (in `namespace`, for the report); gone already is done.
+async fn delete<K>(
+    api: &Api<K>,
+    namespace: Option<&str>,
+    kind: &str,
+    name: &str,
+    dp: &DeleteParams,
+    left: &mut Vec<Leftover>,
+) where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
     match api.delete(name, dp).await {
         Ok(_) => tracing::info!(kind, name, "deleted"),
         Err(e) if is_status(&e, 404) => {}
         Err(e) => left.push(Leftover::Object {
             kind: kind.into(),
             name: name.into(),
-            namespace: Some(namespace.into()),
+            namespace: namespace.map(str::to_owned),
             why: e.to_string(),
         }),
     }
@@ -386,26 +396,7 @@ async fn remove_rest(
     }
     for kind in &CLUSTER_KINDS[3..] {
         let a = api(client, kind);
-        let list = match a
-            .list(&ListParams::default().labels(&format!(
-                "{}={}",
-                plan::PART_OF.0,
-                plan::PART_OF.1
-            )))
-            .await
-        {
-            Ok(l) => l,
-            Err(e) if is_status(&e, 404) => continue,
-            Err(e) => {
-                left.push(Leftover::Object {
-                    kind: kind.2.into(),
-                    name: "(list)".into(),
-                    namespace: None,
-                    why: e.to_string(),
-                });
-                continue;
-            }
-        };
+        let list = labelled(&a, kind.2, left).await;
         for obj in list {
             if plan::deletes(obj.metadata.labels.as_ref(), &obj.name_any(), &o.own_name) {
                 delete_named(&a, kind.2, &obj.name_any(), left).await;
@@ -418,26 +409,7 @@ async fn remove_rest(
         let (g, v, k, plural) = *kind;
         let ar = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(g, v, k), plural);
         let all: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
-        let list = match all
-            .list(&ListParams::default().labels(&format!(
-                "{}={}",
-                plan::PART_OF.0,
-                plan::PART_OF.1
-            )))
-            .await
-        {
-            Ok(l) => l,
-            Err(e) if is_status(&e, 404) => continue,
-            Err(e) => {
-                left.push(Leftover::Object {
-                    kind: k.into(),
-                    name: "(list)".into(),
-                    namespace: None,
-                    why: e.to_string(),
-                });
-                continue;
-            }
-        };
+        let list = labelled(&all, k, left).await;
         for obj in list {
             let ns = obj.namespace().unwrap_or_default();
             if ns == o.namespace

@@ -186,35 +186,17 @@ async fn the_controller_makes_what_an_install_needs_and_a_kubelet_is_gated() {
     assert!(gated(&emu, "joined").await);
 
     // In place: another round reads and writes nothing.
-    let before = (
-        configs
-            .get("nodegate")
-            .await
-            .unwrap()
-            .metadata
-            .resource_version,
-        secrets
-            .get("nodegate-webhook-tls")
-            .await
-            .unwrap()
-            .metadata
-            .resource_version,
-    );
+    let versions = async || {
+        let config = configs.get("nodegate").await.unwrap();
+        let tls = secrets.get("nodegate-webhook-tls").await.unwrap();
+        (
+            config.metadata.resource_version,
+            tls.metadata.resource_version,
+        )
+    };
+    let before = versions().await;
     assert_eq!(converge(&emu, &o).await, Vec::<String>::new());
-    let after = (
-        configs
-            .get("nodegate")
-            .await
-            .unwrap()
-            .metadata
-            .resource_version,
-        secrets
-            .get("nodegate-webhook-tls")
-            .await
-            .unwrap()
-            .metadata
-            .resource_version,
-    );
+    let after = versions().await;
     assert_eq!(before, after, "a converged round wrote something");
 }
 

@@ -13,10 +13,32 @@
 //!   (a declared startup taint makes it so) out of scale-down while it is
 //!   younger than `MaxNodeStartupTime` (`core/static_autoscaler.go`
 //!   `RunOnce`, `allRegisteredUpcoming`; `clusterstate/clusterstate.go`
-//!   `updateReadinessStats`). Only a node it counts as Ready can be judged
-//!   unneeded and get `DeletionCandidateOfClusterAutoscaler`
+//!   `ClusterStateRegistry.updateReadinessStats`). Only a node it counts as
+//!   Ready can be judged unneeded and get
+//!   `DeletionCandidateOfClusterAutoscaler`
 //!   (`core/scaledown/actuation/softtaint.go` `UpdateSoftDeletionTaints`) or
 //!   `ToBeDeletedByClusterAutoscaler` (`actuator.go` `Actuator.taintNode`).
+//!
+//! CA's window, all paths under `cluster-autoscaler/`:
+//!
+//! - up to release 1.34, `MaxNodeStartupTime` is a constant, 15 min
+//!   (`clusterstate/clusterstate.go`), read by `updateReadinessStats`;
+//! - from 1.35 it is the flag `--max-node-startup-time` (default 15m,
+//!   `config/flags/flags.go`), which a node group may override
+//!   (`processors/nodegroupconfig/node_group_config_processor.go`
+//!   `DelegatingNodeGroupConfigProcessor.GetMaxNodeStartupTime`, asked per
+//!   node by `updateReadinessStats`).
+//!
+//! Past CA's window a node that is not ready counts as Unready, which
+//! scale-down may consider, so CA's taints there prove nothing about the
+//! declaration. The agent takes the window from `--ca-max-node-startup-time`
+//! (default [`CA_MAX_NODE_STARTUP`]) and counts CA's taints only on nodes
+//! younger than that. It cannot see a node group's override: it assumes the
+//! flag's value for every node, and a group whose window is shorter would
+//! have its declared gates reported as undeclared once its nodes are older
+//! than that window. Set the flag to the shortest group's window to avoid
+//! those false warnings (the signal then misses undeclared gates on nodes
+//! between that window and a longer one).
 
 use std::time::Duration;
 
@@ -28,10 +50,12 @@ pub const KARPENTER_INITIALIZED_LABEL: &str = "karpenter.sh/initialized";
 pub const CA_DELETION_CANDIDATE_TAINT: &str = "DeletionCandidateOfClusterAutoscaler";
 /// Cluster Autoscaler's taint on a node it is deleting.
 pub const CA_TO_BE_DELETED_TAINT: &str = "ToBeDeletedByClusterAutoscaler";
-/// Cluster Autoscaler's `MaxNodeStartupTime` (a constant in 1.31). Past it a
-/// node that is not ready counts as Unready, which scale-down may consider
-/// even with the gate declared as a startup taint: the taints prove nothing
-/// about the declaration then.
+/// Cluster Autoscaler's `MaxNodeStartupTime`: the constant up to 1.34, the
+/// default of `--max-node-startup-time` from 1.35, and the default of the
+/// agent's `--ca-max-node-startup-time`. Past it a node that is not ready
+/// counts as Unready, which scale-down may consider even with the gate
+/// declared as a startup taint: the taints prove nothing about the
+/// declaration then.
 pub const CA_MAX_NODE_STARTUP: Duration = Duration::from_secs(15 * 60);
 
 /// Reason of the Warning Event when Karpenter marked the gated node initialized.
@@ -115,9 +139,10 @@ impl Finding {
 
 /// The autoscalers' marks on `node`, the version the ready patch removed the
 /// gate from; `age` is the node's age at the patch. Cluster Autoscaler's
-/// taints count only inside [`CA_MAX_NODE_STARTUP`], and not at all when the
-/// age is unknown.
-pub fn findings(node: &NodeView, age: Option<Duration>) -> Vec<Finding> {
+/// taints count only on a node younger than `ca_window` (CA's
+/// `MaxNodeStartupTime` as the agent assumes it, [`CA_MAX_NODE_STARTUP`] by
+/// default), and not at all when the age is unknown.
+pub fn findings(node: &NodeView, age: Option<Duration>, ca_window: Duration) -> Vec<Finding> {
     let mut out = Vec::new();
     if node
         .metadata
@@ -130,7 +155,7 @@ pub fn findings(node: &NodeView, age: Option<Duration>) -> Vec<Finding> {
             mark: KARPENTER_INITIALIZED_LABEL,
         });
     }
-    if age.is_some_and(|a| a < CA_MAX_NODE_STARTUP) {
+    if age.is_some_and(|a| a < ca_window) {
         let keys = node
             .taints()
             .iter()
@@ -221,11 +246,58 @@ mod tests {
             ),
         ];
         for (i, (labels, taints, age, want)) in cases.into_iter().enumerate() {
-            let got: Vec<(Autoscaler, &str)> = findings(&node(labels, taints), age)
-                .into_iter()
-                .map(|f| (f.autoscaler, f.mark))
-                .collect();
+            let got: Vec<(Autoscaler, &str)> =
+                findings(&node(labels, taints), age, CA_MAX_NODE_STARTUP)
+                    .into_iter()
+                    .map(|f| (f.autoscaler, f.mark))
+                    .collect();
             assert_eq!(got, want, "case {i}");
+        }
+    }
+
+    /// CA's window as the agent is told it: a node aged 10 min is past a
+    /// 5 min window (CA may count it Unready and soft-taint it even with the
+    /// gate declared) and inside the default 15 min one.
+    #[test]
+    fn ca_taints_count_only_inside_the_window() {
+        let min = |m: u64| Duration::from_secs(m * 60);
+        let cand = json!([{"key": CA_DELETION_CANDIDATE_TAINT, "value": "1700000000", "effect": "PreferNoSchedule"}]);
+        let del =
+            json!([{"key": CA_TO_BE_DELETED_TAINT, "value": "1700000001", "effect": "NoSchedule"}]);
+        // (taints, age, window, what is found)
+        let cases: [(_, _, _, &[(Autoscaler, &str)]); 7] = [
+            (cand.clone(), min(10), min(5), &[]),
+            (del.clone(), min(10), min(5), &[]),
+            (
+                cand.clone(),
+                min(10),
+                min(15),
+                &[(Autoscaler::ClusterAutoscaler, CA_DELETION_CANDIDATE_TAINT)],
+            ),
+            (
+                del,
+                min(10),
+                min(15),
+                &[(Autoscaler::ClusterAutoscaler, CA_TO_BE_DELETED_TAINT)],
+            ),
+            // The window's end is outside it, as at the default.
+            (cand.clone(), min(5), min(5), &[]),
+            (
+                cand.clone(),
+                min(20),
+                min(30),
+                &[(Autoscaler::ClusterAutoscaler, CA_DELETION_CANDIDATE_TAINT)],
+            ),
+            // A zero window turns the Cluster Autoscaler signal off.
+            (cand, Duration::ZERO, Duration::ZERO, &[]),
+        ];
+        for (i, (taints, age, window, want)) in cases.into_iter().enumerate() {
+            let got: Vec<(Autoscaler, &str)> =
+                findings(&node(json!({}), taints), Some(age), window)
+                    .into_iter()
+                    .map(|f| (f.autoscaler, f.mark))
+                    .collect();
+            assert_eq!(got, want, "case {i}: age {age:?}, window {window:?}");
         }
     }
 

@@ -105,6 +105,17 @@ pub struct Args {
     #[arg(long, env = "POD_NAMESPACE")]
     pub pod_namespace: Option<String>,
 
+    /// Cluster Autoscaler's --max-node-startup-time (1.35+; a constant 15 min
+    /// before): CA's soft taints on a gated node count as a sign that the
+    /// gate is not declared only on nodes younger than this.
+    ///
+    /// CA may override it per node group, which the agent cannot see: set
+    /// the shortest group's window, or declared gates on that group's older
+    /// nodes are reported as undeclared. `0s` turns the Cluster Autoscaler
+    /// signal off.
+    #[arg(long, env = "NODEGATE_CA_MAX_NODE_STARTUP_TIME", default_value = "15m", value_parser = parse_duration)]
+    pub ca_max_node_startup_time: Duration,
+
     /// Keep probing after ready: re-taint after the failure threshold, untaint when ready again.
     #[arg(long, env = "NODEGATE_CONTINUOUS")]
     pub continuous: bool,
@@ -285,6 +296,7 @@ impl Args {
             continuous: self.continuous,
             taint_on_shutdown: self.taint_on_shutdown,
             shutdown_deadline: self.shutdown_deadline,
+            ca_max_node_startup: self.ca_max_node_startup_time,
         }
     }
 
@@ -373,6 +385,40 @@ mod tests {
             (200.0, 50, 0.2)
         );
         a.validate().unwrap();
+    }
+
+    /// `--ca-max-node-startup-time`: CA's default window unless given, in
+    /// any of the agent's duration forms, and handed to the gate.
+    #[test]
+    fn the_ca_startup_window_is_a_flag() {
+        let parse = |extra: &[&str]| {
+            let mut argv = vec!["nodegate-agent", "--node-name", "n1"];
+            argv.extend_from_slice(extra);
+            Args::try_parse_from(argv).unwrap()
+        };
+        let a = parse(&[]);
+        assert_eq!(a.ca_max_node_startup_time, Duration::from_secs(15 * 60));
+        assert_eq!(
+            a.ca_max_node_startup_time,
+            crate::autoscaler::CA_MAX_NODE_STARTUP
+        );
+        assert_eq!(
+            a.gate_config().ca_max_node_startup,
+            crate::autoscaler::CA_MAX_NODE_STARTUP
+        );
+        let a = parse(&["--ca-max-node-startup-time=5m"]);
+        assert_eq!(a.ca_max_node_startup_time, Duration::from_secs(5 * 60));
+        assert_eq!(
+            a.gate_config().ca_max_node_startup,
+            Duration::from_secs(5 * 60)
+        );
+        a.validate().unwrap();
+        let a = parse(&["--ca-max-node-startup-time", "900s"]);
+        assert_eq!(a.ca_max_node_startup_time, Duration::from_secs(15 * 60));
+        let err =
+            Args::try_parse_from(["a", "--node-name", "n", "--ca-max-node-startup-time=15min"])
+                .unwrap_err();
+        assert!(err.to_string().contains("unknown unit"), "{err}");
     }
 
     /// On the host network the admin port binds the pod's (the node's) IP,

@@ -49,6 +49,10 @@ pub struct GateConfig {
     /// Everything done on shutdown (the removal check, then the re-taint or
     /// the opening of the node) within this long.
     pub shutdown_deadline: Duration,
+    /// Cluster Autoscaler's `MaxNodeStartupTime` as the agent assumes it
+    /// (`--ca-max-node-startup-time`): CA's taints on a younger gated node
+    /// mean the gate is not a startup taint ([`crate::autoscaler`]).
+    pub ca_max_node_startup: Duration,
 }
 
 /// When the next probe round is due, after an event handled at `now`: one
@@ -458,7 +462,7 @@ impl State {
             .since_creation_ms
             .and_then(|ms| u64::try_from(ms).ok())
             .map(Duration::from_millis);
-        let found = findings(latest, age);
+        let found = findings(latest, age, self.cfg.ca_max_node_startup);
         if found.is_empty() {
             return Vec::new();
         }
@@ -606,6 +610,7 @@ mod tests {
             continuous,
             taint_on_shutdown: true,
             shutdown_deadline: Duration::from_secs(5),
+            ca_max_node_startup: crate::autoscaler::CA_MAX_NODE_STARTUP,
         }
     }
 
@@ -1189,6 +1194,38 @@ mod tests {
                 (Event::Probed(true), &["ready=1", "remove@?/10s"]),
                 (
                     at(Duration::from_secs(16 * 60)),
+                    &["ttr:webhook:2", "event:Normal:NodegateReady"],
+                ),
+            ],
+        );
+        // --ca-max-node-startup-time: a node aged 10 min is inside the
+        // default window and past a 5 min one.
+        run(
+            "inside the default window",
+            cfg(1, 1, false),
+            vec![
+                (Event::Probed(true), &["ready=1", "remove@?/10s"]),
+                (
+                    at(Duration::from_secs(10 * 60)),
+                    &[
+                        "ttr:webhook:2",
+                        "event:Normal:NodegateReady",
+                        "event:Warning:NodegateGateNotStartupTaint",
+                        "undeclared:cluster-autoscaler",
+                    ],
+                ),
+            ],
+        );
+        run(
+            "past the window the agent was given",
+            GateConfig {
+                ca_max_node_startup: Duration::from_secs(5 * 60),
+                ..cfg(1, 1, false)
+            },
+            vec![
+                (Event::Probed(true), &["ready=1", "remove@?/10s"]),
+                (
+                    at(Duration::from_secs(10 * 60)),
                     &["ttr:webhook:2", "event:Normal:NodegateReady"],
                 ),
             ],

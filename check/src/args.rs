@@ -107,9 +107,14 @@ pub struct Args {
     /// does not tell it: from 1.13.0 it knows keys under `readiness.k8s.io/`.
     #[arg(long, env = "NODEGATE_CHECK_KARPENTER_VERSION")]
     pub karpenter_version: Option<String>,
+    /// Cluster Autoscaler's release (e.g. 1.28.2), when its image tag does
+    /// not tell it or no CA Deployment runs here (a managed CA): which
+    /// flags and taint prefixes it knows depends on it.
+    #[arg(long, env = "NODEGATE_CHECK_CLUSTER_AUTOSCALER_VERSION")]
+    pub cluster_autoscaler_version: Option<String>,
     /// Cluster Autoscaler's status ConfigMap (`namespace/name`): present
-    /// without a CA Deployment, it means a managed CA, whose flags cannot
-    /// be set.
+    /// without a CA Deployment, a CA runs that nodegate-check cannot see
+    /// (managed, in another cluster, a static Pod) or one left it behind.
     #[arg(
         long,
         env = "NODEGATE_CHECK_CLUSTER_AUTOSCALER_STATUS",

@@ -1,41 +1,83 @@
-//! Cluster Autoscaler and nodegate's gates (kubernetes/autoscaler
-//! `cluster-autoscaler/`):
+//! Cluster Autoscaler and nodegate's gates, per CA release
+//! (kubernetes/autoscaler `cluster-autoscaler/`, branches
+//! `cluster-autoscaler-release-1.28` … `-1.37`):
 //!
 //! - A Ready node whose taint CA does not know is neither unready nor
-//!   upcoming (`clusterstate/clusterstate.go` `updateReadinessStats`): the
-//!   pending pods do not fit it, and the next 10 s loop scales up again.
-//! - `core/static_autoscaler.go` `obtainNodeLists` →
-//!   `FilterOutNodesWithStartupTaints` turns a Ready node carrying a startup
-//!   taint into an unready copy: upcoming, so no second scale-up.
-//! - `utils/taints/taints.go` `NewTaintConfig`, `IsStartupTaint`: a startup
-//!   taint is a key given to `--startup-taint` or `--ignore-taint` (compared
-//!   by key alone), or a key under `startup-taint.cluster-autoscaler.kubernetes.io/`
-//!   or `ignore-taint.cluster-autoscaler.kubernetes.io/`; from 1.36 also under a
-//!   `--startup-taint-prefix`. `--status-taint` keys are only sanitized out of
-//!   templates: the node still counts as Ready, so they do not stop duplicates.
-//! - Managed CAs (GKE, AKS) take no flags: only a key under the startup
-//!   prefix works there. CA writes its status to ConfigMap
-//!   `kube-system/cluster-autoscaler-status`, so that ConfigMap without a CA
-//!   Deployment in the cluster means a managed CA.
+//!   upcoming (`clusterstate/clusterstate.go`
+//!   `ClusterStateRegistry.updateReadinessStats`): the pending pods do not
+//!   fit it, and the next 10 s loop scales up again.
+//! - A Ready node carrying a startup taint becomes an unready copy, so it is
+//!   upcoming and there is no second scale-up (`core/static_autoscaler.go`
+//!   `obtainNodeLists` → `utils/taints/taints.go`
+//!   `FilterOutNodesWithStartupTaints`; up to 1.28
+//!   `FilterOutNodesWithIgnoredTaints`).
+//! - What a startup taint is (`utils/taints/taints.go` `NewTaintConfig`,
+//!   `IsStartupTaint`; flags in `main.go`, from 1.33 `config/flags/flags.go`),
+//!   keys compared by key alone:
+//!   - every release: a key given to `--ignore-taint`, or under
+//!     `ignore-taint.cluster-autoscaler.kubernetes.io/` (deprecated from
+//!     1.29, still there in 1.37);
+//!   - from 1.29.0: a key given to `--startup-taint`, or under
+//!     `startup-taint.cluster-autoscaler.kubernetes.io/`; 1.28 has neither
+//!     flag nor prefix, and a flag a release does not define stops CA at
+//!     start;
+//!   - from 1.36.0: a key under a `--startup-taint-prefix`.
+//!   - `--status-taint` keys and `status-taint.…/` (from 1.29) are only
+//!     sanitized out of templates (`SanitizeTaints`): the node still counts
+//!     as Ready, so they do not stop duplicates.
+//! - A node that is not ready counts as starting (upcoming) while younger
+//!   than `MaxNodeStartupTime`: a constant 15 min up to 1.34
+//!   (`clusterstate/clusterstate.go`); from 1.35 the flag
+//!   `--max-node-startup-time` (default 15m), which a node group may override
+//!   (`processors/nodegroupconfig/node_group_config_processor.go`
+//!   `GetMaxNodeStartupTime`). The agent's runtime signal assumes its own
+//!   `--ca-max-node-startup-time` (15m): the line compares the two.
+//! - CA writes its status to ConfigMap `kube-system/cluster-autoscaler-status`
+//!   at the end of every loop (`StaticAutoscaler.RunOnce`, through
+//!   `clusterstate/utils/status.go` `WriteStatusConfigMap`, which stamps the
+//!   annotation `cluster-autoscaler.kubernetes.io/last-updated`) unless
+//!   `--write-status-configmap=false`; `--status-config-map-name` and
+//!   `--namespace` move it, and it is deleted only on a clean exit
+//!   (`ExitCleanUp`). So that ConfigMap without a CA Deployment is a CA
+//!   nodegate-check cannot see (a managed one, one in a Cluster API
+//!   management cluster writing through `--kubeconfig`, a static pod), or a
+//!   leftover of a CA that was killed.
 //!
 //! [`verdict`] decides from what was read; [`check`] only reads.
 
+use std::time::Duration;
+
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::jiff::Timestamp;
 use kube::Client;
 use kube::api::{Api, ListParams};
 
 use crate::cilium::OPERATOR_DEFAULT_KEY as CILIUM_KEY;
-use crate::gates::{Gate, image_name, image_version, keys};
+use crate::gates::{Gate, Version, image_name, keys};
 use crate::installed::Installed;
 use crate::report::{Report, Status};
 
 pub const CHECK: &str = "cluster autoscaler";
 pub const STARTUP_PREFIX: &str = "startup-taint.cluster-autoscaler.kubernetes.io/";
-const IGNORE_PREFIX: &str = "ignore-taint.cluster-autoscaler.kubernetes.io/";
+pub const IGNORE_PREFIX: &str = "ignore-taint.cluster-autoscaler.kubernetes.io/";
 const STATUS_PREFIX: &str = "status-taint.cluster-autoscaler.kubernetes.io/";
-/// `--startup-taint-prefix` is a flag from this release on.
+/// `--startup-taint`, `--status-taint` and their prefixes, from this release.
+pub const STARTUP_SINCE: (u64, u64, u64) = (1, 29, 0);
+/// `--startup-taint-prefix`, from this release.
 const PREFIX_FLAG_SINCE: (u64, u64, u64) = (1, 36, 0);
+/// `--max-node-startup-time`, from this release (a constant before).
+const STARTUP_TIME_FLAG_SINCE: (u64, u64, u64) = (1, 35, 0);
+/// `MaxNodeStartupTime`'s constant, and the flag's default.
+pub const DEFAULT_MAX_NODE_STARTUP: Duration = Duration::from_secs(15 * 60);
+/// The agent's flag that mirrors CA's `--max-node-startup-time`.
+pub const AGENT_WINDOW_FLAG: &str = "ca-max-node-startup-time";
+const AGENT_WINDOW_ENV: &str = "NODEGATE_CA_MAX_NODE_STARTUP_TIME";
+/// A status ConfigMap not written for this long has no running CA behind
+/// it: a running one rewrites it every loop (`--scan-interval`, 10 s).
+const STALE_STATUS: Duration = Duration::from_secs(10 * 60);
+/// The annotation `WriteStatusConfigMap` stamps.
+const LAST_UPDATED: &str = "cluster-autoscaler.kubernetes.io/last-updated";
 
 /// One CA Deployment: its container's image and command line.
 #[derive(Debug, Clone, Default)]
@@ -47,12 +89,22 @@ pub struct Autoscaler {
     pub argv: Vec<String>,
 }
 
+/// CA's status ConfigMap, found without a CA Deployment.
+#[derive(Debug, Clone)]
+pub struct StatusConfigMap {
+    /// `namespace/name`.
+    pub at: String,
+    /// Since CA last wrote it; `None` when its annotation is missing or
+    /// unreadable.
+    pub written_ago: Option<Duration>,
+}
+
 /// What was found of Cluster Autoscaler.
 #[derive(Debug, Clone)]
 pub enum Found {
     Deployments(Vec<Autoscaler>),
-    /// No Deployment, but CA's status ConfigMap (`namespace/name`).
-    Managed(String),
+    /// No Deployment, but CA's status ConfigMap.
+    StatusOnly(StatusConfigMap),
     None,
     Unreadable(String),
 }
@@ -65,15 +117,22 @@ pub struct Inputs {
     pub gates: Option<Vec<Gate>>,
     /// `namespace/name` of CA's status ConfigMap, for the lines.
     pub status_config_map: String,
+    /// `--cluster-autoscaler-version`: overrides every image tag.
+    pub version: Option<Version>,
+    /// The agent's `--ca-max-node-startup-time`.
+    pub agent_window: Duration,
 }
 
-/// The taint flags CA runs with, as its pflag command line reads them
+/// The taint flags CA runs with, as its command line reads them
 /// (`--flag=value` or `--flag value`, `_` and `-` alike; each value one key).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TaintFlags {
     pub startup: Vec<String>,
+    pub ignore: Vec<String>,
     pub status: Vec<String>,
     pub prefixes: Vec<String>,
+    /// `--max-node-startup-time`, as written.
+    pub max_node_startup: Option<String>,
     /// Values nodegate-check cannot read (an unexpanded `$(VAR)`).
     pub unreadable: Vec<String>,
 }
@@ -89,28 +148,85 @@ pub fn taint_flags(argv: &[String]) -> TaintFlags {
             Some((n, v)) => (n.replace('_', "-"), Some(v.to_string())),
             None => (flag.replace('_', "-"), None),
         };
-        let list = match name.as_str() {
-            "startup-taint" | "ignore-taint" => &mut f.startup,
-            "status-taint" => &mut f.status,
-            "startup-taint-prefix" => &mut f.prefixes,
-            _ => continue,
-        };
+        let known = [
+            "startup-taint",
+            "ignore-taint",
+            "status-taint",
+            "startup-taint-prefix",
+            "max-node-startup-time",
+        ];
+        if !known.contains(&name.as_str()) {
+            continue;
+        }
         let Some(v) = value.or_else(|| it.next().cloned()) else {
             continue;
         };
         if v.contains("$(") {
             f.unreadable.push(format!("--{name}={v}"));
-        } else {
-            list.push(v);
+            continue;
+        }
+        match name.as_str() {
+            "startup-taint" => f.startup.push(v),
+            "ignore-taint" => f.ignore.push(v),
+            "status-taint" => f.status.push(v),
+            "startup-taint-prefix" => f.prefixes.push(v),
+            _ => f.max_node_startup = Some(v),
         }
     }
     f
+}
+
+/// A Go duration as CA's flags take it (`15m`, `1h30m`, `900s`, `2.5m`).
+pub fn go_duration(s: &str) -> Option<Duration> {
+    let mut total = 0f64;
+    let mut rest = s.trim();
+    if rest == "0" {
+        return Some(Duration::ZERO);
+    }
+    while !rest.is_empty() {
+        let n = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .filter(|&n| n > 0)?;
+        let value: f64 = rest[..n].parse().ok()?;
+        rest = &rest[n..];
+        let u = rest
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        let unit = match &rest[..u] {
+            "h" => 3600.0,
+            "m" => 60.0,
+            "s" => 1.0,
+            "ms" => 0.001,
+            "us" | "µs" => 0.000_001,
+            "ns" => 0.000_000_001,
+            _ => return None,
+        };
+        total += value * unit;
+        rest = &rest[u..];
+    }
+    Some(Duration::from_secs_f64(total))
+}
+
+fn minutes(d: Duration) -> String {
+    let s = d.as_secs();
+    if s.is_multiple_of(60) {
+        format!("{} min", s / 60)
+    } else {
+        format!("{s} s")
+    }
 }
 
 /// How CA treats one of nodegate's keys.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Treats {
     Startup(String),
+    /// A startup taint from release `since` on; the version is unknown.
+    FromRelease {
+        how: String,
+        since: &'static str,
+    },
+    /// Declared with something this (known) release does not have.
+    TooOld(String),
     /// Only as a status taint: still Ready, still room.
     Status,
     /// Given to `--startup-taint` as a whole taint (`key=value:Effect`),
@@ -119,27 +235,68 @@ enum Treats {
     Unknown,
 }
 
-fn treats(key: &str, f: &TaintFlags, version: Option<(u64, u64, u64)>) -> Treats {
+fn treats(key: &str, f: &TaintFlags, version: &Version) -> Treats {
+    let release = |v: (u64, u64, u64)| format!("{}.{}.{}", v.0, v.1, v.2);
+    let shown = match version {
+        Version::Known(v) => release(*v),
+        Version::Unknown(_) => String::new(),
+    };
+    // Every release knows these.
+    if f.ignore.iter().any(|k| k == key) {
+        return Treats::Startup(format!("--ignore-taint={key}"));
+    }
+    if key.starts_with(IGNORE_PREFIX) {
+        return Treats::Startup(format!("its key is under {IGNORE_PREFIX}"));
+    }
+    let since_129 = version.at_least(STARTUP_SINCE);
     if f.startup.iter().any(|k| k == key) {
-        return Treats::Startup(format!("--startup-taint={key}"));
+        let how = format!("--startup-taint={key}");
+        return match since_129 {
+            Some(true) => Treats::Startup(how),
+            None => Treats::FromRelease {
+                how,
+                since: "1.29.0",
+            },
+            Some(false) => Treats::TooOld(format!(
+                "CA {shown} does not define --startup-taint (release-1.28 main.go has only --ignore-taint): it stops at start on that flag; write --ignore-taint={key}"
+            )),
+        };
     }
-    for p in [STARTUP_PREFIX, IGNORE_PREFIX] {
-        if key.starts_with(p) {
-            return Treats::Startup(format!("its key is under {p}"));
-        }
+    if key.starts_with(STARTUP_PREFIX) {
+        let how = format!("its key is under {STARTUP_PREFIX}");
+        return match since_129 {
+            Some(true) => Treats::Startup(how),
+            None => Treats::FromRelease {
+                how,
+                since: "1.29.0",
+            },
+            Some(false) => Treats::TooOld(format!(
+                "CA {shown} does not know the prefix {STARTUP_PREFIX} (it first appears in 1.29.0, utils/taints/taints.go): add --ignore-taint={key}, or gate with a key under {IGNORE_PREFIX}, which every release knows"
+            )),
+        };
     }
-    let prefix_flag = version.is_none_or(|v| v >= PREFIX_FLAG_SINCE);
     if let Some(p) = f
         .prefixes
         .iter()
         .find(|p| !p.is_empty() && key.starts_with(p.as_str()))
-        && prefix_flag
     {
-        return Treats::Startup(format!("--startup-taint-prefix={p}"));
+        let how = format!("--startup-taint-prefix={p}");
+        return match version.at_least(PREFIX_FLAG_SINCE) {
+            Some(true) => Treats::Startup(how),
+            None => Treats::FromRelease {
+                how,
+                since: "1.36.0",
+            },
+            Some(false) => Treats::TooOld(format!(
+                "CA {shown} does not define --startup-taint-prefix (from 1.36.0): it stops at start on that flag; {}",
+                fix(key, version)
+            )),
+        };
     }
     if let Some(w) = f
         .startup
         .iter()
+        .chain(&f.ignore)
         .find(|k| k.split(['=', ':']).next() == Some(key) && k.as_str() != key)
     {
         return Treats::WrittenAsTaint(w.clone());
@@ -150,49 +307,202 @@ fn treats(key: &str, f: &TaintFlags, version: Option<(u64, u64, u64)>) -> Treats
     Treats::Unknown
 }
 
-fn one_deployment(a: &Autoscaler, keys: &[&str]) -> (Status, String) {
+/// The declaration `version` accepts.
+fn fix(key: &str, version: &Version) -> String {
+    match version.at_least(STARTUP_SINCE) {
+        Some(true) => format!("add --startup-taint={key} to its args"),
+        Some(false) => format!(
+            "add --ignore-taint={key} to its args (this release has no --startup-taint, and an unknown flag stops CA at start)"
+        ),
+        None => format!(
+            "add --startup-taint={key} to its args if it is 1.29.0 or later, else --ignore-taint={key} (every release knows it; deprecated from 1.29); an unknown flag stops CA at start"
+        ),
+    }
+}
+
+/// CA's startup window beside the agent's, when they differ.
+fn window_note(f: &TaintFlags, version: &Version, agent: Duration) -> Option<String> {
+    let flag = f.max_node_startup.as_deref();
+    let ca = match (version.at_least(STARTUP_TIME_FLAG_SINCE), flag) {
+        (Some(false), _) | (_, None) => DEFAULT_MAX_NODE_STARTUP,
+        (_, Some(v)) => match go_duration(v) {
+            Some(d) => d,
+            None => {
+                return Some(format!(
+                    "cannot read --max-node-startup-time={v}; the agent assumes {}",
+                    minutes(agent)
+                ));
+            }
+        },
+    };
+    (ca != agent).then(|| {
+        format!(
+            "CA counts a gated node as starting for {} (--max-node-startup-time), but the agent's NodegateGateNotStartupTaint signal assumes {}: set the agent's --{AGENT_WINDOW_FLAG}={}s, or it may report a declared gate as undeclared",
+            minutes(ca),
+            minutes(agent),
+            ca.as_secs()
+        )
+    })
+}
+
+fn one_deployment(a: &Autoscaler, keys: &[&str], i: &Inputs) -> (Status, String) {
     let f = taint_flags(&a.argv);
-    let version = image_version(&a.image);
+    let version = i
+        .version
+        .clone()
+        .unwrap_or_else(|| match Version::of_image(&a.image) {
+            Version::Unknown(why) => {
+                Version::Unknown(format!("{why}: pass --cluster-autoscaler-version"))
+            }
+            known => known,
+        });
+    let release = match &version {
+        Version::Known((a, b, c)) => format!("CA {a}.{b}.{c}"),
+        Version::Unknown(_) => "CA".to_string(),
+    };
     let mut ok = Vec::new();
+    let mut maybe = Vec::new();
     let mut bad = Vec::new();
     for key in keys {
-        match treats(key, &f, version) {
+        match treats(key, &f, &version) {
             Treats::Startup(how) => ok.push(format!("{key} ({how})")),
+            Treats::FromRelease { how, since } => {
+                maybe.push(format!("{key} ({how}) is a startup taint only from CA {since}"))
+            }
+            Treats::TooOld(why) => bad.push(format!("{key}: {why}")),
             Treats::Status => bad.push(format!(
-                "{key} is only a status taint to it (--status-taint), which is sanitized out of templates but leaves a gated node Ready: pods do not fit it and each 10 s loop scales up again; use --startup-taint={key} instead"
+                "{key} is only a status taint to it (--status-taint), which is sanitized out of templates but leaves a gated node Ready: pods do not fit it and each 10 s loop scales up again; {}",
+                fix(key, &version)
             )),
             Treats::WrittenAsTaint(w) => bad.push(format!(
-                "--startup-taint={w} is a whole taint, but CA reads a key there and compares keys: write --startup-taint={key}"
+                "{w} is a whole taint, but CA reads a key there and compares keys: write only the key {key}"
             )),
             Treats::Unknown => bad.push(format!(
-                "it does not treat nodegate's gate {key} as a startup taint: a node stays gated after it turns Ready, the pending pods do not fit it, and each 10 s loop scales up again (duplicate nodes, which stay at least --scale-down-unneeded-time, 10 min by default); add --startup-taint={key} to its args"
+                "it does not treat nodegate's gate {key} as a startup taint: a node stays gated after it turns Ready, the pending pods do not fit it, and each 10 s loop scales up again (duplicate nodes, which stay at least --scale-down-unneeded-time, 10 min by default); {}",
+                fix(key, &version)
             )),
         }
     }
     let at = &a.at;
-    if bad.is_empty() {
-        let mut detail = format!(
-            "{at} treats nodegate's gates as startup taints: {}; a gated node counts as starting up, not as room for pods (a reboot wave that gates more than 45 % of nodes, and more than 3, pauses CA until they are ready: docs/autoscalers.md)",
-            ok.join(", ")
-        );
-        if !f.unreadable.is_empty() {
-            detail.push_str(&format!("; not read: {}", f.unreadable.join(" ")));
+    let unreadable = (!f.unreadable.is_empty()).then(|| f.unreadable.join(" "));
+    if !bad.is_empty() {
+        let mut why = vec![format!("{at} ({release}): {}", bad.join("; "))];
+        if f.startup.iter().chain(&f.ignore).any(|k| k == CILIUM_KEY) && !keys.contains(&CILIUM_KEY)
+        {
+            why.push(format!(
+                "it names Cilium's key {CILIUM_KEY} only, but nodegate gates with its own key"
+            ));
         }
-        return (Status::Pass, detail);
+        if let Some(u) = unreadable {
+            why.push(format!(
+                "nodegate-check cannot expand {u}: if that is the fix already, ignore this line"
+            ));
+        }
+        return (Status::Fail, why.join("; "));
     }
-    let mut why = vec![format!("{at}: {}", bad.join("; "))];
-    if f.startup.iter().any(|k| k == CILIUM_KEY) && !keys.contains(&CILIUM_KEY) {
-        why.push(format!(
-            "it names Cilium's key {CILIUM_KEY} only, but nodegate gates with its own key"
-        ));
+    if !maybe.is_empty() {
+        let why = match &version {
+            Version::Unknown(w) => w.clone(),
+            Version::Known(_) => String::new(),
+        };
+        return (
+            Status::Warn,
+            format!(
+                "{at}: cannot tell its release ({why}), and {}; an older CA counts a gated, Ready node as room and scales up again each 10 s loop. Pass --cluster-autoscaler-version, or declare with --ignore-taint=<key>, which every release knows",
+                maybe.join("; ")
+            ),
+        );
     }
-    if !f.unreadable.is_empty() {
-        why.push(format!(
-            "nodegate-check cannot expand {}: if that is the fix already, ignore this line",
-            f.unreadable.join(" ")
-        ));
+    let mut detail = format!(
+        "{at} ({release}) treats nodegate's gates as startup taints: {}; a gated node counts as starting up, not as room for pods (a reboot wave that gates more than 45 % of nodes, and more than 3, pauses CA until they are ready: docs/autoscalers.md)",
+        ok.join(", ")
+    );
+    if let Some(u) = unreadable {
+        detail.push_str(&format!("; not read: {u}"));
     }
-    (Status::Fail, why.join("; "))
+    match window_note(&f, &version, i.agent_window) {
+        Some(note) => (Status::Warn, format!("{detail}; {note}")),
+        None => (Status::Pass, detail),
+    }
+}
+
+/// The line for a status ConfigMap without a CA Deployment: what was seen,
+/// what it may mean, and what holds for each reading.
+fn status_only(cm: &StatusConfigMap, keys: &[&str], i: &Inputs) -> (Status, String) {
+    let at = &cm.at;
+    let stale = cm.written_ago.is_none_or(|d| d > STALE_STATUS);
+    let seen = match cm.written_ago {
+        Some(d) => format!(
+            "no Deployment runs Cluster Autoscaler's image, but its status ConfigMap {at} was written {} ago",
+            if d.as_secs() < 60 {
+                format!("{} s", d.as_secs())
+            } else {
+                minutes(Duration::from_secs(d.as_secs() / 60 * 60))
+            }
+        ),
+        None => format!(
+            "no Deployment runs Cluster Autoscaler's image, but its status ConfigMap {at} exists (without a readable {LAST_UPDATED})"
+        ),
+    };
+    if stale {
+        return (
+            Status::Warn,
+            format!(
+                "{seen}: a running CA rewrites it every loop, so it is probably left by a CA stopped without a clean exit (CA deletes it only then); delete it if no CA runs, else pass --cluster-autoscaler-status with the ConfigMap the running one writes"
+            ),
+        );
+    }
+    let version = i.version.clone().unwrap_or_else(|| {
+        Version::Unknown(
+            "nodegate-check cannot see that CA's image: pass --cluster-autoscaler-version".into(),
+        )
+    });
+    let meaning = "a CA runs that nodegate-check cannot see: a managed one (GKE, AKS; no flags can be set, and as far as their documented settings go, AKS's cluster-autoscaler profile and GKE's autoscaling profiles set no startup taint), one in another cluster writing here through --kubeconfig (Cluster API), or a static Pod";
+    let f = TaintFlags::default();
+    let mut bad = Vec::new();
+    let mut maybe = Vec::new();
+    for key in keys {
+        match treats(key, &f, &version) {
+            Treats::Startup(_) => {}
+            Treats::FromRelease { how, since } => {
+                maybe.push(format!("{key} ({how}) from CA {since}"))
+            }
+            Treats::TooOld(_) => bad.push(format!(
+                "{key} (its prefix is a startup taint only from CA 1.29.0; a key under {IGNORE_PREFIX} works on every release)"
+            )),
+            _ => bad.push((*key).to_string()),
+        }
+    }
+    if bad.is_empty() && maybe.is_empty() {
+        return (
+            Status::Pass,
+            format!(
+                "{seen}: {meaning}. nodegate's keys are startup taints to it without a flag: {}",
+                keys.join(", ")
+            ),
+        );
+    }
+    if bad.is_empty() {
+        let why = match &version {
+            Version::Unknown(w) => w.clone(),
+            Version::Known(_) => String::new(),
+        };
+        return (
+            Status::Warn,
+            format!(
+                "{seen}: {meaning}. Its release cannot be told ({why}), and {}; a CA older than that counts a gated, Ready node as room; a key under {IGNORE_PREFIX} works on every release",
+                maybe.join("; ")
+            ),
+        );
+    }
+    (
+        Status::Warn,
+        format!(
+            "{seen}: {meaning}. nodegate-check cannot read its flags, and without one {} is not a startup taint to it: each 10 s loop while a new node is Ready and gated scales up again. If its flags cannot be set, use the cluster-autoscaler key profile (a key under {STARTUP_PREFIX}, CA 1.29.0 and later: manifests/components/key-profiles/cluster-autoscaler, docs/autoscalers.md); if they can, {}",
+            bad.join(", "),
+            fix("<key>", &version)
+        ),
+    )
 }
 
 /// The Cluster Autoscaler line.
@@ -208,7 +518,7 @@ pub fn verdict(i: &Inputs) -> (Status, String) {
         Found::None => (
             Status::Pass,
             format!(
-                "no Cluster Autoscaler: no Deployment runs its image and there is no ConfigMap {}",
+                "no Cluster Autoscaler seen: no Deployment runs its image and there is no ConfigMap {} (a CA elsewhere with --write-status-configmap=false, or writing another --status-config-map-name or --namespace, is not seen: pass --cluster-autoscaler-status)",
                 i.status_config_map
             ),
         ),
@@ -219,37 +529,14 @@ pub fn verdict(i: &Inputs) -> (Status, String) {
                 keys.join(", ")
             ),
         ),
-        Found::Managed(cm) => {
-            let outside: Vec<&&str> = keys
-                .iter()
-                .filter(|k| !k.starts_with(STARTUP_PREFIX))
-                .collect();
-            if outside.is_empty() {
-                (
-                    Status::Pass,
-                    format!(
-                        "a managed Cluster Autoscaler runs here (ConfigMap {cm}, no Deployment): nodegate's keys are under {STARTUP_PREFIX}, so it treats them as startup taints without a flag"
-                    ),
-                )
-            } else {
-                let shown: Vec<String> = outside.iter().map(|k| k.to_string()).collect();
-                (
-                    Status::Fail,
-                    format!(
-                        "a managed Cluster Autoscaler runs here (ConfigMap {cm}, no Deployment) and its flags cannot be set, so it does not treat nodegate's gate {} as a startup taint: each 10 s loop while a new node is gated scales up again; use the cluster-autoscaler key profile (a key under {STARTUP_PREFIX}: manifests/components/key-profiles/cluster-autoscaler, docs/autoscalers.md)",
-                        shown.join(", ")
-                    ),
-                )
-            }
-        }
+        Found::StatusOnly(cm) => status_only(cm, &keys, i),
         Found::Deployments(list) => {
             let lines: Vec<(Status, String)> =
-                list.iter().map(|a| one_deployment(a, &keys)).collect();
-            let status = if lines.iter().any(|(s, _)| *s == Status::Fail) {
-                Status::Fail
-            } else {
-                Status::Pass
-            };
+                list.iter().map(|a| one_deployment(a, &keys, i)).collect();
+            let status = [Status::Fail, Status::Warn]
+                .into_iter()
+                .find(|s| lines.iter().any(|(l, _)| l == s))
+                .unwrap_or(Status::Pass);
             let detail: Vec<String> = lines.into_iter().map(|(_, d)| d).collect();
             (status, detail.join(" | "))
         }
@@ -282,6 +569,16 @@ fn autoscaler(d: &Deployment) -> Option<Autoscaler> {
     })
 }
 
+/// `WriteStatusConfigMap`'s stamp (Go's `2006-01-02 15:04:05.999999999
+/// -0700 MST`): the instant, without the zone's name.
+pub fn last_updated(stamp: &str) -> Option<Timestamp> {
+    let (without_zone, _) = stamp.trim().rsplit_once(' ')?;
+    k8s_openapi::jiff::fmt::strtime::parse("%Y-%m-%d %H:%M:%S%.f %z", without_zone)
+        .ok()?
+        .to_timestamp()
+        .ok()
+}
+
 /// Lists every Deployment (one request; CA's chart names and labels it
 /// after the cloud provider, so no selector finds them all) and, without a
 /// CA among them, reads CA's status ConfigMap.
@@ -299,19 +596,74 @@ async fn read(client: &Client, status_cm: &str) -> Found {
         .unwrap_or(("kube-system", status_cm));
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
     match cms.get_opt(name).await {
-        Ok(Some(_)) => Found::Managed(status_cm.to_string()),
+        Ok(Some(cm)) => {
+            let stamp = cm
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(LAST_UPDATED))
+                .and_then(|s| last_updated(s));
+            let written_ago = stamp.and_then(|t| {
+                let ago = Timestamp::now().duration_since(t);
+                Duration::try_from(ago).ok()
+            });
+            Found::StatusOnly(StatusConfigMap {
+                at: status_cm.to_string(),
+                written_ago,
+            })
+        }
         Ok(None) => Found::None,
         Err(e) => Found::Unreadable(format!("ConfigMap {status_cm} cannot be read: {e}")),
     }
 }
 
+/// The agent's `--ca-max-node-startup-time` (or its env form), read as the
+/// agent reads it (a bare number is seconds), else CA's default.
+fn agent_window(installed: &Installed) -> Duration {
+    let Some(c) = installed.agent.container() else {
+        return DEFAULT_MAX_NODE_STARTUP;
+    };
+    let parse = |v: &str| match v.parse::<u64>() {
+        Ok(secs) => Some(Duration::from_secs(secs)),
+        Err(_) => go_duration(v),
+    };
+    let flag = format!("--{AGENT_WINDOW_FLAG}");
+    let mut it = c.command.iter().flatten().chain(c.args.iter().flatten());
+    while let Some(a) = it.next() {
+        let value = match a.strip_prefix(&flag) {
+            Some("") => it.next().cloned(),
+            Some(v) => v.strip_prefix('=').map(str::to_string),
+            None => None,
+        };
+        if let Some(d) = value.as_deref().and_then(parse) {
+            return d;
+        }
+    }
+    c.env
+        .iter()
+        .flatten()
+        .find(|e| e.name == AGENT_WINDOW_ENV)
+        .and_then(|e| e.value.as_deref())
+        .and_then(parse)
+        .unwrap_or(DEFAULT_MAX_NODE_STARTUP)
+}
+
 /// Reads CA's Deployments (or its status ConfigMap, `status_cm`:
-/// `namespace/name`) and reports [`verdict`].
-pub async fn check(client: &Client, status_cm: &str, installed: &Installed, report: &mut Report) {
+/// `namespace/name`) and reports [`verdict`]; `version`:
+/// `--cluster-autoscaler-version`.
+pub async fn check(
+    client: &Client,
+    status_cm: &str,
+    version: Option<&str>,
+    installed: &Installed,
+    report: &mut Report,
+) {
     let inputs = Inputs {
         found: read(client, status_cm).await,
         gates: crate::gates::installed(installed),
         status_config_map: status_cm.to_string(),
+        version: version.map(|v| Version::given("cluster-autoscaler-version", v)),
+        agent_window: agent_window(installed),
     };
     let (status, detail) = verdict(&inputs);
     report.add(CHECK, status, detail);
@@ -346,12 +698,18 @@ mod tests {
         }
     }
 
-    fn run(found: Found, g: Vec<Gate>) -> (Status, String) {
-        verdict(&Inputs {
+    fn inputs(found: Found, g: Vec<Gate>) -> Inputs {
+        Inputs {
             found,
             gates: Some(g),
             status_config_map: "kube-system/cluster-autoscaler-status".into(),
-        })
+            version: None,
+            agent_window: DEFAULT_MAX_NODE_STARTUP,
+        }
+    }
+
+    fn run(found: Found, g: Vec<Gate>) -> (Status, String) {
+        verdict(&inputs(found, g))
     }
 
     const IMAGE: &str = "registry.k8s.io/autoscaling/cluster-autoscaler:v1.31.5";
@@ -392,7 +750,7 @@ mod tests {
             (
                 &["--startup-taint=nodegate.dev/agent-not-ready=true:NoSchedule"],
                 Status::Fail,
-                "write --startup-taint=nodegate.dev/agent-not-ready",
+                "write only the key nodegate.dev/agent-not-ready",
             ),
             (
                 &["--startup-taint=node.cilium.io/agent-not-ready"],
@@ -460,14 +818,253 @@ mod tests {
         assert_eq!(run(Found::Deployments(vec![d]), g).0, Status::Pass);
     }
 
+    fn status_only(written_ago: Option<u64>) -> Found {
+        Found::StatusOnly(StatusConfigMap {
+            at: "kube-system/cluster-autoscaler-status".into(),
+            written_ago: written_ago.map(Duration::from_secs),
+        })
+    }
+
+    const STARTUP_GATE: &str =
+        "startup-taint.cluster-autoscaler.kubernetes.io/nodegate-agent-not-ready=true:NoSchedule";
+    const IGNORE_GATE: &str =
+        "ignore-taint.cluster-autoscaler.kubernetes.io/nodegate-agent-not-ready=true:NoSchedule";
+
     #[test]
-    fn a_managed_autoscaler_needs_the_startup_prefix() {
-        let cm = || Found::Managed("kube-system/cluster-autoscaler-status".into());
-        let (s, d) = run(cm(), gates(&[(GATE, false)]));
-        assert_eq!(s, Status::Fail);
+    fn a_status_config_map_without_a_deployment_says_what_it_may_mean() {
+        // Fresh: a CA runs that the check cannot see; its flags are unknown.
+        let (s, d) = run(status_only(Some(20)), gates(&[(GATE, false)]));
+        assert_eq!(s, Status::Warn, "{d}");
+        assert!(
+            d.contains("managed") && d.contains("--kubeconfig") && d.contains("static Pod"),
+            "{d}"
+        );
         assert!(d.contains("key-profiles/cluster-autoscaler"), "{d}");
-        let startup = "startup-taint.cluster-autoscaler.kubernetes.io/nodegate-agent-not-ready=true:NoSchedule";
-        assert_eq!(run(cm(), gates(&[(startup, false)])).0, Status::Pass);
+        // The startup prefix holds from 1.29 only: unknown release, no pass.
+        let (s, d) = run(status_only(Some(20)), gates(&[(STARTUP_GATE, false)]));
+        assert_eq!(s, Status::Warn, "{d}");
+        assert!(d.contains("--cluster-autoscaler-version"), "{d}");
+        // Told the release, it passes or fails by it.
+        let mut i = inputs(status_only(Some(20)), gates(&[(STARTUP_GATE, false)]));
+        i.version = Some(Version::given("cluster-autoscaler-version", "1.33.1"));
+        assert_eq!(verdict(&i).0, Status::Pass);
+        i.version = Some(Version::given("cluster-autoscaler-version", "1.28.7"));
+        let (s, d) = verdict(&i);
+        assert_eq!(s, Status::Warn, "{d}");
+        assert!(d.contains("only from CA 1.29.0"), "{d}");
+        assert!(d.contains(IGNORE_PREFIX), "{d}");
+        // The ignore prefix, every release.
+        assert_eq!(
+            run(status_only(Some(20)), gates(&[(IGNORE_GATE, false)])).0,
+            Status::Pass
+        );
+        // Not written for an hour, or never stamped: left behind.
+        for stale in [Some(3600), None] {
+            let (s, d) = run(status_only(stale), gates(&[(STARTUP_GATE, false)]));
+            assert_eq!(s, Status::Warn, "{d}");
+            assert!(d.contains("clean exit"), "{d}");
+        }
+    }
+
+    /// Each configuration at each release range, from the release branches'
+    /// `utils/taints/taints.go` and flag definitions.
+    #[test]
+    fn each_declaration_holds_from_the_release_that_has_it() {
+        let img = |v: &str| format!("registry.k8s.io/autoscaling/cluster-autoscaler:v{v}");
+        let startup = "--startup-taint=nodegate.dev/agent-not-ready";
+        let ignore = "--ignore-taint=nodegate.dev/agent-not-ready";
+        let prefix = "--startup-taint-prefix=nodegate.dev/";
+        let digest = "registry.k8s.io/autoscaling/cluster-autoscaler@sha256:ab";
+        let cases: &[(&str, &str, &[&str], Status, &str)] = &[
+            // gate, image, args, status, text
+            (
+                GATE,
+                "1.28.7",
+                &[startup],
+                Status::Fail,
+                "does not define --startup-taint",
+            ),
+            (GATE, "1.28.7", &[ignore], Status::Pass, "--ignore-taint"),
+            (
+                GATE,
+                "1.28.7",
+                &[],
+                Status::Fail,
+                "add --ignore-taint=nodegate.dev/agent-not-ready",
+            ),
+            (GATE, "1.29.0", &[startup], Status::Pass, "--startup-taint"),
+            (
+                GATE,
+                "1.29.0",
+                &[],
+                Status::Fail,
+                "add --startup-taint=nodegate.dev/agent-not-ready",
+            ),
+            (GATE, "1.37.0", &[ignore], Status::Pass, "--ignore-taint"),
+            (
+                GATE,
+                "1.35.2",
+                &[prefix],
+                Status::Fail,
+                "does not define --startup-taint-prefix",
+            ),
+            (
+                GATE,
+                "1.36.0",
+                &[prefix],
+                Status::Pass,
+                "--startup-taint-prefix",
+            ),
+            (
+                STARTUP_GATE,
+                "1.28.7",
+                &[],
+                Status::Fail,
+                "does not know the prefix",
+            ),
+            (
+                STARTUP_GATE,
+                "1.29.0",
+                &[],
+                Status::Pass,
+                "under startup-taint.",
+            ),
+            (
+                IGNORE_GATE,
+                "1.28.7",
+                &[],
+                Status::Pass,
+                "under ignore-taint.",
+            ),
+            (
+                IGNORE_GATE,
+                "1.37.0",
+                &[],
+                Status::Pass,
+                "under ignore-taint.",
+            ),
+        ];
+        for (gate, v, args, want, text) in cases {
+            let (s, d) = run(
+                Found::Deployments(vec![deployment(&img(v), args)]),
+                gates(&[(gate, false)]),
+            );
+            assert_eq!(s, *want, "{gate} {v} {args:?}: {d}");
+            assert!(d.contains(text), "{gate} {v} {args:?}: {d}");
+        }
+        // An image without a version: what depends on it is not passed.
+        for (gate, args) in [
+            (GATE, &[startup][..]),
+            (STARTUP_GATE, &[][..]),
+            (GATE, &[prefix][..]),
+        ] {
+            let (s, d) = run(
+                Found::Deployments(vec![deployment(digest, args)]),
+                gates(&[(gate, false)]),
+            );
+            assert_eq!(s, Status::Warn, "{gate} {args:?}: {d}");
+            assert!(
+                d.contains("cannot tell its release") && d.contains("--cluster-autoscaler-version"),
+                "{d}"
+            );
+        }
+        let (s, d) = run(
+            Found::Deployments(vec![deployment(digest, &[])]),
+            gates(&[(GATE, false)]),
+        );
+        assert_eq!(s, Status::Fail, "{d}");
+        assert!(
+            d.contains("if it is 1.29.0 or later, else --ignore-taint"),
+            "{d}"
+        );
+        assert_eq!(
+            run(
+                Found::Deployments(vec![deployment(digest, &[ignore])]),
+                gates(&[(GATE, false)])
+            )
+            .0,
+            Status::Pass
+        );
+        // The flag overrides the tag.
+        let mut i = inputs(
+            Found::Deployments(vec![deployment(&img("1.31.5"), &[startup])]),
+            gates(&[(GATE, false)]),
+        );
+        i.version = Some(Version::given("cluster-autoscaler-version", "1.28.2"));
+        assert_eq!(verdict(&i).0, Status::Fail);
+    }
+
+    #[test]
+    fn the_startup_window_beside_the_agents() {
+        let startup = "--startup-taint=nodegate.dev/agent-not-ready";
+        let img = |v: &str| format!("registry.k8s.io/autoscaling/cluster-autoscaler:v{v}");
+        let cases: &[(&str, &[&str], u64, Status)] = &[
+            (
+                "1.35.0",
+                &[startup, "--max-node-startup-time=5m"],
+                900,
+                Status::Warn,
+            ),
+            (
+                "1.35.0",
+                &[startup, "--max-node-startup-time", "5m"],
+                300,
+                Status::Pass,
+            ),
+            (
+                "1.35.0",
+                &[startup, "--max-node-startup-time=15m0s"],
+                900,
+                Status::Pass,
+            ),
+            ("1.35.0", &[startup], 900, Status::Pass),
+            ("1.35.0", &[startup], 300, Status::Warn),
+            // Before 1.35 the window is a constant, whatever the args say.
+            (
+                "1.34.1",
+                &[startup, "--max-node-startup-time=5m"],
+                900,
+                Status::Pass,
+            ),
+        ];
+        for (v, args, agent, want) in cases {
+            let mut i = inputs(
+                Found::Deployments(vec![deployment(&img(v), args)]),
+                gates(&[(GATE, false)]),
+            );
+            i.agent_window = Duration::from_secs(*agent);
+            let (s, d) = verdict(&i);
+            assert_eq!(s, *want, "{v} {args:?} agent {agent}: {d}");
+            if s == Status::Warn {
+                let ca = if args.len() > 1 { 300 } else { 900 };
+                assert!(
+                    d.contains(&format!("--ca-max-node-startup-time={ca}s")),
+                    "{d}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn go_durations_and_the_status_stamp() {
+        let cases = [
+            ("15m", 900.0),
+            ("1h30m", 5400.0),
+            ("900s", 900.0),
+            ("2.5m", 150.0),
+            ("15m0s", 900.0),
+            ("0", 0.0),
+        ];
+        for (s, want) in cases {
+            assert_eq!(go_duration(s).map(|d| d.as_secs_f64()), Some(want), "{s}");
+        }
+        assert_eq!(go_duration("15"), None);
+        assert_eq!(go_duration("m"), None);
+        let t = last_updated("2026-11-29 11:04:23.123456789 +0000 UTC").unwrap();
+        assert_eq!(t.to_string(), "2026-11-29T11:04:23.123456789Z");
+        let t = last_updated("2026-11-29 12:04:23 +0100 CET").unwrap();
+        assert_eq!(t.to_string(), "2026-11-29T11:04:23Z");
+        assert!(last_updated("yesterday").is_none());
     }
 
     #[test]
@@ -482,12 +1079,10 @@ mod tests {
         bad.at = "other/ca".into();
         let (s, d) = run(Found::Deployments(vec![good, bad]), gates(&[(GATE, false)]));
         assert_eq!(s, Status::Fail);
-        assert!(d.contains("other/ca: it does not treat"), "{d}");
-        let no_gates = verdict(&Inputs {
-            found: Found::None,
-            gates: None,
-            status_config_map: String::new(),
-        });
+        assert!(d.contains("other/ca (CA 1.31.5): it does not treat"), "{d}");
+        let mut no_gates = inputs(Found::None, vec![]);
+        no_gates.gates = None;
+        let no_gates = verdict(&no_gates);
         assert_eq!(no_gates.0, Status::Skip);
     }
 

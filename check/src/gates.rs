@@ -39,6 +39,42 @@ pub fn keys(gates: &[Gate]) -> Vec<&str> {
     out
 }
 
+/// A release of another project, as nodegate-check found it: from a flag
+/// the operator passed, or from an image tag. `Unknown` says why, so a line
+/// that depends on the version says so instead of passing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Version {
+    Known((u64, u64, u64)),
+    /// Why not: no Deployment found, a digest-only image …
+    Unknown(String),
+}
+
+impl Version {
+    /// The value of `--<flag>` (e.g. `1.31.5` or `v1.28.2`).
+    pub fn given(flag: &str, value: &str) -> Version {
+        match image_version(&format!("x:{value}")) {
+            Some(v) => Version::Known(v),
+            None => Version::Unknown(format!("--{flag} {value:?} is not a version like 1.31.5")),
+        }
+    }
+
+    /// The tag of `image`.
+    pub fn of_image(image: &str) -> Version {
+        match image_version(image) {
+            Some(v) => Version::Known(v),
+            None => Version::Unknown(format!("its image {image} has no version tag")),
+        }
+    }
+
+    /// `Some(true)` from `since` on, `Some(false)` before, `None` unknown.
+    pub fn at_least(&self, since: (u64, u64, u64)) -> Option<bool> {
+        match self {
+            Version::Known(v) => Some(*v >= since),
+            Version::Unknown(_) => None,
+        }
+    }
+}
+
 /// A release of the form `v1.31.5`, `1.13.0` or `v1.36.0-beta.1`, read from
 /// an image reference's tag (`registry/path:tag[@digest]`); `None` for a
 /// digest-only reference or a tag that is no version.

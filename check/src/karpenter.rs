@@ -34,7 +34,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::cilium::OPERATOR_DEFAULT_KEY as CILIUM_KEY;
-use crate::gates::{Gate, image_version};
+use crate::gates::{Gate, Version};
 use crate::installed::{AgentPlacement, Installed};
 use crate::report::{Report, Status};
 
@@ -115,15 +115,6 @@ pub enum Pools {
         older: Option<String>,
     },
     Unreadable(String),
-}
-
-/// Karpenter's release, from `--karpenter-version` or its controller's
-/// image tag.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Version {
-    Known((u64, u64, u64)),
-    /// Why not: no Deployment found, a digest-only image …
-    Unknown(String),
 }
 
 /// What [`verdict`] decides on.
@@ -284,10 +275,7 @@ fn known(g: &Gate, version: &Version) -> Option<bool> {
     if !g.taint.key().starts_with(READINESS_PREFIX) {
         return Some(false);
     }
-    match version {
-        Version::Known(v) => Some(*v >= READINESS_SINCE),
-        Version::Unknown(_) => None,
-    }
+    version.at_least(READINESS_SINCE)
 }
 
 /// The JSON patch that declares `missing` in the pool's startupTaints.
@@ -394,7 +382,7 @@ fn undeclared(
         ));
     }
     why.push(format!(
-        "fix: {}; applying it changes the pool's template hash, so Karpenter drifts and replaces every node of the pool (at its disruption budget, 10 % of nodes at a time by default); or use a key Karpenter knows (docs/autoscalers.md)",
+        "fix: {}; applying it changes the pool's template hash, so Karpenter drifts and replaces every node of the pool (at its disruption budget, 10 % of nodes at a time by default); only where that drift is unacceptable, the karpenter key profile (Karpenter 1.13.0 and later; its key is in the Node Readiness Controller's reserved domain: docs/autoscalers.md)",
         patch(pool, missing)
     ));
     (Status::Fail, why.join("; "))
@@ -427,7 +415,7 @@ fn pool_verdict(
         return (
             Status::Fail,
             format!(
-                "NodePool {name} lists nodegate's gate {} in spec.template.spec.taints, which Karpenter counts on a node for ever (and puts back): pods that do not tolerate it never fit its nodes, and Karpenter launches more; move it to spec.template.spec.startupTaints",
+                "NodePool {name} lists nodegate's gate {} in spec.template.spec.taints: Karpenter launches a pool's nodes only for pods that tolerate its template taints (NodeClaim.CanAdd, provisioning/scheduling/nodeclaim.go), so pods that do not tolerate the gate never get a node from this pool and stay pending or go to another pool; the taint is copied to a Node only at registration (Registration.syncNode), so nothing puts it back once the agent removes it; move it to spec.template.spec.startupTaints",
                 list(&in_taints)
             ),
         );
@@ -460,7 +448,7 @@ fn pool_verdict(
                     )
                 } else {
                     format!(
-                        "{}:{} known to Karpenter (under {READINESS_PREFIX})",
+                        "{}:{} known to Karpenter (under {READINESS_PREFIX}, the Node Readiness Controller's reserved domain)",
                         g.taint.key(),
                         g.taint.effect()
                     )
@@ -577,12 +565,7 @@ async fn read_pools(client: &Client) -> Pools {
 /// `controller` image's tag.
 async fn read_version(client: &Client, given: Option<&str>) -> Version {
     if let Some(v) = given {
-        return match image_version(&format!("x:{v}")) {
-            Some(v) => Version::Known(v),
-            None => Version::Unknown(format!(
-                "--karpenter-version {v:?} is not a version like 1.13.0"
-            )),
-        };
+        return Version::given("karpenter-version", v);
     }
     let api: Api<Deployment> = Api::all(client.clone());
     let list = match api
@@ -604,10 +587,7 @@ async fn read_version(client: &Client, given: Option<&str>) -> Version {
         .next();
     match image {
         None => Version::Unknown("no Deployment labelled app.kubernetes.io/name=karpenter".into()),
-        Some(img) => match image_version(&img) {
-            Some(v) => Version::Known(v),
-            None => Version::Unknown(format!("its image {img} has no version tag")),
-        },
+        Some(img) => Version::of_image(&img),
     }
 }
 
@@ -701,7 +681,7 @@ spec:
     }
 
     fn v(s: &str) -> Version {
-        Version::Known(image_version(&format!("x:{s}")).unwrap())
+        Version::given("karpenter-version", s)
     }
 
     #[test]

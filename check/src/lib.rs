@@ -44,7 +44,9 @@
 //! - [`released`]: which nodes still carry a taint the agent releases (a
 //!   change of key), whether any is stale, and when the flag can go;
 //! - [`karpenter`], [`cluster_autoscaler`]: the autoscalers wait for
-//!   nodegate's gates ([`gates`]) instead of launching duplicate nodes.
+//!   nodegate's gates ([`gates`]) instead of launching duplicate nodes;
+//! - [`node_readiness`]: no NodeReadinessRule names nodegate's key (the
+//!   Node Readiness Controller would add and remove it too).
 //!
 //! [`after_uninstall`] (`--after-uninstall`) runs instead of all of these:
 //! what an uninstall left behind.
@@ -71,6 +73,7 @@ pub mod karpenter;
 pub mod lines;
 pub mod matching;
 pub mod namespace;
+pub mod node_readiness;
 pub mod path_token;
 pub mod read;
 pub mod released;
@@ -242,5 +245,7 @@ pub async fn run_with_client(
     let karpenter_version = args.karpenter_version.as_deref();
     karpenter::check(c, karpenter_version, &installed, report).await;
     let ca_status = &args.cluster_autoscaler_status;
-    cluster_autoscaler::check(c, ca_status, &installed, report).await;
+    let ca_version = args.cluster_autoscaler_version.as_deref();
+    cluster_autoscaler::check(c, ca_status, ca_version, &installed, report).await;
+    node_readiness::check(c, &installed, report).await;
 }

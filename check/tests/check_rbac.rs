@@ -78,6 +78,7 @@ async fn the_check_reports_the_same_with_its_own_credential_as_with_an_admin() {
             "released taints",
             "karpenter",
             "cluster autoscaler",
+            "node readiness controller",
         ] {
             assert!(
                 scoped

@@ -61,9 +61,9 @@ fn nodepool(startup: &str) -> NodePool {
 /// What `nodegate-check` says of that NodePool beside nodegate's shipped
 /// agent DaemonSet gating with `gate`, for Karpenter `version`.
 fn check_says(startup: &str, gate: &str, version: Version) -> nodegate_check::Status {
-    use nodegate_check::gates::Gate;
+    use nodegate_check::gates::{Gate, Version as Release};
     use nodegate_check::installed::AgentPlacement;
-    use nodegate_check::karpenter::{Inputs, Pool, Pools, Version as Release, verdict};
+    use nodegate_check::karpenter::{Inputs, Pool, Pools, verdict};
     let doc: serde_json::Value = serde_yaml::from_str(&nodepool_yaml(startup)).unwrap();
     let pool = Pool::from_spec("default", &doc["spec"]).unwrap();
     let ds = Path::new(env!("CARGO_MANIFEST_DIR")).join("../manifests/base/agent/daemonset.yaml");

@@ -1,7 +1,7 @@
 //! Cluster Autoscaler beside nodegate (e2e/cluster-autoscaler/README.md):
 //! the real control plane and nodegate as it ships (the scale harness's,
-//! [`crate::scale`]), the real Cluster Autoscaler 1.31 with its KWOK cloud
-//! provider, and simulated kubelets plus real agents for the Nodes it
+//! [`crate::scale`]), the real Cluster Autoscaler with its KWOK cloud
+//! provider (1.29 and later; run on 1.31.5), and simulated kubelets plus real agents for the Nodes it
 //! creates. It counts the nodes CA creates against the nodes the pending
 //! pods need, for each CA configuration and each order of the gate and
 //! Ready, and holds the count against nodegate-check's `cluster autoscaler`
@@ -47,6 +47,8 @@ pub mod scenarios;
 
 use std::path::PathBuf;
 use std::time::Duration;
+
+use anyhow::Context;
 
 pub use crate::scale::Report;
 
@@ -118,6 +120,40 @@ pub struct Config {
     /// Its /24 (the API server on .1, the webhook's replicas on .2 and .3).
     #[arg(long, env = "NODEGATE_CA_NET", default_value = "10.215.2")]
     pub net: String,
+    /// CA's release (`1.31.5`), overriding what the binary logs at start
+    /// (`Cluster Autoscaler <x.y.z>`). It picks the declaration flag
+    /// (`--startup-taint` from 1.29.0, `--ignore-taint` before) and the
+    /// Deployment object's image tag, which nodegate-check reads.
+    #[arg(long, env = "NODEGATE_CA_CA_VERSION")]
+    pub ca_version: Option<autoscaler::CaVersion>,
+}
+
+/// CA's release: `--ca-version` when given, else what the binary logs. A
+/// FIGURE line records it, a log line where it came from and how a taint
+/// is declared to it.
+pub async fn ca_version(cfg: &Config, r: &mut Report) -> anyhow::Result<autoscaler::CaVersion> {
+    let bin = ca_bin().context("no Cluster Autoscaler")?;
+    let found = autoscaler::binary_version(&bin).await;
+    let (v, source) = match (cfg.ca_version, found) {
+        (Some(v), Ok(b)) if v == b => (v, format!("--ca-version, as {} logs", bin.display())),
+        (Some(v), Ok(b)) => (v, format!("--ca-version; {} logs {b}", bin.display())),
+        (Some(v), Err(e)) => (v, format!("--ca-version; {e:#}")),
+        (None, Ok(b)) => (b, format!("logged by {}", bin.display())),
+        (None, Err(e)) => return Err(e),
+    };
+    println!(
+        "Cluster Autoscaler {v} ({source}): declares with --{}, image {}",
+        autoscaler::declare_flag(v),
+        autoscaler::image(v)
+    );
+    if v < autoscaler::KWOK_SINCE {
+        println!(
+            "note: CA {v} predates its KWOK provider ({}), which the harness runs it with",
+            autoscaler::KWOK_SINCE
+        );
+    }
+    r.figure("ca.version", v);
+    Ok(v)
 }
 
 /// `$CA_BIN`, else `cluster-autoscaler` on PATH.
@@ -137,10 +173,10 @@ pub fn missing_binaries() -> Option<String> {
     if ca_bin().is_none() {
         return Some(match std::env::var_os("CA_BIN") {
             Some(p) => format!(
-                "no Cluster Autoscaler at $CA_BIN ({}): a 1.31 binary with the KWOK provider (see e2e/cluster-autoscaler/README.md)",
+                "no Cluster Autoscaler at $CA_BIN ({}): a binary with the KWOK provider, 1.29 or later (see e2e/cluster-autoscaler/README.md)",
                 PathBuf::from(p).display()
             ),
-            None => "no Cluster Autoscaler: set $CA_BIN or put cluster-autoscaler (1.31, KWOK provider) on PATH (see e2e/cluster-autoscaler/README.md)".into(),
+            None => "no Cluster Autoscaler: set $CA_BIN or put cluster-autoscaler (1.29 or later, KWOK provider) on PATH (see e2e/cluster-autoscaler/README.md)".into(),
         });
     }
     None
@@ -180,8 +216,9 @@ pub async fn run(cfg: Config) -> anyhow::Result<Report> {
     let _inotify =
         crate::scale::InotifyLimit::raise(cfg.wave_nodes + autoscaler::MAX_GROUP_SIZE + 1)?;
     let mut report = Report::default();
+    let version = ca_version(&cfg, &mut report).await?;
     let started = tokio::time::Instant::now();
-    let outcome = scenarios::run_all(&cfg, &mut report).await;
+    let outcome = scenarios::run_all(&cfg, version, &mut report).await;
     report.figure(
         "ca.wall_s",
         format!("{:.0}", started.elapsed().as_secs_f64()),

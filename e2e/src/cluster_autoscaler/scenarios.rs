@@ -22,7 +22,9 @@ use serde_json::json;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::autoscaler::{self, Autoscaler, GROUP, GROUP_LABEL, NODE_CPU_MILLI, Statuses};
+use super::autoscaler::{
+    self, Autoscaler, CaVersion, GROUP, GROUP_LABEL, NODE_CPU_MILLI, Statuses,
+};
 use super::nodes::{self, Nodes};
 use super::profile::{self, Profile};
 use super::{Config, Report, check};
@@ -86,7 +88,8 @@ impl Ordering {
 enum CaConfig {
     /// No flag about taints.
     Defaults,
-    /// `--startup-taint=<key>`, as nodegate-check asks.
+    /// `--startup-taint=<key>` as nodegate-check asks (`--ignore-taint`
+    /// before CA 1.29.0: [`autoscaler::declare_flag`]).
     Declared,
 }
 
@@ -101,7 +104,7 @@ impl CaConfig {
 
 /// Runs every selected scenario: the default key's cluster, then one per
 /// other key profile.
-pub async fn run_all(cfg: &Config, r: &mut Report) -> anyhow::Result<()> {
+pub async fn run_all(cfg: &Config, ca: CaVersion, r: &mut Report) -> anyhow::Result<()> {
     let sel = |s: &str| cfg.scenarios.iter().any(|x| x == s);
     let orderings: Vec<Ordering> = cfg
         .orderings
@@ -117,7 +120,7 @@ pub async fn run_all(cfg: &Config, r: &mut Report) -> anyhow::Result<()> {
         } else {
             0
         };
-        let mut c = Cluster::start(cfg, profile::DEFAULT, wave, r).await?;
+        let mut c = Cluster::start(cfg, ca, profile::DEFAULT, wave, r).await?;
         let outcome = async {
             for (scenario, conf) in [
                 ("defaults", CaConfig::Defaults),
@@ -150,7 +153,7 @@ pub async fn run_all(cfg: &Config, r: &mut Report) -> anyhow::Result<()> {
     }
     if sel("profiles") {
         for p in [profile::MANAGED_CA, profile::KARPENTER] {
-            let mut c = Cluster::start(cfg, p, 0, r).await?;
+            let mut c = Cluster::start(cfg, ca, p, 0, r).await?;
             let outcome = async {
                 let confs: &[CaConfig] = if p.startup_by_prefix() {
                     // The key is a startup taint already: no flag to add.
@@ -189,6 +192,8 @@ struct Cluster<'a> {
     install: Install,
     tasks: Vec<JoinHandle<()>>,
     ca_bin: PathBuf,
+    /// CA's release: its declaration flag and the Deployment's image tag.
+    ca: CaVersion,
     /// nodegate-check's line by CA's args (it does not depend on the order).
     checks: HashMap<Vec<String>, String>,
     /// When the wave's nodes were created.
@@ -206,6 +211,7 @@ struct Count {
 impl<'a> Cluster<'a> {
     async fn start(
         cfg: &'a Config,
+        ca: CaVersion,
         profile: Profile,
         wave: usize,
         r: &mut Report,
@@ -250,6 +256,7 @@ impl<'a> Cluster<'a> {
             install: set.install,
             tasks: set.tasks,
             ca_bin,
+            ca,
             checks: HashMap::new(),
             wave_born: Instant::now(),
             wave: Vec::new(),
@@ -320,8 +327,8 @@ impl<'a> Cluster<'a> {
             CaConfig::Defaults => Vec::new(),
             CaConfig::Declared => vec![self.profile.key()],
         };
-        let args = autoscaler::args(&self.kubeconfig(), &startup);
-        autoscaler::publish(&self.kubeconfig(), &args)?;
+        let args = autoscaler::args(&self.kubeconfig(), self.ca, &startup);
+        autoscaler::publish(&self.kubeconfig(), self.ca, &args)?;
         let status = match self.checks.get(&args) {
             Some(s) => s.clone(),
             None => {

@@ -308,3 +308,108 @@ async fn switching_key_profiles_leaves_no_node_ungated_and_no_stale_taint() {
         );
     }
 }
+
+/// While a switch of key profile rolls out, the new confinement is in force
+/// but old agents still run: an agent of the old configuration removes its
+/// gate when ready and puts it back at shutdown (its key stands in for the
+/// new one), and the new agent on that node later releases it. A stolen
+/// agent token gains nothing by the stand-ins: it still cannot add a key
+/// nodegate does not ship, nor a shipped boot gate (NoExecute evicts).
+/// Emulator only: it rewrites the install.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_old_agent_re_gates_with_its_key_under_the_new_confinement() {
+    const NEW: &str = "readiness.k8s.io/nodegate-agent-not-ready=true:NoSchedule";
+    const NEW_KEY: &str = "readiness.k8s.io/nodegate-agent-not-ready";
+    const PROFILE: &str = "manifests/components/key-profiles/karpenter";
+    let (c, nodes) = cluster().await;
+    let Some(emu) = c.emulator() else {
+        eprintln!("skipped on a real cluster: the test rewrites the install");
+        return;
+    };
+    let name = c.node_name("rolling");
+    let kubelet = c.kubelet(&name).await.unwrap();
+    assert!(our_taint(&kubelet.register().await.unwrap()));
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let confinement = std::fs::read_to_string(repo.join(PROFILE).join("confinement.yaml")).unwrap();
+    emu.apply(&confinement).unwrap();
+
+    let dir = tempfile::tempdir().unwrap();
+    let probe = dir.path().join("ready");
+    std::fs::write(&probe, b"ok").unwrap();
+    let probe = probe.to_str().unwrap().to_string();
+    let mut old = Agent::start(
+        &c,
+        &name,
+        &dir.path().join("old"),
+        &["--probe-file", &probe],
+    )
+    .await;
+    eventually(
+        "the old agent's ready patch passes the new confinement",
+        || async {
+            let n = node(&nodes, &name).await;
+            !our_taint(&n) && ready_boot_id(&n).as_deref() == Some(kubelet.boot_id())
+        },
+    )
+    .await;
+    assert!(old.term().await.success());
+    assert!(
+        our_taint(&node(&nodes, &name).await),
+        "the old agent's shutdown re-gate (its own key) was refused"
+    );
+
+    // A thief with this node's agent token: only shipped NoSchedule gates.
+    let thief: Api<Node> = Api::all(c.agent_client(&name).await.unwrap());
+    for (taint, allowed) in [
+        (
+            "startup-taint.cluster-autoscaler.kubernetes.io/nodegate-agent-not-ready",
+            "NoSchedule",
+        ),
+        ("example.com/not-shipped", "NoSchedule"),
+        ("readiness.k8s.io/nodegate-agent-not-ready", "NoExecute"),
+    ]
+    .map(|(k, e)| {
+        (
+            json!({"key": k, "value": "true", "effect": e}),
+            e == "NoSchedule" && k.starts_with("startup-taint"),
+        )
+    }) {
+        let n = node(&nodes, &name).await;
+        let mut taints =
+            serde_json::to_value(n.spec.and_then(|s| s.taints).unwrap_or_default()).unwrap();
+        taints.as_array_mut().unwrap().push(taint.clone());
+        let patch = json!({"spec": {"taints": taints}});
+        let r = thief
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await;
+        match (allowed, r) {
+            (true, Ok(_)) => {}
+            (false, Err(kube::Error::Api(e))) => assert_eq!(e.code, 403, "{taint}: {}", e.message),
+            (want, got) => panic!("{taint}: allowed {want}, got {got:?}"),
+        }
+    }
+
+    let mut new = Agent::start(
+        &c,
+        &name,
+        &dir.path().join("new"),
+        &["--taint", NEW, "--probe-file", &probe],
+    )
+    .await;
+    eventually("the new agent releases both stale keys", || async {
+        let n = node(&nodes, &name).await;
+        !our_taint(&n)
+            && !has_taint(&n, NEW_KEY)
+            && !has_taint(
+                &n,
+                "startup-taint.cluster-autoscaler.kubernetes.io/nodegate-agent-not-ready",
+            )
+    })
+    .await;
+    assert!(new.term().await.success());
+    let n = node(&nodes, &name).await;
+    assert!(
+        has_taint(&n, NEW_KEY) && !our_taint(&n),
+        "the new agent re-gates with the new key only"
+    );
+}

@@ -29,7 +29,8 @@ pub const NODE_USER_PREFIX: &str = "system:node:";
 
 /// The taint of the key profile for a managed Cluster Autoscaler
 /// (`components/key-profiles/cluster-autoscaler`): a key under CA's startup
-/// prefix, a startup taint to every CA without a flag.
+/// prefix, a startup taint without a flag to every CA from 1.29.0
+/// (`utils/taints/taints.go`; 1.28 and older know only the ignore prefix).
 pub const MANAGED_CA_PROFILE_TAINT: &str =
     "startup-taint.cluster-autoscaler.kubernetes.io/nodegate-agent-not-ready=true:NoSchedule";
 

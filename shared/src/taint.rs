@@ -220,6 +220,30 @@ pub fn shipped_gates() -> Vec<TaintSpec> {
     profiles.into_iter().chain(boot_gates).collect()
 }
 
+/// The shipped gates that stand in for `gate` while a switch of key profile
+/// rolls out: for a `NoSchedule` gate, every shipped `NoSchedule` gate (the
+/// profiles' keys, exact), `gate` first; for any other gate, `gate` alone.
+///
+/// During a `helm upgrade --set profile=…` old webhook replicas and agents
+/// still add the old key while the new policies and lines are in force.
+/// A node carrying either is gated (NoSchedule is NoSchedule), so the
+/// backup lines stay silent for it and the confinement lets either
+/// configuration's agent and webhook add it; the agent of the new
+/// configuration releases the old one once ready ([`release_set`]). Boot
+/// gates (NoExecute, strict mode) have no stand-in: each evicts, so each
+/// stays confined to its own configuration.
+pub fn stand_ins(gate: &TaintSpec) -> Vec<TaintSpec> {
+    let mut out = vec![gate.clone()];
+    if gate.effect == Effect::NoSchedule {
+        for s in shipped_gates() {
+            if s.effect == Effect::NoSchedule && !out.contains(&s) {
+                out.push(s);
+            }
+        }
+    }
+    out
+}
+
 /// The taints the agent releases (removes with its ready patch when they
 /// match exactly, never adds) under a configuration that holds `held` (its
 /// `--taint`s and `--boot-taint`s) and names `explicit` (`--release-taint`):
@@ -406,6 +430,25 @@ mod tests {
     /// Every shipped gate the configuration does not hold (by key and
     /// effect) is released, after the explicit ones, each once, and never
     /// one that `check_release` refuses against what is held.
+    #[test]
+    fn a_no_schedule_gate_stands_in_for_another_a_boot_gate_for_none() {
+        use crate::keys::{DEFAULT_TAINT, PROFILE_TAINTS};
+        let spec = |s: &str| s.parse::<TaintSpec>().unwrap();
+        let default = spec(DEFAULT_TAINT);
+        let ins = stand_ins(&default);
+        assert_eq!(ins[0], default);
+        assert_eq!(ins.len(), PROFILE_TAINTS.len());
+        for t in PROFILE_TAINTS {
+            assert!(ins.contains(&spec(t)), "{t}");
+        }
+        let custom = spec("example.com/gate=x:NoSchedule");
+        let ins = stand_ins(&custom);
+        assert_eq!(ins[0], custom);
+        assert_eq!(ins.len(), PROFILE_TAINTS.len() + 1);
+        let boot = spec("nodegate.dev/agent-not-ready=true:NoExecute");
+        assert_eq!(stand_ins(&boot), vec![boot]);
+    }
+
     #[test]
     fn the_release_set_is_every_shipped_gate_not_held() {
         let spec = |s: &str| s.parse::<TaintSpec>().unwrap();

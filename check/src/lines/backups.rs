@@ -497,7 +497,7 @@ mod tests {
 
         // Conditions that wait for a taint the webhook does not add: the
         // backup lines fire on every write.
-        let more = generated_backups(&[DEFAULT_TAINT, "example.com/x:NoSchedule"]);
+        let more = generated_backups(&[DEFAULT_TAINT, "example.com/x:NoExecute"]);
         backup_conditions(&more[0], Some(&want), &mut problems, &mut risks);
         assert!(problems.is_empty(), "{problems:?}");
         assert!(

@@ -185,8 +185,13 @@ mod tests {
             };
             let (value, rest) = rest.split_once("' && t.effect == '").unwrap();
             let effect = rest.split_once('\'').unwrap().0;
-            out.push((key.into(), value.into(), effect.into()));
+            let t = (key.into(), value.into(), effect.into());
+            // A stand-in is named in the rule beside its release.
+            if !out.contains(&t) {
+                out.push(t);
+            }
         }
+        out.sort();
         out
     }
 
@@ -231,7 +236,7 @@ mod tests {
             };
             let agent_releases = c.release.effective(&c.gate);
             let allowed = released_in_policy(&Command::Confinement(c.clone()).render().unwrap());
-            let want: Vec<(String, String, String)> = agent_releases
+            let mut want: Vec<(String, String, String)> = agent_releases
                 .iter()
                 .map(|t| {
                     (
@@ -241,6 +246,7 @@ mod tests {
                     )
                 })
                 .collect();
+            want.sort();
             assert_eq!(allowed, want, "{name}");
             let held = c.gate.all();
             for gate in shipped_gates() {

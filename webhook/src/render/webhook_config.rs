@@ -7,7 +7,11 @@
 //! the Node ungated. Later webhooks see earlier ones' patches, so each backup
 //! line (one replica behind its own Service) is called only when the Node
 //! still lacks a taint the first line would have added: in steady state
-//! never; when the first line failed, until one replica answers.
+//! never; when the first line failed, until one replica answers. A shipped
+//! `NoSchedule` gate stands in for a configured one
+//! (`nodegate_shared::taint::stand_ins`), so while a switch of key profile
+//! rolls out, a Node an old replica gated with the old key does not call
+//! the backup lines (whose replica may be the one being replaced).
 
 use nodegate_shared::TaintSpec;
 use nodegate_shared::keys::EXCLUDE_LABEL;
@@ -45,13 +49,23 @@ pub fn render(ordinary: &[TaintSpec], boot: &[TaintSpec], replicas: u32) -> Stri
     let backup = BackupConditions {
         not_excluded: cel::indent(&flat(&cel::not_excluded()), 10),
         create_or_update,
-        list: cel::taint_list(&taints),
+        list: stand_in_lists(&taints),
         lacks: cel::indent(&flat(&cel::lacks("t")), 10),
     };
     for i in 0..replicas {
         out.push_str(&backup_line(i, &backup));
     }
     out
+}
+
+/// Each configured taint with the shipped gates that stand in for it
+/// (`nodegate_shared::taint::stand_ins`), as a CEL list of lists.
+fn stand_in_lists(taints: &[TaintSpec]) -> String {
+    let lists: Vec<String> = taints
+        .iter()
+        .map(|t| cel::taint_list(&nodegate_shared::taint::stand_ins(t)))
+        .collect();
+    format!("[{}]", lists.join(",\n          "))
 }
 
 /// Every line at one indentation: a folded scalar then folds each break
@@ -163,7 +177,7 @@ webhooks:
 struct BackupConditions {
     not_excluded: String,
     create_or_update: String,
-    /// The configured taints as a CEL list.
+    /// Each configured taint with its stand-ins, as a CEL list of lists.
     list: String,
     /// `t` is not on the Node.
     lacks: String,
@@ -216,11 +230,13 @@ fn backup_line(i: u32, c: &BackupConditions) -> String {
         expression: >-
           {create_or_update}
       # What makes this line silent while an earlier one answers: the Node
-      # already carries every configured taint (by key and effect).
+      # already carries every configured taint (by key and effect), or a
+      # shipped NoSchedule gate in its place (an old replica's, while a
+      # switch of key profile rolls out: the node is gated either way).
       - name: still-ungated
         expression: >-
-          {list}.exists(t,
-          {lacks})
+          {list}.exists(g, g.all(t,
+          {lacks}))
 "#
     )
 }
@@ -309,5 +325,77 @@ mod tests {
             assert!(conds.contains("still-ungated"));
             assert!(conds.contains("'nodegate.dev/agent-not-ready'"));
         }
+    }
+
+    /// The backup lines' `still-ungated` condition, evaluated as the API
+    /// server does: silent when the Node carries the configured gate or a
+    /// shipped NoSchedule gate in its place (an old replica's during a
+    /// switch of key profile); called when a gate has none, and a boot gate
+    /// (NoExecute) has no stand-in.
+    #[test]
+    fn a_shipped_gate_stands_in_for_the_configured_one() {
+        use nodegate_shared::keys::{KARPENTER_PROFILE_TAINT, MANAGED_CA_PROFILE_TAINT};
+        use nodegate_shared::match_conditions::eval_condition;
+        let spec = |s: &str| s.parse::<TaintSpec>().unwrap();
+        let still_ungated = |ordinary: &[TaintSpec], boot: &[TaintSpec]| -> String {
+            let text = render(ordinary, boot, 1);
+            let v: serde_json::Value = serde_yaml::from_str(&text).unwrap();
+            let conds = v["webhooks"][1]["matchConditions"].as_array().unwrap();
+            let c = conds.iter().find(|c| c["name"] == "still-ungated").unwrap();
+            c["expression"].as_str().unwrap().to_string()
+        };
+        let node = |taints: &[&str]| {
+            let taints: Vec<serde_json::Value> = taints
+                .iter()
+                .map(|t| {
+                    let t = spec(t);
+                    serde_json::json!({"key": t.key(), "value": t.value().unwrap_or(""), "effect": t.effect().as_str()})
+                })
+                .collect();
+            if taints.is_empty() {
+                serde_json::json!({"metadata": {"name": "n"}})
+            } else {
+                serde_json::json!({"metadata": {"name": "n"}, "spec": {"taints": taints}})
+            }
+        };
+        let calls = |expr: &str, taints: &[&str]| {
+            eval_condition(
+                expr,
+                &node(taints),
+                &serde_json::Value::Null,
+                &serde_json::json!({}),
+            )
+            .unwrap()
+        };
+        let karpenter = still_ungated(&[spec(KARPENTER_PROFILE_TAINT)], &[]);
+        assert!(calls(&karpenter, &[]), "an ungated node calls the backups");
+        assert!(!calls(&karpenter, &[KARPENTER_PROFILE_TAINT]));
+        assert!(
+            !calls(&karpenter, &[DEFAULT_TAINT]),
+            "the old key stands in"
+        );
+        assert!(!calls(&karpenter, &[MANAGED_CA_PROFILE_TAINT]));
+        assert!(calls(&karpenter, &["example.com/other=true:NoSchedule"]));
+        assert!(
+            calls(
+                &karpenter,
+                &["readiness.k8s.io/nodegate-agent-not-ready=true:NoExecute"]
+            ),
+            "another effect is no stand-in"
+        );
+        let boot = "nodegate.dev/agent-not-ready=true:NoExecute";
+        let strict = still_ungated(&[spec(DEFAULT_TAINT)], &[spec(boot)]);
+        assert!(calls(&strict, &[DEFAULT_TAINT]), "the boot gate is missing");
+        assert!(
+            calls(
+                &strict,
+                &[
+                    KARPENTER_PROFILE_TAINT,
+                    "readiness.k8s.io/nodegate-agent-not-ready=true:NoExecute"
+                ]
+            ),
+            "a boot gate has no stand-in"
+        );
+        assert!(!calls(&strict, &[KARPENTER_PROFILE_TAINT, boot]));
     }
 }

@@ -13,6 +13,12 @@
 //!   bound to a Pod of its StatefulSet (`pod-name` `nodegate-webhook-<n>`
 //!   with its `pod-uid`). Impersonating the ServiceAccount (which `edit` in
 //!   the namespace may) or a token Secret of it carries no pod claim.
+//! - **Stand-ins**: both may also add (and the agent remove) every other
+//!   shipped `NoSchedule` gate, exact (`nodegate_shared::taint::stand_ins`):
+//!   while a switch of key profile rolls out, old agents re-gate at shutdown
+//!   and old webhook replicas gate with the old key under the new policy.
+//!   A stolen token gains nothing by it: each is a NoSchedule gate like the
+//!   configured one, on the node(s) the token could already gate.
 //! - **Release**: the agent may also remove, never add, each taint it
 //!   releases, matched exactly (key, value and effect): its
 //!   `--release-taint`s and every other gate nodegate ships
@@ -261,10 +267,24 @@ struct GateTerms {
     taints_changed: String,
     /// The spec is unchanged but for its taints (keys added or removed too).
     spec_kept: String,
+    /// `t` is a shipped gate that stands in for a configured one (exact),
+    /// which either may add while a switch of key profile rolls out.
+    is_stand_in: String,
+    /// Those, for messages (empty when there are none).
+    stand_in_list: String,
 }
 
 impl GateTerms {
     fn new(taints: &[TaintSpec]) -> Self {
+        let mut stand_ins: Vec<TaintSpec> = Vec::new();
+        for s in taints.iter().flat_map(nodegate_shared::taint::stand_ins) {
+            let configured = taints
+                .iter()
+                .any(|t| t.key() == s.key() && t.effect() == s.effect());
+            if !configured && !stand_ins.contains(&s) {
+                stand_ins.push(s);
+            }
+        }
         let (new_spec, old_spec) = (
             or_empty("object", "spec", "{}"),
             or_empty("oldObject", "spec", "{}"),
@@ -272,6 +292,8 @@ impl GateTerms {
         GateTerms {
             is_managed: managed(taints, "t"),
             managed_list: shown(taints),
+            is_stand_in: released(&stand_ins, "t"),
+            stand_in_list: shown_exact(&stand_ins),
             taints_changed: format!(
                 "    - name: taintsChanged\n      expression: >-\n        request.operation == 'UPDATE' && {NEW_TAINTS} != {OLD_TAINTS}\n"
             ),
@@ -404,10 +426,16 @@ fn agent_validations(gate: &GateTerms, boot: &[TaintSpec], release: &[TaintSpec]
         is_managed,
         managed_list,
         spec_kept,
+        is_stand_in,
+        stand_in_list,
         ..
     } = gate;
     let (new_taints, old_taints) = (NEW_TAINTS, OLD_TAINTS);
     let is_released = released(release, "t");
+    // A stand-in is one more taint the agent may change: an agent of the
+    // configuration before a switch of key profile still re-gates its node
+    // with its own key at shutdown.
+    let is_managed = &format!("({is_managed} || {is_stand_in})");
     let boot_rules = boot_gate_rules(boot);
     let ready = q(READY_BOOT_ID_ANNOTATION);
     let new_spec = or_empty("object", "spec", "{}");
@@ -438,7 +466,7 @@ fn agent_validations(gate: &GateTerms, boot: &[TaintSpec], release: &[TaintSpec]
         || {new_taints}.filter(t, !{is_managed})
            == {old_taints}.filter(t, !{is_managed} && !({is_released} && !{new_taints}.exists(x, x == t)))
       messageExpression: >-
-        variables.who + " may change only the taints {managed_list}{release_note} of node '" + request.name
+        variables.who + " may change only the taints {managed_list}{stand_in_note}{release_note} of node '" + request.name
         + "', not spec.taints " + ({old_taints}.filter(t, !{is_managed} && !{is_released} && !{new_taints}.exists(x, x == t))
           + {new_taints}.filter(t, !{is_managed} && !{old_taints}.exists(x, x == t)))
           .map(t, string(t.key) + ':' + string(t.effect)).join(', ')
@@ -479,6 +507,11 @@ fn agent_validations(gate: &GateTerms, boot: &[TaintSpec], release: &[TaintSpec]
       reason: Forbidden
 {ownership_rule}"#,
         ownership_rule = ownership_rule("variables.who"),
+        stand_in_note = if stand_in_list.is_empty() {
+            String::new()
+        } else {
+            format!(" (or, for a switch of key profile, {stand_in_list})")
+        },
         release_note = if release.is_empty() {
             String::new()
         } else {
@@ -494,6 +527,8 @@ fn webhook_policy(gate: &GateTerms, boot: &[TaintSpec]) -> String {
         managed_list,
         taints_changed,
         spec_kept,
+        is_stand_in,
+        stand_in_list,
     } = gate;
     let (new_taints, old_taints) = (NEW_TAINTS, OLD_TAINTS);
     let touched = [Touched {
@@ -525,9 +560,9 @@ fn webhook_policy(gate: &GateTerms, boot: &[TaintSpec]) -> String {
     - expression: >-
         request.operation != 'UPDATE'
         || ({old_taints}.all(o, {new_taints}.exists(t, t == o))
-            && {new_taints}.all(t, {old_taints}.exists(o, o == t) || {is_managed}))
+            && {new_taints}.all(t, {old_taints}.exists(o, o == t) || {is_managed} || {is_stand_in}))
       messageExpression: >-
-        "nodegate-webhook may only add the taints {managed_list} to node '" + request.name + "'"
+        "nodegate-webhook may only add the taints {managed_list}{stand_in_note} to node '" + request.name + "'"
       reason: Forbidden
     - expression: >-
         request.operation != 'UPDATE'
@@ -546,6 +581,11 @@ fn webhook_policy(gate: &GateTerms, boot: &[TaintSpec]) -> String {
         statefulset = WEBHOOK_STATEFULSET,
         ownership = ownership_variables(&touched),
         ownership_rule = ownership_rule("'nodegate-webhook'"),
+        stand_in_note = if stand_in_list.is_empty() {
+            String::new()
+        } else {
+            format!(" (or, for a switch of key profile, {stand_in_list})")
+        },
     )
 }
 

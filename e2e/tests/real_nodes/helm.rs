@@ -199,6 +199,7 @@ pub(crate) async fn helm(c: &Ctx) {
 /// real-cluster mode (`NODEGATE_REAL_NODES_ONLY=helm-upgrade` starts here).
 pub(crate) async fn upgrades(c: &Ctx) {
     upgrade_and_rollback(c).await;
+    profile(c).await;
 
     let gated_node = a_gated_node(c).await;
     removal(
@@ -230,10 +231,11 @@ pub(crate) async fn upgrades(c: &Ctx) {
 }
 
 /// The key-profile switch by `helm upgrade --set profile=…` and back, on a
-/// Helm install (`NODEGATE_REAL_NODES_ONLY=helm-profile`). Not yet in the
-/// full run: during the switch the backup lines, already looking for the
-/// new key, call replicas that still add the old one and fail open while
-/// they roll (docs/autoscalers.md, "Moving between keys").
+/// Helm install (`NODEGATE_REAL_NODES_ONLY=helm-profile` on a kept cluster
+/// with the chart installed): every node re-gated while the agents roll, no
+/// call failed open while the replicas roll (a node an old replica gated
+/// with the old key does not call the backup lines: stand-ins), no stale
+/// key, and the next reboot gated with the new key.
 pub(crate) async fn profile(c: &Ctx) {
     profile_switch(c, "node3").await;
 }
@@ -383,11 +385,9 @@ async fn profile_switch(c: &Ctx, node: &str) {
             "helm upgrade",
             c.h.sh(&format!("helm upgrade nodegate charts/nodegate -n {NS} --reuse-values --set profile={profile}")),
         );
-        // The new policy, applied with the new agents, lets an agent add only
-        // the new key: the old agents' shutdown re-gates are refused, so a
-        // switch does not re-gate nodes while the agents roll (the network
-        // agent itself keeps running).
-        rolled(c, &format!("profile_{profile}"), before, window, false).await;
+        // The new policy lets an old agent put its own key back at shutdown
+        // (a stand-in), so every node is re-gated while the agents roll.
+        rolled(c, &format!("profile_{profile}"), before, window, true).await;
         let crash = crash_to_new_boot(c, node, &[]).await;
         wait("the new node gated with the new key", 60, async || {
             let t = taints(&live_node(&c.client, node).await.unwrap());

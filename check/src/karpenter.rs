@@ -1,6 +1,8 @@
 //! Karpenter's NodePools and nodegate's gates. Karpenter launches nodes for
 //! pending pods by simulating where they fit, taints included
-//! (kubernetes-sigs/karpenter):
+//! (kubernetes-sigs/karpenter, read at `2266468`, v1.14.1 and later; each
+//! statement holds for `karpenter.sh/v1`, v1.0.0 on, unless a release is
+//! named):
 //!
 //! - `pkg/controllers/state/statenode.go` `StateNode.Taints()` leaves out a
 //!   registered node's declared `startupTaints` and the known ephemeral
@@ -14,6 +16,13 @@
 //! - `nodeclaim/lifecycle/initialization.go` ignores undeclared taints: the
 //!   node is "initialized" while gated, so disruption drains old nodes onto
 //!   nodes that take no pods.
+//! - The declaration Karpenter reads is the NodeClaim's `startupTaints`,
+//!   copied from the NodePool at launch (`StateNode.Taints()`), so a pool
+//!   edit reaches new NodeClaims only (drift replaces the rest).
+//! - A gate in a pool's `taints` (not `startupTaints`): `NodeClaim.CanAdd`
+//!   (`provisioning/scheduling/nodeclaim.go`) refuses the pool to a pod that
+//!   does not tolerate it, and `Registration.syncNode` copies it to the Node
+//!   only at registration (skipped for `karpenter.sh/do-not-sync-taints=true`).
 //!
 //! So each NodePool whose nodes the agent runs on must declare every gate in
 //! `spec.template.spec.startupTaints` (or use a key Karpenter knows). A pool

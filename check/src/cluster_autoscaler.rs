@@ -66,6 +66,8 @@ const STATUS_PREFIX: &str = "status-taint.cluster-autoscaler.kubernetes.io/";
 pub const STARTUP_SINCE: (u64, u64, u64) = (1, 29, 0);
 /// `--startup-taint-prefix`, from this release.
 const PREFIX_FLAG_SINCE: (u64, u64, u64) = (1, 36, 0);
+/// The first release after the newest branch these verdicts were read from.
+const NEWEST_READ: (u64, u64, u64) = (1, 38, 0);
 /// `--max-node-startup-time`, from this release (a constant before).
 const STARTUP_TIME_FLAG_SINCE: (u64, u64, u64) = (1, 35, 0);
 /// `MaxNodeStartupTime`'s constant, and the flag's default.
@@ -139,7 +141,17 @@ pub struct TaintFlags {
 
 pub fn taint_flags(argv: &[String]) -> TaintFlags {
     let mut f = TaintFlags::default();
-    let mut it = argv.iter();
+    // `sh -c "./cluster-autoscaler --flag=…"`: the words of the script
+    // (split at whitespace; quoting inside it is not read).
+    let shell = argv.first().is_some_and(|s| {
+        let name = s.rsplit('/').next().unwrap_or(s);
+        name == "sh" || name == "bash"
+    }) && argv.get(1).is_some_and(|a| a == "-c");
+    let words: Vec<String> = match argv.get(2) {
+        Some(script) if shell => script.split_whitespace().map(String::from).collect(),
+        _ => argv.to_vec(),
+    };
+    let mut it = words.iter();
     while let Some(a) = it.next() {
         let Some(flag) = a.strip_prefix("--") else {
             continue;
@@ -176,35 +188,10 @@ pub fn taint_flags(argv: &[String]) -> TaintFlags {
     f
 }
 
-/// A Go duration as CA's flags take it (`15m`, `1h30m`, `900s`, `2.5m`).
+/// A duration as CA's flags take it (Go's `15m`, `1h30m`, `15m0s`), read by
+/// the parser every nodegate binary uses, the agent's flag included.
 pub fn go_duration(s: &str) -> Option<Duration> {
-    let mut total = 0f64;
-    let mut rest = s.trim();
-    if rest == "0" {
-        return Some(Duration::ZERO);
-    }
-    while !rest.is_empty() {
-        let n = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .filter(|&n| n > 0)?;
-        let value: f64 = rest[..n].parse().ok()?;
-        rest = &rest[n..];
-        let u = rest
-            .find(|c: char| c.is_ascii_digit())
-            .unwrap_or(rest.len());
-        let unit = match &rest[..u] {
-            "h" => 3600.0,
-            "m" => 60.0,
-            "s" => 1.0,
-            "ms" => 0.001,
-            "us" | "µs" => 0.000_001,
-            "ns" => 0.000_000_001,
-            _ => return None,
-        };
-        total += value * unit;
-        rest = &rest[u..];
-    }
-    Some(Duration::from_secs_f64(total))
+    nodegate_shared::duration::parse(s).ok()
 }
 
 fn minutes(d: Duration) -> String {
@@ -249,17 +236,16 @@ fn treats(key: &str, f: &TaintFlags, version: &Version) -> Treats {
         return Treats::Startup(format!("its key is under {IGNORE_PREFIX}"));
     }
     let since_129 = version.at_least(STARTUP_SINCE);
-    if f.startup.iter().any(|k| k == key) {
+    // A flag the release does not define is reported once, by
+    // `undefined_flags`; the key then counts as undeclared.
+    if f.startup.iter().any(|k| k == key) && since_129 != Some(false) {
         let how = format!("--startup-taint={key}");
         return match since_129 {
             Some(true) => Treats::Startup(how),
-            None => Treats::FromRelease {
+            _ => Treats::FromRelease {
                 how,
                 since: "1.29.0",
             },
-            Some(false) => Treats::TooOld(format!(
-                "CA {shown} does not define --startup-taint (release-1.28 main.go has only --ignore-taint): it stops at start on that flag; write --ignore-taint={key}"
-            )),
         };
     }
     if key.starts_with(STARTUP_PREFIX) {
@@ -275,22 +261,20 @@ fn treats(key: &str, f: &TaintFlags, version: &Version) -> Treats {
             )),
         };
     }
+    let prefix_flag = version.at_least(PREFIX_FLAG_SINCE);
     if let Some(p) = f
         .prefixes
         .iter()
         .find(|p| !p.is_empty() && key.starts_with(p.as_str()))
+        && prefix_flag != Some(false)
     {
         let how = format!("--startup-taint-prefix={p}");
-        return match version.at_least(PREFIX_FLAG_SINCE) {
+        return match prefix_flag {
             Some(true) => Treats::Startup(how),
-            None => Treats::FromRelease {
+            _ => Treats::FromRelease {
                 how,
                 since: "1.36.0",
             },
-            Some(false) => Treats::TooOld(format!(
-                "CA {shown} does not define --startup-taint-prefix (from 1.36.0): it stops at start on that flag; {}",
-                fix(key, version)
-            )),
         };
     }
     if let Some(w) = f
@@ -301,10 +285,75 @@ fn treats(key: &str, f: &TaintFlags, version: &Version) -> Treats {
     {
         return Treats::WrittenAsTaint(w.clone());
     }
-    if f.status.iter().any(|k| k == key) || key.starts_with(STATUS_PREFIX) {
+    // Status taints exist from 1.29; before, the key is simply unknown.
+    if since_129 != Some(false)
+        && (f.status.iter().any(|k| k == key) || key.starts_with(STATUS_PREFIX))
+    {
         return Treats::Status;
     }
     Treats::Unknown
+}
+
+/// The flags in `f` that release `version` does not define: CA stops at
+/// start on each (release-1.28 `main.go` has neither `--startup-taint` nor
+/// `--status-taint`; `--max-node-startup-time` comes in 1.35,
+/// `--startup-taint-prefix` in 1.36).
+fn undefined_flags(f: &TaintFlags, version: &Version) -> Vec<String> {
+    let Version::Known((a, b, c)) = version else {
+        return Vec::new();
+    };
+    let values = |flag: &str, v: &[String]| -> Vec<String> {
+        v.iter().map(|x| format!("--{flag}={x}")).collect()
+    };
+    let mut out = Vec::new();
+    let mut push = |since: (u64, u64, u64), flags: Vec<String>, instead: &str| {
+        if !flags.is_empty() && version.at_least(since) == Some(false) {
+            out.push(format!(
+                "CA {a}.{b}.{c} does not define {} (from {}.{}.{}): it stops at start on that flag{instead}",
+                flags.join(" "),
+                since.0,
+                since.1,
+                since.2
+            ));
+        }
+    };
+    let ignore: Vec<String> = f
+        .startup
+        .iter()
+        .map(|k| format!("--ignore-taint={k}"))
+        .collect();
+    push(
+        STARTUP_SINCE,
+        values("startup-taint", &f.startup),
+        &format!(
+            " (release-1.28 main.go has only --ignore-taint); write {}",
+            ignore.join(" ")
+        ),
+    );
+    push(STARTUP_SINCE, values("status-taint", &f.status), "");
+    push(
+        PREFIX_FLAG_SINCE,
+        values("startup-taint-prefix", &f.prefixes),
+        "",
+    );
+    let window: Vec<String> = f
+        .max_node_startup
+        .iter()
+        .map(|v| format!("--max-node-startup-time={v}"))
+        .collect();
+    push(STARTUP_TIME_FLAG_SINCE, window, "");
+    out
+}
+
+/// CA's releases are 1.x: a tag of another scheme (a chart's version, a
+/// date) says nothing about which flags it has.
+fn ca_release(v: Version) -> Version {
+    match v {
+        Version::Known((1, _, _)) | Version::Unknown(_) => v,
+        Version::Known((a, b, c)) => Version::Unknown(format!(
+            "{a}.{b}.{c} is no Cluster Autoscaler release (they are 1.x)"
+        )),
+    }
 }
 
 /// The declaration `version` accepts.
@@ -347,24 +396,29 @@ fn window_note(f: &TaintFlags, version: &Version, agent: Duration) -> Option<Str
 
 fn one_deployment(a: &Autoscaler, keys: &[&str], i: &Inputs) -> (Status, String) {
     let f = taint_flags(&a.argv);
-    let version = i
-        .version
-        .clone()
-        .unwrap_or_else(|| match Version::of_image(&a.image) {
-            Version::Unknown(why) => {
-                Version::Unknown(format!("{why}: pass --cluster-autoscaler-version"))
-            }
-            known => known,
-        });
+    let given = i.version.clone();
+    let version = match ca_release(given.unwrap_or_else(|| Version::of_image(&a.image))) {
+        Version::Unknown(why) => {
+            Version::Unknown(format!("{why}: pass --cluster-autoscaler-version"))
+        }
+        known => known,
+    };
     let release = match &version {
         Version::Known((a, b, c)) => format!("CA {a}.{b}.{c}"),
         Version::Unknown(_) => "CA".to_string(),
     };
     let mut ok = Vec::new();
     let mut maybe = Vec::new();
-    let mut bad = Vec::new();
+    let mut bad = undefined_flags(&f, &version);
+    let past_read = version.at_least(NEWEST_READ) == Some(true);
     for key in keys {
         match treats(key, &f, &version) {
+            // Deprecated from 1.29; the branches read end at 1.37.
+            Treats::Startup(how) if past_read && how.contains("ignore-taint") => {
+                maybe.push(format!(
+                    "{key} ({how}) relies on ignore-taint, deprecated from 1.29 and read here up to release 1.37: check that {release} still has it, or use --startup-taint"
+                ))
+            }
             Treats::Startup(how) => ok.push(format!("{key} ({how})")),
             Treats::FromRelease { how, since } => {
                 maybe.push(format!("{key} ({how}) is a startup taint only from CA {since}"))
@@ -403,7 +457,12 @@ fn one_deployment(a: &Autoscaler, keys: &[&str], i: &Inputs) -> (Status, String)
     if !maybe.is_empty() {
         let why = match &version {
             Version::Unknown(w) => w.clone(),
-            Version::Known(_) => String::new(),
+            Version::Known(_) => {
+                return (
+                    Status::Warn,
+                    format!("{at} ({release}): {}", maybe.join("; ")),
+                );
+            }
         };
         return (
             Status::Warn,
@@ -448,30 +507,42 @@ fn status_only(cm: &StatusConfigMap, keys: &[&str], i: &Inputs) -> (Status, Stri
         return (
             Status::Warn,
             format!(
-                "{seen}: a running CA rewrites it every loop, so it is probably left by a CA stopped without a clean exit (CA deletes it only then); delete it if no CA runs, else pass --cluster-autoscaler-status with the ConfigMap the running one writes"
+                "{seen}: a running CA rewrites it every loop, so it is probably left by a CA stopped without a clean exit (CA deletes it only then), or one failing every loop before it writes its status (its logs say which); delete it if no CA runs, else pass --cluster-autoscaler-status with the ConfigMap the running one writes"
             ),
         );
     }
-    let version = i.version.clone().unwrap_or_else(|| {
+    let version = ca_release(i.version.clone().unwrap_or_else(|| {
         Version::Unknown(
             "nodegate-check cannot see that CA's image: pass --cluster-autoscaler-version".into(),
         )
-    });
+    }));
     let meaning = "a CA runs that nodegate-check cannot see: a managed one (GKE, AKS; no flags can be set, and as far as their documented settings go, AKS's cluster-autoscaler profile and GKE's autoscaling profiles set no startup taint), one in another cluster writing here through --kubeconfig (Cluster API), or a static Pod";
     let f = TaintFlags::default();
     let mut bad = Vec::new();
     let mut maybe = Vec::new();
+    let mut too_old = Vec::new();
     for key in keys {
         match treats(key, &f, &version) {
             Treats::Startup(_) => {}
             Treats::FromRelease { how, since } => {
                 maybe.push(format!("{key} ({how}) from CA {since}"))
             }
-            Treats::TooOld(_) => bad.push(format!(
-                "{key} (its prefix is a startup taint only from CA 1.29.0; a key under {IGNORE_PREFIX} works on every release)"
-            )),
+            Treats::TooOld(_) => too_old.push(*key),
             _ => bad.push((*key).to_string()),
         }
+    }
+    if !too_old.is_empty() {
+        let release = match &version {
+            Version::Known((a, b, c)) => format!("CA {a}.{b}.{c}"),
+            Version::Unknown(_) => "this CA".into(),
+        };
+        return (
+            Status::Fail,
+            format!(
+                "{seen}: {meaning}. {release} does not know the prefix {STARTUP_PREFIX} (it first appears in 1.29.0, utils/taints/taints.go), so {} is not a startup taint to it: where its flags can be set add --ignore-taint=<key>; where they cannot, gate with a key under {IGNORE_PREFIX}, which every release knows (docs/autoscalers.md, \"Older Cluster Autoscalers\")",
+                too_old.join(", ")
+            ),
+        );
     }
     if bad.is_empty() && maybe.is_empty() {
         return (
@@ -603,9 +674,10 @@ async fn read(client: &Client, status_cm: &str) -> Found {
                 .as_ref()
                 .and_then(|a| a.get(LAST_UPDATED))
                 .and_then(|s| last_updated(s));
-            let written_ago = stamp.and_then(|t| {
+            // A stamp ahead of this machine's clock (skew) is fresh.
+            let written_ago = stamp.map(|t| {
                 let ago = Timestamp::now().duration_since(t);
-                Duration::try_from(ago).ok()
+                Duration::try_from(ago).unwrap_or(Duration::ZERO)
             });
             Found::StatusOnly(StatusConfigMap {
                 at: status_cm.to_string(),
@@ -623,10 +695,7 @@ fn agent_window(installed: &Installed) -> Duration {
     let Some(c) = installed.agent.container() else {
         return DEFAULT_MAX_NODE_STARTUP;
     };
-    let parse = |v: &str| match v.parse::<u64>() {
-        Ok(secs) => Some(Duration::from_secs(secs)),
-        Err(_) => go_duration(v),
-    };
+    let parse = go_duration;
     let flag = format!("--{AGENT_WINDOW_FLAG}");
     let mut it = c.command.iter().flatten().chain(c.args.iter().flatten());
     while let Some(a) = it.next() {
@@ -850,8 +919,12 @@ mod tests {
         assert_eq!(verdict(&i).0, Status::Pass);
         i.version = Some(Version::given("cluster-autoscaler-version", "1.28.7"));
         let (s, d) = verdict(&i);
-        assert_eq!(s, Status::Warn, "{d}");
-        assert!(d.contains("only from CA 1.29.0"), "{d}");
+        assert_eq!(s, Status::Fail, "{d}");
+        assert!(
+            d.contains("CA 1.28.7 does not know the prefix")
+                && d.contains("gate with a key under ignore-taint."),
+            "{d}"
+        );
         assert!(d.contains(IGNORE_PREFIX), "{d}");
         // The ignore prefix, every release.
         assert_eq!(
@@ -985,6 +1058,52 @@ mod tests {
             .0,
             Status::Pass
         );
+        // Flags a known release does not define stop CA: each is named.
+        let (s, d) = run(
+            Found::Deployments(vec![deployment(
+                &img("1.28.7"),
+                &[ignore, "--status-taint=x"],
+            )]),
+            gates(&[(GATE, false)]),
+        );
+        assert_eq!(s, Status::Fail, "{d}");
+        assert!(
+            d.contains("does not define --status-taint=x (from 1.29.0)"),
+            "{d}"
+        );
+        // A tag of another scheme is no release.
+        let (s, d) = run(
+            Found::Deployments(vec![deployment("x/cluster-autoscaler:9.37.0", &[startup])]),
+            gates(&[(GATE, false)]),
+        );
+        assert_eq!(s, Status::Warn, "{d}");
+        assert!(d.contains("9.37.0 is no Cluster Autoscaler release"), "{d}");
+        // Past the newest branch read, the deprecated declaration is not passed.
+        let (s, d) = run(
+            Found::Deployments(vec![deployment(&img("1.40.0"), &[ignore])]),
+            gates(&[(GATE, false)]),
+        );
+        assert_eq!(s, Status::Warn, "{d}");
+        assert!(d.contains("read here up to release 1.37"), "{d}");
+        assert_eq!(
+            run(
+                Found::Deployments(vec![deployment(&img("1.40.0"), &[startup])]),
+                gates(&[(GATE, false)])
+            )
+            .0,
+            Status::Pass
+        );
+        // A shell-wrapped command line is read too.
+        let mut wrapped = deployment(&img("1.31.5"), &[]);
+        wrapped.argv = vec![
+            "/bin/sh".into(),
+            "-c".into(),
+            format!("./cluster-autoscaler --v=2 {startup}"),
+        ];
+        assert_eq!(
+            run(Found::Deployments(vec![wrapped]), gates(&[(GATE, false)])).0,
+            Status::Pass
+        );
         // The flag overrides the tag.
         let mut i = inputs(
             Found::Deployments(vec![deployment(&img("1.31.5"), &[startup])]),
@@ -1019,12 +1138,12 @@ mod tests {
             ),
             ("1.35.0", &[startup], 900, Status::Pass),
             ("1.35.0", &[startup], 300, Status::Warn),
-            // Before 1.35 the window is a constant, whatever the args say.
+            // Before 1.35 the window is a constant, and the flag stops CA.
             (
                 "1.34.1",
                 &[startup, "--max-node-startup-time=5m"],
                 900,
-                Status::Pass,
+                Status::Fail,
             ),
         ];
         for (v, args, agent, want) in cases {
@@ -1058,8 +1177,9 @@ mod tests {
         for (s, want) in cases {
             assert_eq!(go_duration(s).map(|d| d.as_secs_f64()), Some(want), "{s}");
         }
-        assert_eq!(go_duration("15"), None);
+        assert_eq!(go_duration("15min"), None);
         assert_eq!(go_duration("m"), None);
+        assert_eq!(go_duration("99999999999999999999h"), None);
         let t = last_updated("2026-11-29 11:04:23.123456789 +0000 UTC").unwrap();
         assert_eq!(t.to_string(), "2026-11-29T11:04:23.123456789Z");
         let t = last_updated("2026-11-29 12:04:23 +0100 CET").unwrap();

@@ -1,6 +1,6 @@
 //! Karpenter's NodePools and nodegate's gates. Karpenter launches nodes for
 //! pending pods by simulating where they fit, taints included
-//! (kubernetes-sigs/karpenter, read at `2266468`, v1.14.1 and later; each
+//! (kubernetes-sigs/karpenter, read at `2266468`, v1.14.0+20; each
 //! statement holds for `karpenter.sh/v1`, v1.0.0 on, unless a release is
 //! named):
 //!

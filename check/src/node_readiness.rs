@@ -167,10 +167,20 @@ pub fn verdict(i: &Inputs) -> (Status, String) {
         );
     };
     let keys = keys(gates);
+    // Every shipped gate's key too: whatever the profile, the agent releases
+    // them and they stand in for the configured gate, so a rule naming one
+    // is a second owner under every configuration.
+    let shipped: Vec<String> = nodegate_shared::taint::shipped_gates()
+        .iter()
+        .map(|g| g.key().to_string())
+        .collect();
     let clashes: Vec<String> = rules
         .iter()
         .flatten()
-        .filter(|r| keys.contains(&r.spec.taint.key.as_str()))
+        .filter(|r| {
+            let k = r.spec.taint.key.as_str();
+            keys.contains(&k) || shipped.iter().any(|s| s == k)
+        })
         .map(|r| {
             let dry = if r.spec.dry_run { " (dryRun)" } else { "" };
             format!(
@@ -500,10 +510,23 @@ spec:
     }
 
     #[test]
-    fn the_default_key_never_clashes() {
-        // NRC's CEL rule keeps every rule's key under readiness.k8s.io/.
+    fn the_karpenter_profiles_key_clashes_under_every_profile() {
+        // The default install releases that key and takes it as a stand-in
+        // for its own gate, so a rule naming it is a second owner there too.
         let (status, detail) = verdict(&Inputs {
             rules: Rules::Listed(vec![Ok(rule("x", KARPENTER_KEY, "NoSchedule", false))]),
+            gates: Some(gates(&[DEFAULT_TAINT], &[])),
+        });
+        assert_eq!(status, Status::Fail, "{detail}");
+        assert!(detail.contains("two owners"), "{detail}");
+        // A rule of its own key is fine.
+        let (status, detail) = verdict(&Inputs {
+            rules: Rules::Listed(vec![Ok(rule(
+                "x",
+                "readiness.k8s.io/network-ready",
+                "NoSchedule",
+                false,
+            ))]),
             gates: Some(gates(&[DEFAULT_TAINT], &[])),
         });
         assert_eq!(status, Status::Pass, "{detail}");

@@ -231,7 +231,9 @@ pub fn shipped_gates() -> Vec<TaintSpec> {
 /// configuration's agent and webhook add it; the agent of the new
 /// configuration releases the old one once ready ([`release_set`]). Boot
 /// gates (NoExecute, strict mode) have no stand-in: each evicts, so each
-/// stays confined to its own configuration.
+/// stays confined to its own configuration. This holds while no other
+/// component owns a shipped key (`nodegate-check`'s `node readiness
+/// controller` line fails a NodeReadinessRule that names one).
 pub fn stand_ins(gate: &TaintSpec) -> Vec<TaintSpec> {
     let mut out = vec![gate.clone()];
     if gate.effect == Effect::NoSchedule {

@@ -59,11 +59,23 @@ pub fn render(ordinary: &[TaintSpec], boot: &[TaintSpec], replicas: u32) -> Stri
 }
 
 /// Each configured taint with the shipped gates that stand in for it
-/// (`nodegate_shared::taint::stand_ins`), as a CEL list of lists.
+/// (`nodegate_shared::taint::stand_ins`), as a CEL list of lists. Another
+/// configured taint is no stand-in: each must be there or stood in for.
 fn stand_in_lists(taints: &[TaintSpec]) -> String {
     let lists: Vec<String> = taints
         .iter()
-        .map(|t| cel::taint_list(&nodegate_shared::taint::stand_ins(t)))
+        .map(|t| {
+            let group: Vec<TaintSpec> = nodegate_shared::taint::stand_ins(t)
+                .into_iter()
+                .filter(|s| {
+                    s == t
+                        || !taints
+                            .iter()
+                            .any(|o| o.key() == s.key() && o.effect() == s.effect())
+                })
+                .collect();
+            cel::taint_list(&group)
+        })
         .collect();
     format!("[{}]", lists.join(",\n          "))
 }
@@ -397,5 +409,12 @@ mod tests {
             "a boot gate has no stand-in"
         );
         assert!(!calls(&strict, &[KARPENTER_PROFILE_TAINT, boot]));
+        // Two configured NoSchedule gates: neither stands in for the other.
+        let custom = "example.com/csi-not-ready=true:NoSchedule";
+        let two = still_ungated(&[spec(DEFAULT_TAINT), spec(custom)], &[]);
+        assert!(calls(&two, &[DEFAULT_TAINT]), "the second gate is missing");
+        assert!(calls(&two, &[custom]), "the first gate is missing");
+        assert!(!calls(&two, &[KARPENTER_PROFILE_TAINT, custom]));
+        assert!(!calls(&two, &[DEFAULT_TAINT, custom]));
     }
 }

@@ -10,7 +10,7 @@ use serde_json::json;
 
 use super::harness::{Harness, figure};
 use super::lines::Lines;
-use super::objects::gated;
+use super::objects::gated_by_a_shipped_gate;
 
 /// Server-side dry-run creates of a canary Node, four a second, each checked
 /// for the gate: what a kubelet registering at that moment would have got.
@@ -38,7 +38,7 @@ impl Prober {
                 let Ok(canary) = canary else { return };
                 let t = Instant::now();
                 if let Ok(n) = api.create(&dry, &canary).await {
-                    lock(&answers).push((t.elapsed(), gated(&n)));
+                    lock(&answers).push((t.elapsed(), gated_by_a_shipped_gate(&n)));
                 }
                 tokio::time::sleep(Duration::from_millis(250)).await;
             }

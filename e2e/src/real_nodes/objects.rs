@@ -14,6 +14,19 @@ pub fn gated(n: &Node) -> bool {
         .any(|(k, e)| k == GATE && e == "NoSchedule")
 }
 
+/// Gated by any NoSchedule gate nodegate ships (each key profile's): what
+/// a canary answered during a switch of key profile carries, from an old
+/// replica or a new one.
+pub fn gated_by_a_shipped_gate(n: &Node) -> bool {
+    let shipped = nodegate_shared::taint::shipped_gates();
+    taints(n).iter().any(|(k, e)| {
+        e == "NoSchedule"
+            && shipped
+                .iter()
+                .any(|g| g.key() == k && g.effect().as_str() == e)
+    })
+}
+
 /// Strict mode's boot gate: `GATE:NoExecute`.
 pub fn boot_gated(n: &Node) -> bool {
     taints(n).iter().any(|(k, e)| k == GATE && e == "NoExecute")

@@ -228,6 +228,25 @@ pub(crate) async fn upgrades(c: &Ctx) {
         "nodegate-check after the kustomize install:\n{}",
         String::from_utf8_lossy(&check.stdout)
     );
+
+    // The suites' real-cluster mode tries the roster's credential too: the
+    // install as the run had it before this group, with pruning.
+    step("the pruning component again, for the suites' real-cluster mode");
+    crate::install::my_nodegate(&c.h, "../manifests", &["pruning"]);
+    c.h.kubectl("apply -k my-nodegate/");
+    c.h.kubectl(&format!(
+        "-n {NS} rollout status daemonset/nodegate-agent --timeout=300s"
+    ));
+    wait("the roster's Lease", 180, async || {
+        c.h.sh(&format!("kubectl -n {NS} get lease nodegate-roster"))
+            .status
+            .success()
+            .then_some(())
+    })
+    .await;
+    for n in node_names(&c.client).await {
+        wait_gated(&c.client, &n, false, 120).await;
+    }
 }
 
 /// The key-profile switch by `helm upgrade --set profile=…` and back, on a

@@ -537,28 +537,10 @@ fn nodepools(version: &str) -> ApiResource {
     )
 }
 
-fn not_found(e: &kube::Error) -> bool {
-    matches!(e, kube::Error::Api(s) if s.code == 404)
-}
-
 async fn read_pools(client: &Client) -> Pools {
-    let api: Api<DynamicObject> = Api::all_with(client.clone(), &nodepools("v1"));
-    match api.list(&ListParams::default()).await {
-        Ok(l) => Pools::Listed(
-            l.items
-                .into_iter()
-                .map(|o| {
-                    let name = o.metadata.name.clone().unwrap_or_default();
-                    let spec = o
-                        .data
-                        .get("spec")
-                        .cloned()
-                        .unwrap_or(serde_json::Value::Null);
-                    Pool::from_spec(&name, &spec).map_err(|e| (name, e))
-                })
-                .collect(),
-        ),
-        Err(e) if not_found(&e) => {
+    match crate::read::list_specs(client, &nodepools("v1"), Pool::from_spec).await {
+        Ok(pools) => Pools::Listed(pools),
+        Err(e) if crate::read::not_found(&e) => {
             let older: Api<DynamicObject> = Api::all_with(client.clone(), &nodepools("v1beta1"));
             let served = older.list(&ListParams::default().limit(1)).await.is_ok();
             Pools::NotServed {

@@ -53,7 +53,7 @@
 
 use k8s_openapi::api::core::v1::Taint;
 use kube::Client;
-use kube::api::{Api, ApiResource, DynamicObject, ListParams};
+use kube::api::ApiResource;
 use kube::core::GroupVersionKind;
 use serde::Deserialize;
 
@@ -252,28 +252,10 @@ fn rules_resource() -> ApiResource {
     ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(GROUP, VERSION, KIND), PLURAL)
 }
 
-fn not_found(e: &kube::Error) -> bool {
-    matches!(e, kube::Error::Api(s) if s.code == 404)
-}
-
 async fn read_rules(client: &Client) -> Rules {
-    let api: Api<DynamicObject> = Api::all_with(client.clone(), &rules_resource());
-    match api.list(&ListParams::default()).await {
-        Ok(l) => Rules::Listed(
-            l.items
-                .into_iter()
-                .map(|o| {
-                    let name = o.metadata.name.clone().unwrap_or_default();
-                    let spec = o
-                        .data
-                        .get("spec")
-                        .cloned()
-                        .unwrap_or(serde_json::Value::Null);
-                    Rule::from_spec(&name, &spec).map_err(|e| (name, e))
-                })
-                .collect(),
-        ),
-        Err(e) if not_found(&e) => Rules::NotServed,
+    match crate::read::list_specs(client, &rules_resource(), Rule::from_spec).await {
+        Ok(rules) => Rules::Listed(rules),
+        Err(e) if crate::read::not_found(&e) => Rules::NotServed,
         Err(e) => Rules::Unreadable(e.to_string()),
     }
 }

@@ -4,6 +4,9 @@
 
 use std::fmt::Display;
 
+use kube::Client;
+use kube::api::{Api, ApiResource, DynamicObject, ListParams};
+
 /// One object as read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Read<T> {
@@ -30,6 +33,35 @@ impl<T> Read<T> {
             Read::Unreadable(e) => Read::Unreadable(e),
         }
     }
+}
+
+/// Every object of a cluster-scoped custom resource `r`, each spec parsed
+/// by `parse` (or its name and why not); the list's own error as is.
+pub async fn list_specs<T>(
+    client: &Client,
+    r: &ApiResource,
+    parse: impl Fn(&str, &serde_json::Value) -> Result<T, String>,
+) -> Result<Vec<Result<T, (String, String)>>, kube::Error> {
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), r);
+    let list = api.list(&ListParams::default()).await?;
+    Ok(list
+        .items
+        .into_iter()
+        .map(|o| {
+            let name = o.metadata.name.clone().unwrap_or_default();
+            let spec = o
+                .data
+                .get("spec")
+                .cloned()
+                .unwrap_or(serde_json::Value::Null);
+            parse(&name, &spec).map_err(|e| (name, e))
+        })
+        .collect())
+}
+
+/// The API server does not serve the resource (no CRD).
+pub fn not_found(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 404)
 }
 
 #[cfg(test)]

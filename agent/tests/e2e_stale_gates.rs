@@ -19,6 +19,7 @@ use nodegate_agent::taint_set::TaintSet;
 use nodegate_emulator::users;
 use nodegate_shared::TaintSpec;
 use nodegate_shared::keys::{DEFAULT_TAINT, KARPENTER_PROFILE_TAINT, LEGACY_TAINT};
+use nodegate_shared::node::taints_json as taints_of;
 use nodegate_shared::taint::shipped_gates;
 use serde_json::{Value, json};
 
@@ -34,12 +35,6 @@ const CILIUM_OPERATORS: &str = "node.cilium.io/agent-not-ready:NoSchedule";
 
 fn spec(s: &str) -> TaintSpec {
     s.parse().unwrap()
-}
-
-/// The taints of `n` as the API has them.
-fn taints_of(n: &Node) -> Vec<Value> {
-    let v = serde_json::to_value(n).unwrap();
-    v["spec"]["taints"].as_array().cloned().unwrap_or_default()
 }
 
 /// The taints of `n` under a key of a gate nodegate ships.

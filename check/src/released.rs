@@ -104,16 +104,7 @@ pub fn verdict(i: &Inputs) -> (Status, String) {
 /// The released taints a Node carries, and whether its agent was ready on
 /// the boot it runs.
 pub fn seen(node: &Node, release: &[TaintSpec]) -> Seen {
-    let taints: Vec<serde_json::Value> = node
-        .spec
-        .as_ref()
-        .and_then(|s| s.taints.as_ref())
-        .map(|t| {
-            t.iter()
-                .filter_map(|t| serde_json::to_value(t).ok())
-                .collect()
-        })
-        .unwrap_or_default();
+    let taints = nodegate_shared::node::taints_json(node);
     let carries = release
         .iter()
         .filter(|r| taints.iter().any(|t| r.matches_exactly(t)))

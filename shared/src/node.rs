@@ -279,6 +279,20 @@ impl kube::core::Resource for NodeResource {
     }
 }
 
+/// A typed Node's taints as the API serves them (JSON objects, `[]` for
+/// none): what a JSON patch's `test` op and an exact match compare.
+pub fn taints_json(node: &k8s_openapi::api::core::v1::Node) -> Vec<Value> {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .map(|t| {
+            t.iter()
+                .filter_map(|t| serde_json::to_value(t).ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// The reboot rule: the agent recorded a ready bootID and the node now runs
 /// another one, so the node rebooted since its agent was last ready.
 pub fn rebooted_since_ready(ready_boot_id: Option<&str>, boot_id: Option<&str>) -> bool {

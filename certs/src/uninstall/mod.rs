@@ -310,19 +310,6 @@ async fn remove_made(client: &Client, o: &Options, left: &mut Vec<Leftover>) {
     .await;
 }
 
-/// A Node's taints as JSON, as the patch tests them.
-fn taints_of(node: &Node) -> Vec<Value> {
-    node.spec
-        .as_ref()
-        .and_then(|s| s.taints.as_ref())
-        .map(|t| {
-            t.iter()
-                .filter_map(|t| serde_json::to_value(t).ok())
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 /// 3: every gate off every node; a patch that lost a race is tried again.
 async fn open_nodes(
     client: &Client,
@@ -340,7 +327,7 @@ async fn open_nodes(
         let mut current = node;
         let mut attempt = 0;
         loop {
-            let taints = taints_of(&current);
+            let taints = nodegate_shared::node::taints_json(&current);
             let Some(ops) = plan::open_patch(&taints, &o.gate_keys) else {
                 break;
             };
@@ -459,7 +446,7 @@ async fn verify(client: &Client, o: &Options, left: &mut Vec<Leftover>) -> anyho
         .await
         .context("listing Nodes")?
     {
-        let taints = taints_of(&node);
+        let taints = nodegate_shared::node::taints_json(&node);
         let keys = plan::gate_keys_on(&taints, &o.gate_keys);
         let name = node.name_any();
         if !keys.is_empty()

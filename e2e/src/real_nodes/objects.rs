@@ -1,6 +1,8 @@
 //! What a Node or a Pod says, as the scenarios ask it.
 
 use k8s_openapi::api::core::v1::{Node, Pod};
+/// A Node's taints as JSON (the shared helper every crate uses).
+pub use nodegate_shared::node::taints_json;
 
 /// nodegate's gate (NoSchedule; NoExecute is strict mode's boot gate).
 pub const GATE: &str = "nodegate.dev/agent-not-ready";
@@ -50,16 +52,6 @@ pub fn taints(n: &Node) -> Vec<(String, String)> {
         .unwrap_or_default()
         .into_iter()
         .map(|t| (t.key, t.effect))
-        .collect()
-}
-
-pub fn taints_json(n: &Node) -> Vec<serde_json::Value> {
-    n.spec
-        .as_ref()
-        .and_then(|s| s.taints.clone())
-        .unwrap_or_default()
-        .into_iter()
-        .filter_map(|t| serde_json::to_value(t).ok())
         .collect()
 }
 

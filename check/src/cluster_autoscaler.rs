@@ -54,6 +54,7 @@ use kube::Client;
 use kube::api::{Api, ListParams};
 
 use crate::cilium::OPERATOR_DEFAULT_KEY as CILIUM_KEY;
+use crate::container_flags::container_flag;
 use crate::gates::{Gate, Version, image_name, keys};
 use crate::installed::Installed;
 use crate::report::{Report, Status};
@@ -690,30 +691,16 @@ async fn read(client: &Client, status_cm: &str) -> Found {
 }
 
 /// The agent's `--ca-max-node-startup-time` (or its env form), read as the
-/// agent reads it (a bare number is seconds), else CA's default.
+/// agent's clap reads it (the last value wins), else CA's default.
 fn agent_window(installed: &Installed) -> Duration {
-    let Some(c) = installed.agent.container() else {
-        return DEFAULT_MAX_NODE_STARTUP;
-    };
-    let parse = go_duration;
-    let flag = format!("--{AGENT_WINDOW_FLAG}");
-    let mut it = c.command.iter().flatten().chain(c.args.iter().flatten());
-    while let Some(a) = it.next() {
-        let value = match a.strip_prefix(&flag) {
-            Some("") => it.next().cloned(),
-            Some(v) => v.strip_prefix('=').map(str::to_string),
-            None => None,
-        };
-        if let Some(d) = value.as_deref().and_then(parse) {
-            return d;
-        }
-    }
-    c.env
-        .iter()
-        .flatten()
-        .find(|e| e.name == AGENT_WINDOW_ENV)
-        .and_then(|e| e.value.as_deref())
-        .and_then(parse)
+    installed
+        .agent
+        .container()
+        .and_then(|c| {
+            let flag = format!("--{AGENT_WINDOW_FLAG}");
+            container_flag(c, &flag, AGENT_WINDOW_ENV).pop()
+        })
+        .and_then(|v| go_duration(&v))
         .unwrap_or(DEFAULT_MAX_NODE_STARTUP)
 }
 
@@ -1162,6 +1149,57 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// The agent's window as its DaemonSet sets it: an arg (the last one
+    /// wins, as clap reads it), else the env form, else CA's default.
+    #[test]
+    fn the_agents_window_is_read_from_its_daemonset() {
+        use crate::installed::{Installed, Workload};
+        use k8s_openapi::api::core::v1::{Container, EnvVar};
+        let installed = |args: &[&str], env: Option<&str>| Installed {
+            webhook: Workload::Missing,
+            agent: Workload::Container(Box::new(Container {
+                args: Some(args.iter().map(|a| a.to_string()).collect()),
+                env: env.map(|v| {
+                    vec![EnvVar {
+                        name: AGENT_WINDOW_ENV.into(),
+                        value: Some(v.into()),
+                        ..Default::default()
+                    }]
+                }),
+                ..Default::default()
+            })),
+            agent_placement: None,
+        };
+        let cases: &[(&[&str], Option<&str>, u64)] = &[
+            (&[], None, 900),
+            (&["--ca-max-node-startup-time=5m"], None, 300),
+            (&["--ca-max-node-startup-time", "20m0s"], None, 1200),
+            (
+                &[
+                    "--ca-max-node-startup-time=5m",
+                    "--ca-max-node-startup-time=7m",
+                ],
+                None,
+                420,
+            ),
+            (&[], Some("10m"), 600),
+            (&["--ca-max-node-startup-time=5m"], Some("10m"), 300),
+        ];
+        for (args, env, want) in cases {
+            assert_eq!(
+                agent_window(&installed(args, *env)),
+                Duration::from_secs(*want),
+                "{args:?} {env:?}"
+            );
+        }
+        let missing = Installed {
+            webhook: Workload::Missing,
+            agent: Workload::Missing,
+            agent_placement: None,
+        };
+        assert_eq!(agent_window(&missing), DEFAULT_MAX_NODE_STARTUP);
     }
 
     #[test]

@@ -206,6 +206,25 @@ async fn an_upgrade_from_ciliums_key_leaves_no_stale_taint() {
     assert!(agent.term().await.success());
 }
 
+/// The karpenter profile's gate, and its key: the profile the switch tests
+/// move to.
+const NEW: &str = nodegate_shared::keys::KARPENTER_PROFILE_TAINT;
+const NEW_KEY: &str = "readiness.k8s.io/nodegate-agent-not-ready";
+
+/// A file of the karpenter profile's component, as shipped.
+fn karpenter_profile(file: &str) -> String {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../manifests/components/key-profiles/karpenter");
+    std::fs::read_to_string(dir.join(file)).unwrap()
+}
+
+/// A probe file that passes, in `dir`, as the agent's `--probe-file` value.
+fn passing_probe(dir: &Path) -> String {
+    let probe = dir.join("ready");
+    std::fs::write(&probe, b"ok").unwrap();
+    probe.to_str().unwrap().to_string()
+}
+
 /// Moving to another key profile (here `key-profiles/karpenter`) leaves no
 /// node ungated and no stale taint: a node gated under the default key before
 /// the switch keeps a gate until its agent, now managing the profile's key and
@@ -217,9 +236,6 @@ async fn an_upgrade_from_ciliums_key_leaves_no_stale_taint() {
 async fn switching_key_profiles_leaves_no_node_ungated_and_no_stale_taint() {
     use futures::StreamExt;
     use kube::runtime::watcher;
-    const NEW: &str = "readiness.k8s.io/nodegate-agent-not-ready=true:NoSchedule";
-    const NEW_KEY: &str = "readiness.k8s.io/nodegate-agent-not-ready";
-    const PROFILE: &str = "manifests/components/key-profiles/karpenter";
     let (c, nodes) = cluster().await;
     let Some(emu) = c.emulator() else {
         eprintln!("skipped on a real cluster: the test rewrites the install");
@@ -242,8 +258,6 @@ async fn switching_key_profiles_leaves_no_node_ungated_and_no_stale_taint() {
     );
 
     // The profile's webhook, lines and confinement replace the default ones.
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let read = |f: &str| std::fs::read_to_string(repo.join(PROFILE).join(f)).unwrap();
     let webhook = nodegate_e2e::WebhookProcess::start(nodegate_e2e::WebhookOptions {
         taints: vec![NEW.into()],
         kubeconfig: Some(emu.webhook_kubeconfig().unwrap()),
@@ -252,9 +266,9 @@ async fn switching_key_profiles_leaves_no_node_ungated_and_no_stale_taint() {
     .await
     .unwrap();
     webhook
-        .attach(emu, Some(&read("webhook-config.yaml")))
+        .attach(emu, Some(&karpenter_profile("webhook-config.yaml")))
         .unwrap();
-    emu.apply(&read("confinement.yaml")).unwrap();
+    emu.apply(&karpenter_profile("confinement.yaml")).unwrap();
 
     let new = c.node_name("created-after");
     let kubelet_new = c.kubelet(&new).await.unwrap();
@@ -263,9 +277,7 @@ async fn switching_key_profiles_leaves_no_node_ungated_and_no_stale_taint() {
     assert!(!our_taint(&created), "no default gate after the switch");
 
     let dir = tempfile::tempdir().unwrap();
-    let probe = dir.path().join("ready");
-    std::fs::write(&probe, b"ok").unwrap();
-    let probe = probe.to_str().unwrap().to_string();
+    let probe = passing_probe(dir.path());
     let flags = [
         "--taint",
         NEW,
@@ -318,9 +330,6 @@ async fn switching_key_profiles_leaves_no_node_ungated_and_no_stale_taint() {
 /// Emulator only: it rewrites the install.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_old_agent_re_gates_with_its_key_under_the_new_confinement() {
-    const NEW: &str = "readiness.k8s.io/nodegate-agent-not-ready=true:NoSchedule";
-    const NEW_KEY: &str = "readiness.k8s.io/nodegate-agent-not-ready";
-    const PROFILE: &str = "manifests/components/key-profiles/karpenter";
     let (c, nodes) = cluster().await;
     let Some(emu) = c.emulator() else {
         eprintln!("skipped on a real cluster: the test rewrites the install");
@@ -329,14 +338,10 @@ async fn an_old_agent_re_gates_with_its_key_under_the_new_confinement() {
     let name = c.node_name("rolling");
     let kubelet = c.kubelet(&name).await.unwrap();
     assert!(our_taint(&kubelet.register().await.unwrap()));
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let confinement = std::fs::read_to_string(repo.join(PROFILE).join("confinement.yaml")).unwrap();
-    emu.apply(&confinement).unwrap();
+    emu.apply(&karpenter_profile("confinement.yaml")).unwrap();
 
     let dir = tempfile::tempdir().unwrap();
-    let probe = dir.path().join("ready");
-    std::fs::write(&probe, b"ok").unwrap();
-    let probe = probe.to_str().unwrap().to_string();
+    let probe = passing_probe(dir.path());
     let mut old = Agent::start(
         &c,
         &name,

@@ -28,6 +28,21 @@ pub fn installed(installed: &Installed) -> Option<Vec<Gate>> {
     Some(ordinary.chain(boot).collect())
 }
 
+/// Gates from taint specs (`ordinary`, then strict mode's `boot`), for
+/// tests.
+#[cfg(test)]
+pub(crate) fn parsed(ordinary: &[&str], boot: &[&str]) -> Vec<Gate> {
+    let g = |s: &&str, boot| Gate {
+        taint: s.parse::<TaintSpec>().unwrap(),
+        boot,
+    };
+    ordinary
+        .iter()
+        .map(|s| g(s, false))
+        .chain(boot.iter().map(|s| g(s, true)))
+        .collect()
+}
+
 /// The distinct keys of `gates`, in order.
 pub fn keys(gates: &[Gate]) -> Vec<&str> {
     let mut out: Vec<&str> = Vec::new();

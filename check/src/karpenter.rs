@@ -609,19 +609,8 @@ pub async fn check(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use nodegate_shared::TaintSpec;
 
-    fn gates(ordinary: &[&str], boot: &[&str]) -> Vec<Gate> {
-        let g = |s: &&str, boot| Gate {
-            taint: s.parse::<TaintSpec>().unwrap(),
-            boot,
-        };
-        ordinary
-            .iter()
-            .map(|s| g(s, false))
-            .chain(boot.iter().map(|s| g(s, true)))
-            .collect()
-    }
+    use crate::gates::parsed as gates;
 
     const GATE: &str = "nodegate.dev/agent-not-ready=true:NoSchedule";
     const BOOT: &str = "nodegate.dev/agent-not-ready=true:NoExecute";

@@ -273,22 +273,11 @@ pub async fn check(client: &Client, installed: &Installed, report: &mut Report) 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use nodegate_shared::TaintSpec;
     use nodegate_shared::keys::{DEFAULT_TAINT, KARPENTER_PROFILE_TAINT};
 
     const KARPENTER_KEY: &str = "readiness.k8s.io/nodegate-agent-not-ready";
 
-    fn gates(ordinary: &[&str], boot: &[&str]) -> Vec<Gate> {
-        let g = |s: &&str, boot| Gate {
-            taint: s.parse::<TaintSpec>().unwrap(),
-            boot,
-        };
-        ordinary
-            .iter()
-            .map(|s| g(s, false))
-            .chain(boot.iter().map(|s| g(s, true)))
-            .collect()
-    }
+    use crate::gates::parsed as gates;
 
     /// Upstream's `config/samples/v1alpha1_nodereadinessrule.yaml`.
     const SAMPLE: &str = r#"

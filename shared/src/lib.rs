@@ -9,6 +9,7 @@ pub mod connection_gate;
 pub mod duration;
 #[cfg(feature = "cli")]
 pub mod gate_flags;
+pub mod gates;
 pub mod keys;
 #[cfg(feature = "cel")]
 pub mod match_conditions;

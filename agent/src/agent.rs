@@ -19,7 +19,7 @@ use crate::gate_loop::Gate;
 use crate::handler::{CommandHandler, Dispatcher, NodeDeleteHandler};
 use crate::metrics::Metrics;
 use crate::node_writer::NodeWriter;
-use crate::probe::{self, Probe};
+use crate::probe::{self, Probe, ProbeSpec};
 use crate::prune::Pruner;
 use crate::prune_loop::{self, PruneContext};
 use crate::removal_check::RemovalCheck;
@@ -265,6 +265,7 @@ fn readiness_gate(
     }
     Ok(Gate {
         writer,
+        gates: args.gate_infos()?,
         probes,
         wake,
         cfg: args.gate_config(),
@@ -277,18 +278,26 @@ fn readiness_gate(
 /// Every configured probe, labelled by its index among its kind; file and
 /// pod probes poke `wake` on changes.
 fn probes(args: &Args, client: &Client, wake: &Arc<Notify>) -> Result<Vec<Probe>, ConfigError> {
-    let specs = args.probe_specs()?;
+    let gates = args.agent_gates()?;
+    let specs: Vec<ProbeSpec> = gates.iter().flat_map(|g| g.probes.clone()).collect();
+    let gate_of = gates
+        .iter()
+        .enumerate()
+        .flat_map(|(i, g)| probe::indexes(&g.probes).into_iter().map(move |n| (i, n)));
     let probes: Vec<Probe> = probe::indexes(&specs)
         .into_iter()
+        .zip(gate_of)
         .zip(specs)
-        .map(|(index, s)| {
+        .map(|((index, (gate, in_gate)), s)| {
             let mut p = Probe::new(s, Some(client), &args.node_name, wake.clone());
             p.index = index;
+            p.gate = gate;
+            p.in_gate = in_gate;
             p
         })
         .collect();
-    if probes.is_empty() {
-        tracing::warn!("no probes configured: the node counts as ready at once");
+    for g in gates.iter().filter(|g| g.probes.is_empty()) {
+        tracing::warn!(gate = %g.name, "no probes configured: the gate opens at once");
     }
     Ok(probes)
 }

@@ -6,15 +6,50 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{ArgAction, Parser};
+use nodegate_shared::TaintSpec;
 use nodegate_shared::gate_flags::{GateFlags, ReleaseFlags};
+use nodegate_shared::gates::{Gates, Probes};
 
-use crate::gate::GateConfig;
+use crate::gate::{GateConfig, GateInfo, HELD_EVENT_AFTER, HELD_EVENT_EVERY};
 use crate::probe::{ProbeSpec, ProbeSpecError};
 use crate::readiness::Thresholds;
 use crate::taint_set::TaintSet;
 
 /// One parser for every nodegate binary's durations.
 pub use nodegate_shared::duration::parse as parse_duration;
+
+fn parse_gates(s: &str) -> Result<Gates, String> {
+    Gates::parse(s).map_err(|e| e.to_string())
+}
+
+/// One gate the agent opens: its taints and the probes that open it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentGate {
+    pub name: String,
+    pub taints: Vec<TaintSpec>,
+    pub probes: Vec<ProbeSpec>,
+}
+
+/// A declaration's probes as the agent's specs, in flag order.
+fn specs_of(p: &Probes) -> Result<Vec<ProbeSpec>, ProbeSpecError> {
+    let mut out = Vec::new();
+    for s in &p.http {
+        out.push(ProbeSpec::http(s)?);
+    }
+    for s in &p.tcp {
+        out.push(ProbeSpec::tcp(s)?);
+    }
+    for s in &p.file {
+        out.push(ProbeSpec::file(s)?);
+    }
+    for s in &p.exec {
+        out.push(ProbeSpec::exec(s)?);
+    }
+    for s in &p.pod {
+        out.push(ProbeSpec::pod(s)?);
+    }
+    Ok(out)
+}
 
 #[derive(Debug, Clone, Parser)]
 #[command(
@@ -40,6 +75,18 @@ pub struct Args {
     // set from the same shared function, so the policy cannot drift.
     #[command(flatten)]
     pub release: ReleaseFlags,
+
+    /// Every gate, with the probes that open each and the gates owned
+    /// elsewhere (which the agent never adds or removes): the declaration
+    /// `nodegate-webhook gates-component` reads, as one line of JSON
+    /// (docs/gates.md). Instead of --taint, --boot-taint and --probe-*.
+    #[arg(
+        long,
+        env = "NODEGATE_GATES",
+        value_parser = parse_gates,
+        conflicts_with_all = ["taints", "boot_taints", "probe_http", "probe_tcp", "probe_file", "probe_exec", "probe_pod"]
+    )]
+    pub gates: Option<Gates>,
 
     /// HTTP GET that must answer 2xx; repeatable.
     #[arg(long, env = "NODEGATE_PROBE_HTTP", value_delimiter = ',')]
@@ -235,25 +282,70 @@ impl Args {
         }
     }
 
-    /// Validates and returns every configured probe.
+    /// The probes of the flags (`--probe-*`), for the one gate of `--taint`.
+    fn flag_probes(&self) -> Probes {
+        Probes {
+            http: self.probe_http.clone(),
+            tcp: self.probe_tcp.clone(),
+            file: self.probe_file.clone(),
+            exec: self.probe_exec.clone(),
+            pod: self.probe_pod.clone(),
+        }
+    }
+
+    /// Validates and returns every configured probe, of every gate.
     pub fn probe_specs(&self) -> Result<Vec<ProbeSpec>, ConfigError> {
-        let mut out = Vec::new();
-        for s in &self.probe_http {
-            out.push(ProbeSpec::http(s)?);
+        Ok(self
+            .agent_gates()?
+            .into_iter()
+            .flat_map(|g| g.probes)
+            .collect())
+    }
+
+    /// The gates the agent opens, in order: `--gates`' own (not those owned
+    /// elsewhere), else one gate, `default`, of `--taint` and `--probe-*`.
+    pub fn agent_gates(&self) -> Result<Vec<AgentGate>, ConfigError> {
+        match &self.gates {
+            Some(gates) => gates
+                .opened()
+                .map(|g| {
+                    Ok(AgentGate {
+                        name: g.name.clone(),
+                        taints: vec![g.taint.0.clone()],
+                        probes: specs_of(&g.probes)?,
+                    })
+                })
+                .collect(),
+            None => Ok(vec![AgentGate {
+                name: "default".into(),
+                taints: self.gate.ordinary(),
+                probes: specs_of(&self.flag_probes())?,
+            }]),
         }
-        for s in &self.probe_tcp {
-            out.push(ProbeSpec::tcp(s)?);
+    }
+
+    /// The gates as the state machine knows them.
+    pub fn gate_infos(&self) -> Result<Vec<GateInfo>, ConfigError> {
+        Ok(self
+            .agent_gates()?
+            .into_iter()
+            .map(|g| GateInfo {
+                name: g.name,
+                probes: g.probes.len(),
+            })
+            .collect())
+    }
+
+    /// `--taint`/`--boot-taint`, or what `--gates` declares, as the flags
+    /// would (so the release set and its checks read one shape).
+    fn gate_flags(&self) -> GateFlags {
+        match &self.gates {
+            Some(g) => GateFlags {
+                taints: g.taints(),
+                boot_taints: g.boot_taints(),
+            },
+            None => self.gate.clone(),
         }
-        for s in &self.probe_file {
-            out.push(ProbeSpec::file(s)?);
-        }
-        for s in &self.probe_exec {
-            out.push(ProbeSpec::exec(s)?);
-        }
-        for s in &self.probe_pod {
-            out.push(ProbeSpec::pod(s)?);
-        }
-        Ok(out)
     }
 
     /// Checks everything that can be checked before touching the cluster.
@@ -261,8 +353,9 @@ impl Args {
         if self.node_name.trim().is_empty() {
             return Err(ConfigError::NodeName);
         }
-        self.gate.validate()?;
-        self.release.validate(&self.gate)?;
+        let gate = self.gate_flags();
+        gate.validate()?;
+        self.release.validate(&gate)?;
         self.probe_specs()?;
         // A zero period would run probe rounds back to back.
         if self.probe_period.min(self.pending_probe_period) < Duration::from_millis(1) {
@@ -279,10 +372,15 @@ impl Args {
     /// gate and the released ones: `--release-taint`, then every shipped
     /// gate not managed here (`ReleaseFlags::effective`).
     pub fn taint_set(&self) -> TaintSet {
-        TaintSet::new(
-            self.gate.ordinary(),
-            self.gate.boot_taints.clone(),
-            self.release.effective(&self.gate),
+        let gate = self.gate_flags();
+        let gates = match &self.gates {
+            Some(g) => g.opened().map(|g| vec![g.taint.0.clone()]).collect(),
+            None => vec![gate.ordinary()],
+        };
+        TaintSet::with_gates(
+            gates,
+            gate.boot_taints.clone(),
+            self.release.effective(&gate),
         )
     }
 
@@ -297,6 +395,8 @@ impl Args {
             taint_on_shutdown: self.taint_on_shutdown,
             shutdown_deadline: self.shutdown_deadline,
             ca_max_node_startup: self.ca_max_node_startup_time,
+            held_event_after: HELD_EVENT_AFTER,
+            held_event_every: HELD_EVENT_EVERY,
         }
     }
 
@@ -523,5 +623,59 @@ mod tests {
                 "{bad:?}"
             );
         }
+    }
+
+    const GATES: &str = r#"{"gates":[
+        {"name":"cni","taint":"nodegate.dev/agent-not-ready=true:NoSchedule","probes":{"http":["http://127.0.0.1:9879/healthz"]}},
+        {"name":"csi","taint":"nodegate.dev/csi-not-ready=true:NoSchedule","probes":{"pod":["kube-system/app=csi"],"tcp":["127.0.0.1:9808"]}},
+        {"name":"ebs","taint":"ebs.csi.aws.com/agent-not-ready:NoExecute","owner":{"daemonSet":"kube-system/ebs-csi-node"}}]}"#;
+
+    /// `--gates` is the whole declaration: the agent opens its own gates,
+    /// each on its probes, and never touches the one owned elsewhere.
+    #[test]
+    fn gates_declare_each_gate_and_its_probes_and_leave_owned_ones_alone() {
+        let a = Args::try_parse_from(["x", "--node-name=n", "--gates", GATES]).unwrap();
+        a.validate().unwrap();
+        let gates = a.agent_gates().unwrap();
+        let names: Vec<&str> = gates.iter().map(|g| g.name.as_str()).collect();
+        assert_eq!(names, ["cni", "csi"]);
+        assert_eq!(gates[1].probes.len(), 2);
+        let set = a.taint_set();
+        assert_eq!(set.gates().len(), 2);
+        assert!(
+            !set.managed()
+                .iter()
+                .any(|t| t.key() == "ebs.csi.aws.com/agent-not-ready"),
+            "an owned gate is never the agent's to add or remove"
+        );
+        assert_eq!(a.probe_specs().unwrap().len(), 3);
+        // The flags of one gate are refused beside it.
+        for flag in [
+            "--taint=a.dev/x:NoSchedule",
+            "--probe-tcp=h:1",
+            "--boot-taint=a.dev/x:NoExecute",
+        ] {
+            let err =
+                Args::try_parse_from(["x", "--node-name=n", "--gates", GATES, flag]).unwrap_err();
+            assert!(
+                err.to_string().contains("cannot be used with"),
+                "{flag}: {err}"
+            );
+        }
+        let bad = Args::try_parse_from(["x", "--node-name=n", "--gates", r#"{"gates":[]}"#]);
+        assert!(
+            bad.unwrap_err()
+                .to_string()
+                .contains("no gate nodegate opens")
+        );
+        let probe =
+            r#"{"gates":[{"name":"a","taint":"a.dev/x:NoSchedule","probes":{"tcp":["nope"]}}]}"#;
+        let a = Args::try_parse_from(["x", "--node-name=n", "--gates", probe]).unwrap();
+        assert!(a.validate().unwrap_err().to_string().contains("HOST:PORT"));
+        // Without it: one gate, `default`, of --taint and --probe-*.
+        let one = Args::try_parse_from(["x", "--node-name=n", "--probe-tcp=h:1"]).unwrap();
+        let gates = one.agent_gates().unwrap();
+        assert_eq!((gates.len(), gates[0].name.as_str()), (1, "default"));
+        assert_eq!(gates[0].taints, vec![DEFAULT_TAINT.parse().unwrap()]);
     }
 }

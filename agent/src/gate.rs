@@ -7,6 +7,12 @@
 //! boot, and only once per boot; a reboot (new bootID) sends it back to
 //! "not ready" until the probes pass again. With `continuous`, probes
 //! failing past the failure threshold put the taint back.
+//!
+//! With several gates (`--gates`), each has its own probes and thresholds'
+//! count and opens on its own: a gate whose probes pass while others still
+//! hold the node loses its taints in a patch of its own; the last one's
+//! patch is the ready patch (boot gate, released taints, bootID). Gates
+//! that pass in the same round open in one patch.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,6 +33,17 @@ use crate::taint_set::TaintSet;
 pub const WEBHOOK_MISSED_REASON: &str = "NodegateWebhookMissed";
 /// Reason of the Normal Event the ready patch leaves on the Node.
 pub const READY_REASON: &str = "NodegateReady";
+/// Reason of the Normal Event a gate opened before the last one leaves.
+pub const GATE_OPEN_REASON: &str = "NodegateGateOpen";
+/// Reason of the Event that says which gate holds the node, since when and
+/// which probe fails (`nodegate-check` reads the newest per node).
+pub const GATE_HELD_REASON: &str = "NodegateGateHeld";
+/// A gate closed this long on a boot gets its held Event: under it, a
+/// normal start (an agent's image pull and start-up) stays quiet.
+pub const HELD_EVENT_AFTER: Duration = Duration::from_secs(60);
+/// ... and another while it still holds the node this much later (core
+/// Events expire after the API server's `--event-ttl`, one hour by default).
+pub const HELD_EVENT_EVERY: Duration = Duration::from_secs(600);
 /// How long the start-up safety net may retry its write: the webhook's
 /// window is open until it lands, but a stuck API server must not keep the
 /// probes from starting.
@@ -53,6 +70,47 @@ pub struct GateConfig {
     /// (`--ca-max-node-startup-time`): CA's taints on a younger gated node
     /// mean the gate is not a startup taint ([`crate::autoscaler`]).
     pub ca_max_node_startup: Duration,
+    /// [`HELD_EVENT_AFTER`] and [`HELD_EVENT_EVERY`].
+    pub held_event_after: Duration,
+    pub held_event_every: Duration,
+}
+
+/// One gate as the state machine knows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GateInfo {
+    /// Its name (`default` for the one gate of `--taint`).
+    pub name: String,
+    /// How many probes open it.
+    pub probes: usize,
+}
+
+/// One gate's part of a probe round.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GateResult {
+    pub ok: bool,
+    /// The first failing probe and why (`http[0] http://… failed: …`).
+    pub failure: Option<String>,
+}
+
+impl GateResult {
+    pub fn passed() -> Self {
+        Self {
+            ok: true,
+            failure: None,
+        }
+    }
+
+    pub fn failed(why: impl Into<String>) -> Self {
+        Self {
+            ok: false,
+            failure: Some(why.into()),
+        }
+    }
+}
+
+/// The held Event's text: which gate, since when, which probe fails.
+pub fn held_message(gate: &str, taints: &str, since: &str, failure: &str) -> String {
+    format!("gate {gate} ({taints}) has held this node since {since}: {failure}")
 }
 
 /// When the next probe round is due, after an event handled at `now`: one
@@ -75,8 +133,8 @@ pub enum Event {
     WatchFailed(String),
     /// The period elapsed, or a probe's watch saw a change.
     Tick,
-    /// One probe round: true when every probe passed.
-    Probed(bool),
+    /// One probe round: each gate's result, in the gates' order.
+    Probed(Vec<GateResult>),
     /// What [`Action::RemoveTaints`] did.
     ReadyPatched(Result<MarkReady, String>),
     /// What [`Action::AddTaints`] did.
@@ -100,15 +158,33 @@ pub enum Event {
 pub enum Action {
     /// Run every probe once; answer with [`Event::Probed`].
     RunProbes,
-    /// The ready patch, unless the node now reports another boot than
-    /// `boot`; retried for up to `within`; answer with [`Event::ReadyPatched`].
+    /// The ready patch of the gates `gates` picks (every gate: the ready
+    /// patch proper, [`TaintSet::of_gates`]), unless the node now reports
+    /// another boot than `boot`; retried for up to `within`; answer with
+    /// [`Event::ReadyPatched`].
     RemoveTaints {
         boot: Option<String>,
         within: Duration,
+        gates: Vec<bool>,
     },
-    /// Add the missing taints when `reason` applies to a fresh read;
-    /// retried for up to `within`; answer with [`Event::TaintsAdded`].
-    AddTaints { reason: AddReason, within: Duration },
+    /// Add the missing taints of the gates `gates` picks when `reason`
+    /// applies to a fresh read; retried for up to `within`; answer with
+    /// [`Event::TaintsAdded`].
+    AddTaints {
+        reason: AddReason,
+        within: Duration,
+        gates: Vec<bool>,
+    },
+    /// The held Event of a gate: `since` is `held_for` before now.
+    EmitHeld {
+        uid: Option<String>,
+        gate: String,
+        taints: String,
+        held_for: Duration,
+        failure: String,
+    },
+    /// The `gate_open` gauge of one gate.
+    SetGateOpen { gate: String, open: bool },
     /// Record a core/v1 Event on the Node.
     Emit {
         uid: Option<String>,
@@ -137,9 +213,10 @@ pub struct State {
     /// The writer's set: what the ready patch removes, what counts as ours.
     taints: Arc<TaintSet>,
     cfg: GateConfig,
-    /// How many probes a round runs (for the ready Event's text).
-    probes: usize,
-    readiness: Readiness,
+    /// Each gate's verdict, in the order of `taints.gates()`.
+    gates: Vec<GateTrack>,
+    /// The gates the last [`Action::RemoveTaints`] asked to open.
+    opening: Vec<bool>,
     /// The node as last seen; `None` until then, or when a write of ours
     /// made it stale.
     view: Option<NodeView>,
@@ -158,6 +235,27 @@ pub struct State {
     patched: Option<(String, Instant)>,
 }
 
+/// One gate's verdict, and what its held Event needs.
+#[derive(Debug)]
+struct GateTrack {
+    info: GateInfo,
+    readiness: Readiness,
+    /// Since when it has been closed: agent start, a reboot, a re-taint.
+    since: Instant,
+    /// When its held Event was last sent on this closing.
+    reported: Option<Instant>,
+    /// The last round's failure.
+    failure: Option<String>,
+}
+
+impl GateTrack {
+    fn close(&mut self, now: Instant) {
+        self.readiness.reset();
+        self.since = now;
+        self.reported = None;
+    }
+}
+
 /// How long after a ready patch the watch's older versions are skipped:
 /// past it (a watch that far behind, or versions that went back as after
 /// an etcd restore) every version counts again, and a stale one costs a
@@ -165,6 +263,7 @@ pub struct State {
 const STALE_WINDOW: Duration = Duration::from_secs(30);
 
 impl State {
+    /// One gate (`default`) of `probes` probes: `taints` holds one gate.
     pub fn new(
         name: impl Into<String>,
         taints: Arc<TaintSet>,
@@ -172,12 +271,37 @@ impl State {
         probes: usize,
         started: Instant,
     ) -> Self {
+        let gates = vec![GateInfo {
+            name: "default".into(),
+            probes,
+        }];
+        Self::with_gates(name, taints, cfg, gates, started)
+    }
+
+    /// `gates`, in the order of `taints.gates()`.
+    pub fn with_gates(
+        name: impl Into<String>,
+        taints: Arc<TaintSet>,
+        cfg: GateConfig,
+        gates: Vec<GateInfo>,
+        started: Instant,
+    ) -> Self {
+        let gates = gates
+            .into_iter()
+            .map(|info| GateTrack {
+                info,
+                readiness: Readiness::new(cfg.thresholds),
+                since: started,
+                reported: None,
+                failure: None,
+            })
+            .collect();
         Self {
             name: name.into(),
             taints,
-            readiness: Readiness::new(cfg.thresholds),
             cfg,
-            probes,
+            gates,
+            opening: Vec::new(),
             view: None,
             boot: None,
             since: started,
@@ -188,8 +312,32 @@ impl State {
         }
     }
 
+    /// Every gate is open.
     pub fn is_ready(&self) -> bool {
-        self.readiness.is_ready()
+        self.gates.iter().all(|g| g.readiness.is_ready())
+    }
+
+    /// Which gates are open, in order.
+    fn open(&self) -> Vec<bool> {
+        self.gates.iter().map(|g| g.readiness.is_ready()).collect()
+    }
+
+    fn every_gate(&self) -> Vec<bool> {
+        vec![true; self.gates.len()]
+    }
+
+    /// Every gate back to closed, from `now`.
+    fn close_all(&mut self, now: Instant, out: &mut Vec<Action>) {
+        let several = self.gates.len() > 1;
+        for g in &mut self.gates {
+            if several && g.readiness.is_ready() {
+                out.push(Action::SetGateOpen {
+                    gate: g.info.name.clone(),
+                    open: false,
+                });
+            }
+            g.close(now);
+        }
     }
 
     /// The node as the watch last delivered it, if no write of ours made
@@ -220,6 +368,7 @@ impl State {
             Event::Started => out.push(Action::AddTaints {
                 reason: AddReason::SafetyNet,
                 within: SAFETY_NET_WITHIN,
+                gates: self.every_gate(),
             }),
             Event::NodeChanged(view) => {
                 if self.stale(&view, now) {
@@ -229,16 +378,22 @@ impl State {
                 if self.rebooted(now, &mut out) || self.retainted(now, &mut out) {
                     out.push(Action::RunProbes);
                 } else {
-                    self.settle(None, &mut out);
+                    self.settle(&[], &mut out);
                 }
             }
             Event::WatchFailed(e) => {
                 tracing::warn!(node = %self.name, error = %e, "own node watch failed, retrying");
-                self.settle(None, &mut out);
+                self.settle(&[], &mut out);
             }
             Event::Tick => out.push(Action::RunProbes),
-            Event::Probed(ok) => {
-                let transition = self.readiness.observe(ok);
+            Event::Probed(results) => {
+                let before = self.is_ready();
+                let fell = self.observe(&results, now, &mut out);
+                let transition = match (before, self.is_ready()) {
+                    (false, true) => Some(Transition::Ready),
+                    (true, false) => Some(Transition::NotReady),
+                    _ => None,
+                };
                 match transition {
                     Some(Transition::Ready) => {
                         out.push(Action::SetReady(true));
@@ -250,10 +405,21 @@ impl State {
                     }
                     None => {}
                 }
-                self.settle(transition, &mut out);
+                self.held(now, &mut out);
+                self.settle(&fell, &mut out);
             }
             Event::ReadyPatched(result) => {
+                let opening = std::mem::take(&mut self.opening);
+                let some = opening.iter().any(|o| !o);
                 match result {
+                    Ok(MarkReady {
+                        outcome: Some(out_),
+                        latest,
+                    }) if some => {
+                        self.patched = latest.metadata.resource_version.clone().map(|rv| (rv, now));
+                        self.view = Some(latest);
+                        self.gates_opened(&out_, &opening, now, &mut out);
+                    }
                     Ok(MarkReady {
                         outcome: Some(out_),
                         latest,
@@ -303,6 +469,7 @@ impl State {
                 out.push(Action::AddTaints {
                     reason: AddReason::Shutdown,
                     within,
+                    gates: self.every_gate(),
                 });
             }
             Decision::ReTaint(_) => {
@@ -328,24 +495,151 @@ impl State {
     }
 
     /// After a round or a new view: patch when ready and the node still
-    /// needs it (without a view, try: the patch is a no-op when done); on a
-    /// fall below the failure threshold in continuous mode, re-taint.
-    fn settle(&mut self, transition: Option<Transition>, out: &mut Vec<Action>) {
-        if self.readiness.is_ready() {
+    /// needs it (without a view, try: the patch is a no-op when done); the
+    /// same for the gates already open while others hold the node; in
+    /// continuous mode, re-taint the gates that fell below the failure
+    /// threshold (`fell`).
+    fn settle(&mut self, fell: &[bool], out: &mut Vec<Action>) {
+        let open = self.open();
+        if open.iter().any(|o| *o) {
+            let set = self.taints.of_gates(&open);
             if self
                 .view
                 .as_ref()
-                .is_none_or(|v| needs_ready_patch(v, &self.taints))
+                .is_none_or(|v| needs_ready_patch(v, &set))
             {
+                self.opening = open.clone();
                 out.push(Action::RemoveTaints {
                     boot: self.boot.clone(),
                     within: self.write_within(),
+                    gates: open,
                 });
             }
-        } else if self.cfg.continuous && transition == Some(Transition::NotReady) {
+        }
+        if self.cfg.continuous && fell.iter().any(|f| *f) {
             out.push(Action::AddTaints {
                 reason: AddReason::Continuous,
                 within: self.write_within(),
+                gates: fell.to_vec(),
+            });
+        }
+    }
+
+    /// Feeds a round to each gate; returns which fell below the failure
+    /// threshold.
+    fn observe(
+        &mut self,
+        results: &[GateResult],
+        now: Instant,
+        out: &mut Vec<Action>,
+    ) -> Vec<bool> {
+        let several = self.gates.len() > 1;
+        let mut fell = vec![false; self.gates.len()];
+        for (i, g) in self.gates.iter_mut().enumerate() {
+            let result = results.get(i);
+            g.failure = result.and_then(|r| r.failure.clone());
+            match g.readiness.observe(result.is_some_and(|r| r.ok)) {
+                // One gate's gauge is the `ready` one (the loop sets both).
+                Some(Transition::Ready) if several => {
+                    tracing::info!(node = %self.name, gate = %g.info.name, "the gate's probes pass");
+                    out.push(Action::SetGateOpen {
+                        gate: g.info.name.clone(),
+                        open: true,
+                    });
+                }
+                Some(Transition::NotReady) => {
+                    if several {
+                        out.push(Action::SetGateOpen {
+                            gate: g.info.name.clone(),
+                            open: false,
+                        });
+                    }
+                    g.since = now;
+                    g.reported = None;
+                    fell[i] = true;
+                }
+                _ => {}
+            }
+        }
+        fell
+    }
+
+    /// The held Event of each gate closed for [`GateConfig::held_event_after`]
+    /// whose taint is on the node, again every
+    /// [`GateConfig::held_event_every`]: which gate holds the node, since
+    /// when, which probe fails.
+    fn held(&mut self, now: Instant, out: &mut Vec<Action>) {
+        let Some(view) = self.view.as_ref() else {
+            return;
+        };
+        let on = view.taints();
+        for (g, taints) in self.gates.iter_mut().zip(self.taints.gates()) {
+            let held_for = now.saturating_duration_since(g.since);
+            let due = g
+                .reported
+                .is_none_or(|at| now.saturating_duration_since(at) >= self.cfg.held_event_every);
+            if g.readiness.is_ready()
+                || !taints.iter().any(|t| t.is_in(on))
+                || held_for < self.cfg.held_event_after
+                || !due
+            {
+                continue;
+            }
+            g.reported = Some(now);
+            let failure = g
+                .failure
+                .clone()
+                .unwrap_or_else(|| "its probes have not passed yet".into());
+            tracing::warn!(node = %self.name, gate = %g.info.name, held_s = held_for.as_secs(), %failure, "a gate holds the node");
+            out.push(Action::EmitHeld {
+                uid: view.metadata.uid.clone(),
+                gate: g.info.name.clone(),
+                taints: shown(taints),
+                held_for,
+                failure,
+            });
+        }
+    }
+
+    /// A patch opened some gates while others still hold the node: one
+    /// Event per gate it opened.
+    fn gates_opened(
+        &self,
+        o: &ReadyOutcome,
+        opening: &[bool],
+        now: Instant,
+        out: &mut Vec<Action>,
+    ) {
+        let taints = self.taints.gates();
+        let still: Vec<&str> = self
+            .gates
+            .iter()
+            .zip(opening)
+            .filter(|(_, o)| !**o)
+            .map(|(g, _)| g.info.name.as_str())
+            .collect();
+        for ((g, set), _) in self
+            .gates
+            .iter()
+            .zip(taints)
+            .zip(opening)
+            .filter(|(_, o)| **o)
+        {
+            if !set.iter().any(|t| t.is_in(&o.removed)) {
+                continue;
+            }
+            let after = now.saturating_duration_since(g.since).as_secs_f64();
+            tracing::info!(node = %self.name, gate = %g.info.name, ?still, "gate open: its taint removed");
+            out.push(Action::Emit {
+                uid: o.uid.clone(),
+                kind: EventType::Normal,
+                reason: GATE_OPEN_REASON,
+                message: format!(
+                    "gate {} ({}) opened: its {} probes pass, {after:.1}s after it closed; still held by {still:?}",
+                    g.info.name,
+                    shown(set),
+                    g.info.probes
+                ),
             });
         }
     }
@@ -353,14 +647,20 @@ impl State {
     /// Tracks the node's bootID; on a change from a known one the verdict
     /// belonged to the previous boot: back to not ready, waiting anew.
     fn rebooted(&mut self, now: Instant, out: &mut Vec<Action>) -> bool {
-        let Some(current) = self.view.as_ref().and_then(NodeView::boot_id) else {
+        let Some(current) = self
+            .view
+            .as_ref()
+            .and_then(NodeView::boot_id)
+            .map(str::to_owned)
+        else {
             return false;
         };
+        let current = current.as_str();
         let changed = self.boot.as_deref().is_some_and(|b| b != current);
         if changed {
             tracing::info!(node = %self.name, old_boot = self.boot.as_deref().unwrap_or(""), new_boot = current, "node rebooted; probes must pass again");
             out.push(Action::SetReady(false));
-            self.readiness.reset();
+            self.close_all(now, out);
             self.since = now;
             self.origin = Origin::Webhook;
         }
@@ -384,12 +684,12 @@ impl State {
         let ours = view.missing(managed).len() < managed.len();
         let recorded = boot.is_some() && view.ready_boot_id() == boot;
         let announced = self.announced_boot.as_ref().map(Option::as_deref) == Some(boot);
-        if !(self.readiness.is_ready() && ours && recorded && announced) {
+        if !(self.is_ready() && ours && recorded && announced) {
             return false;
         }
         tracing::info!(node = %self.name, boot_id = boot.unwrap_or(""), "taint put back on a ready node; probes must pass again");
         out.push(Action::SetReady(false));
-        self.readiness.reset();
+        self.close_all(now, out);
         self.since = now;
         self.origin = Origin::Webhook;
         true
@@ -432,7 +732,7 @@ impl State {
             reason: READY_REASON,
             message: format!(
                 "all {} probes pass; removed taints {:?}; ready {:.1}s after agent start",
-                self.probes,
+                self.gates.iter().map(|g| g.info.probes).sum::<usize>(),
                 taints,
                 from_start.as_secs_f64()
             ),
@@ -535,6 +835,23 @@ impl State {
     }
 }
 
+/// Taints as flags spell them, comma-separated.
+fn shown(taints: &[TaintSpec]) -> String {
+    let all: Vec<String> = taints.iter().map(ToString::to_string).collect();
+    all.join(",")
+}
+
+impl Event {
+    /// A round of the one gate of `--taint`.
+    pub fn probed(ok: bool) -> Event {
+        Event::Probed(vec![if ok {
+            GateResult::passed()
+        } else {
+            GateResult::failed("probe failed")
+        }])
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -611,6 +928,8 @@ mod tests {
             taint_on_shutdown: true,
             shutdown_deadline: Duration::from_secs(5),
             ca_max_node_startup: crate::autoscaler::CA_MAX_NODE_STARTUP,
+            held_event_after: HELD_EVENT_AFTER,
+            held_event_every: HELD_EVENT_EVERY,
         }
     }
 
@@ -618,16 +937,39 @@ mod tests {
     fn brief(a: &Action) -> String {
         match a {
             Action::RunProbes => "probe".into(),
-            Action::RemoveTaints { boot, within } => {
+            Action::RemoveTaints {
+                boot,
+                within,
+                gates,
+            } => {
                 format!(
-                    "remove@{}/{}s",
+                    "remove@{}/{}s{}",
                     boot.as_deref().unwrap_or("?"),
-                    within.as_secs()
+                    within.as_secs(),
+                    mask(gates)
                 )
             }
-            Action::AddTaints { reason, within } => {
-                format!("add:{}/{}s", reason.as_str(), within.as_secs())
+            Action::AddTaints {
+                reason,
+                within,
+                gates,
+            } => {
+                format!(
+                    "add:{}/{}s{}",
+                    reason.as_str(),
+                    within.as_secs(),
+                    mask(gates)
+                )
             }
+            Action::EmitHeld {
+                gate,
+                failure,
+                held_for,
+                ..
+            } => {
+                format!("held:{gate}:{}s:{failure}", held_for.as_secs())
+            }
+            Action::SetGateOpen { gate, open } => format!("{gate}={}", u8::from(*open)),
             Action::Emit { kind, reason, .. } => format!("event:{kind:?}:{reason}"),
             Action::SetReady(r) => format!("ready={}", u8::from(*r)),
             Action::ObserveTimeToReady { origin, seconds } => {
@@ -637,6 +979,15 @@ mod tests {
             Action::OpenNode { within } => format!("open/{}s", within.as_secs()),
             Action::CountShutdown(d) => format!("shutdown:{}:{}", d.as_str(), d.why().as_str()),
         }
+    }
+
+    /// A gate mask, shown only when it picks some gates, not all.
+    fn mask(gates: &[bool]) -> String {
+        if gates.iter().all(|g| *g) {
+            return String::new();
+        }
+        let picked: String = gates.iter().map(|g| if *g { '1' } else { '0' }).collect();
+        format!("[{picked}]")
     }
 
     /// Runs `steps` (event, the actions it must give) through a fresh gate;
@@ -663,7 +1014,7 @@ mod tests {
         let mut g = State::new("n1", default_gate(), cfg(1, 1, false), 1, t0);
         assert_eq!(g.period(), Duration::from_millis(50));
         g.on(Event::NodeChanged(node("b1", true)), t0);
-        g.on(Event::Probed(true), t0);
+        g.on(Event::probed(true), t0);
         assert_eq!(g.period(), Duration::from_secs(1));
         g.on(Event::NodeChanged(node("b2", true)), t0);
         assert_eq!(g.period(), Duration::from_millis(50));
@@ -717,7 +1068,7 @@ mod tests {
         g.on(Event::NodeChanged(at(node("b1", true), "7")), t0);
         let acts = |a: Vec<Action>| a.iter().map(brief).collect::<Vec<_>>();
         assert_eq!(
-            acts(g.on(Event::Probed(true), t0)),
+            acts(g.on(Event::probed(true), t0)),
             ["ready=1", "remove@b1/10s"]
         );
         g.on(patched_at("10"), t0 + s(1));
@@ -741,7 +1092,7 @@ mod tests {
         // restore versions go back): at worst one failed `test` and a read.
         let mut g = State::new("n1", default_gate(), cfg(1, 1, false), 1, t0);
         g.on(Event::NodeChanged(at(node("b1", true), "7")), t0);
-        g.on(Event::Probed(true), t0);
+        g.on(Event::probed(true), t0);
         g.on(patched_at("10"), t0);
         let late = acts(g.on(
             Event::NodeChanged(at(node("b1", true), "9")),
@@ -760,14 +1111,14 @@ mod tests {
                 (added(AddReason::SafetyNet, 0), &[]),
                 (Event::NodeChanged(node("b1", true)), &[]),
                 (Event::Tick, &["probe"]),
-                (Event::Probed(true), &["ready=1", "remove@b1/10s"]),
+                (Event::probed(true), &["ready=1", "remove@b1/10s"]),
                 (
                     patched("b1", true),
                     &["ttr:webhook:6", "event:Normal:NodegateReady"],
                 ),
                 (Event::NodeChanged(node("b1", false)), &[]),
                 (Event::Tick, &["probe"]),
-                (Event::Probed(true), &[]),
+                (Event::probed(true), &[]),
                 (Event::WatchFailed("gone".into()), &[]),
             ],
         );
@@ -780,7 +1131,7 @@ mod tests {
             cfg(1, 1, false),
             vec![
                 (Event::Tick, &["probe"]),
-                (Event::Probed(true), &["ready=1", "remove@?/10s"]),
+                (Event::probed(true), &["ready=1", "remove@?/10s"]),
                 // Someone else removed the taint: only the bootID recorded.
                 (
                     patched("b1", false),
@@ -810,7 +1161,7 @@ mod tests {
                 ),
                 (Event::NodeChanged(node("b1", true)), &[]),
                 (Event::Tick, &["probe"]),
-                (Event::Probed(true), &["ready=1", "remove@b1/10s"]),
+                (Event::probed(true), &["ready=1", "remove@b1/10s"]),
                 (
                     patched("b1", true),
                     &["ttr:safety_net:6", "event:Normal:NodegateReady"],
@@ -829,7 +1180,7 @@ mod tests {
                     &[],
                 ),
                 (Event::Tick, &["probe"]),
-                (Event::Probed(true), &["ready=1", "remove@?/10s"]),
+                (Event::probed(true), &["ready=1", "remove@?/10s"]),
                 (
                     patched("b1", true),
                     &["ttr:webhook:4", "event:Normal:NodegateReady"],
@@ -845,19 +1196,19 @@ mod tests {
             cfg(2, 1, false),
             vec![
                 (Event::NodeChanged(node("b1", true)), &[]),
-                (Event::Probed(true), &[]),
-                (Event::Probed(false), &[]),
-                (Event::Probed(true), &[]),
-                (Event::Probed(true), &["ready=1", "remove@b1/10s"]),
+                (Event::probed(true), &[]),
+                (Event::probed(false), &[]),
+                (Event::probed(true), &[]),
+                (Event::probed(true), &["ready=1", "remove@b1/10s"]),
                 (Event::ReadyPatched(Err("conflict".into())), &[]),
                 // Any later event retries while the node still needs it.
-                (Event::Probed(true), &["remove@b1/10s"]),
+                (Event::probed(true), &["remove@b1/10s"]),
                 (
                     patched("b1", true),
                     &["ttr:webhook:8", "event:Normal:NodegateReady"],
                 ),
                 // Not continuous: falling below the threshold only says so.
-                (Event::Probed(false), &["ready=0"]),
+                (Event::probed(false), &["ready=0"]),
             ],
         );
     }
@@ -869,13 +1220,13 @@ mod tests {
             cfg(1, 1, false),
             vec![
                 (Event::NodeChanged(node("b1", true)), &[]),
-                (Event::Probed(true), &["ready=1", "remove@b1/10s"]),
+                (Event::probed(true), &["ready=1", "remove@b1/10s"]),
                 (
                     patched("b1", true),
                     &["ttr:webhook:3", "event:Normal:NodegateReady"],
                 ),
                 (Event::NodeChanged(node("b2", true)), &["ready=0", "probe"]),
-                (Event::Probed(true), &["ready=1", "remove@b2/10s"]),
+                (Event::probed(true), &["ready=1", "remove@b2/10s"]),
                 // Time to ready counts from the reboot.
                 (
                     patched("b2", true),
@@ -888,10 +1239,10 @@ mod tests {
             cfg(1, 1, false),
             vec![
                 (Event::NodeChanged(node("b1", true)), &[]),
-                (Event::Probed(true), &["ready=1", "remove@b1/10s"]),
+                (Event::probed(true), &["ready=1", "remove@b1/10s"]),
                 (unchanged("b2"), &["ready=0"]),
                 (Event::Tick, &["probe"]),
-                (Event::Probed(true), &["ready=1"]),
+                (Event::probed(true), &["ready=1"]),
                 (Event::NodeChanged(node("b2", true)), &["remove@b2/10s"]),
             ],
         );
@@ -914,15 +1265,15 @@ mod tests {
             cfg(1, 3, false),
             vec![
                 (Event::NodeChanged(node("b1", true)), &[]),
-                (Event::Probed(true), &["ready=1", "remove@b1/10s"]),
+                (Event::probed(true), &["ready=1", "remove@b1/10s"]),
                 (
                     patched("b1", true),
                     &["ttr:webhook:3", "event:Normal:NodegateReady"],
                 ),
                 (Event::NodeChanged(retainted("b1")), &["ready=0", "probe"]),
-                (Event::Probed(false), &[]),
+                (Event::probed(false), &[]),
                 (Event::NodeChanged(node("b2", true)), &["ready=0", "probe"]),
-                (Event::Probed(true), &["ready=1", "remove@b2/10s"]),
+                (Event::probed(true), &["ready=1", "remove@b2/10s"]),
             ],
         );
         run(
@@ -930,13 +1281,13 @@ mod tests {
             cfg(1, 1, false),
             vec![
                 (Event::NodeChanged(node("b1", true)), &[]),
-                (Event::Probed(true), &["ready=1", "remove@b1/10s"]),
+                (Event::probed(true), &["ready=1", "remove@b1/10s"]),
                 (
                     patched("b1", true),
                     &["ttr:webhook:3", "event:Normal:NodegateReady"],
                 ),
                 (Event::NodeChanged(retainted("b1")), &["ready=0", "probe"]),
-                (Event::Probed(true), &["ready=1", "remove@b1/10s"]),
+                (Event::probed(true), &["ready=1", "remove@b1/10s"]),
                 (
                     patched("b1", true),
                     &["ttr:webhook:2", "event:Normal:NodegateReady"],
@@ -947,7 +1298,7 @@ mod tests {
             "a version older than the ready patch",
             cfg(1, 1, false),
             vec![
-                (Event::Probed(true), &["ready=1", "remove@?/10s"]),
+                (Event::probed(true), &["ready=1", "remove@?/10s"]),
                 (
                     patched("b1", true),
                     &["ttr:webhook:2", "event:Normal:NodegateReady"],
@@ -964,18 +1315,18 @@ mod tests {
             cfg(1, 2, true),
             vec![
                 (Event::NodeChanged(node("b1", true)), &[]),
-                (Event::Probed(true), &["ready=1", "remove@b1/10s"]),
+                (Event::probed(true), &["ready=1", "remove@b1/10s"]),
                 (
                     patched("b1", true),
                     &["ttr:webhook:3", "event:Normal:NodegateReady"],
                 ),
-                (Event::Probed(false), &[]),
-                (Event::Probed(false), &["ready=0", "add:continuous/10s"]),
+                (Event::probed(false), &[]),
+                (Event::probed(false), &["ready=0", "add:continuous/10s"]),
                 (added(AddReason::Continuous, 1), &[]),
-                (Event::Probed(false), &[]),
+                (Event::probed(false), &[]),
                 // Recovered: the node is not re-read first, and the same boot
                 // is announced again.
-                (Event::Probed(true), &["ready=1", "remove@b1/10s"]),
+                (Event::probed(true), &["ready=1", "remove@b1/10s"]),
                 (
                     patched("b1", true),
                     &["ttr:continuous:3", "event:Normal:NodegateReady"],
@@ -986,8 +1337,8 @@ mod tests {
             "continuous re-taint failed",
             cfg(1, 1, true),
             vec![
-                (Event::Probed(true), &["ready=1", "remove@?/10s"]),
-                (Event::Probed(false), &["ready=0", "add:continuous/10s"]),
+                (Event::probed(true), &["ready=1", "remove@?/10s"]),
+                (Event::probed(false), &["ready=0", "add:continuous/10s"]),
                 (
                     Event::TaintsAdded {
                         reason: AddReason::Continuous,
@@ -995,7 +1346,7 @@ mod tests {
                     },
                     &[],
                 ),
-                (Event::Probed(true), &["ready=1", "remove@?/10s"]),
+                (Event::probed(true), &["ready=1", "remove@?/10s"]),
             ],
         );
     }
@@ -1067,7 +1418,7 @@ mod tests {
                     Event::NodeChanged(with_labels(node("b1", true), karpenter())),
                     &[],
                 ),
-                (Event::Probed(true), &READY),
+                (Event::probed(true), &READY),
                 (initialized("b1", true, None), &WARNED),
                 // The same boot again, its bootID not recorded (the taint
                 // back, the annotation not yet seen): the ready Event
@@ -1084,7 +1435,7 @@ mod tests {
             cfg(1, 1, false),
             vec![
                 (Event::NodeChanged(node("b1", true)), &[]),
-                (Event::Probed(true), &READY),
+                (Event::probed(true), &READY),
                 (
                     answered(
                         "b1",
@@ -1107,7 +1458,7 @@ mod tests {
             "the patch removed no gate",
             cfg(1, 1, false),
             vec![
-                (Event::Probed(true), &["ready=1", "remove@?/10s"]),
+                (Event::probed(true), &["ready=1", "remove@?/10s"]),
                 (
                     initialized("b1", false, None),
                     &["ttr:none:2", "event:Normal:NodegateReady"],
@@ -1123,7 +1474,7 @@ mod tests {
                     added(AddReason::SafetyNet, 1),
                     &["event:Warning:NodegateWebhookMissed"],
                 ),
-                (Event::Probed(true), &["ready=1", "remove@?/10s"]),
+                (Event::probed(true), &["ready=1", "remove@?/10s"]),
                 (
                     initialized("b1", true, None),
                     &["ttr:safety_net:4", "event:Normal:NodegateReady"],
@@ -1141,13 +1492,13 @@ mod tests {
             cfg(1, 1, false),
             vec![
                 (Event::NodeChanged(node("b1", true)), &[]),
-                (Event::Probed(true), &READY),
+                (Event::probed(true), &READY),
                 (initialized("b1", true, None), &WARNED),
                 (
                     Event::NodeChanged(with_labels(node("b2", true), karpenter())),
                     &["ready=0", "probe"],
                 ),
-                (Event::Probed(true), &["ready=1", "remove@b2/10s"]),
+                (Event::probed(true), &["ready=1", "remove@b2/10s"]),
                 (
                     initialized("b2", true, Some("b1")),
                     &["ttr:webhook:2", "event:Normal:NodegateReady"],
@@ -1158,7 +1509,7 @@ mod tests {
             "agent started on the new boot",
             cfg(1, 1, false),
             vec![
-                (Event::Probed(true), &["ready=1", "remove@?/10s"]),
+                (Event::probed(true), &["ready=1", "remove@?/10s"]),
                 (
                     initialized("b2", true, Some("b1")),
                     &["ttr:webhook:2", "event:Normal:NodegateReady"],
@@ -1175,7 +1526,7 @@ mod tests {
             "judged unneeded while gated",
             cfg(1, 1, false),
             vec![
-                (Event::Probed(true), &["ready=1", "remove@?/10s"]),
+                (Event::probed(true), &["ready=1", "remove@?/10s"]),
                 (
                     at(Duration::from_secs(90)),
                     &[
@@ -1191,7 +1542,7 @@ mod tests {
             "past MaxNodeStartupTime a declared startup taint allows it too",
             cfg(1, 1, false),
             vec![
-                (Event::Probed(true), &["ready=1", "remove@?/10s"]),
+                (Event::probed(true), &["ready=1", "remove@?/10s"]),
                 (
                     at(Duration::from_secs(16 * 60)),
                     &["ttr:webhook:2", "event:Normal:NodegateReady"],
@@ -1204,7 +1555,7 @@ mod tests {
             "inside the default window",
             cfg(1, 1, false),
             vec![
-                (Event::Probed(true), &["ready=1", "remove@?/10s"]),
+                (Event::probed(true), &["ready=1", "remove@?/10s"]),
                 (
                     at(Duration::from_secs(10 * 60)),
                     &[
@@ -1223,7 +1574,7 @@ mod tests {
                 ..cfg(1, 1, false)
             },
             vec![
-                (Event::Probed(true), &["ready=1", "remove@?/10s"]),
+                (Event::probed(true), &["ready=1", "remove@?/10s"]),
                 (
                     at(Duration::from_secs(10 * 60)),
                     &["ttr:webhook:2", "event:Normal:NodegateReady"],
@@ -1237,7 +1588,7 @@ mod tests {
     fn the_warning_names_the_gate_and_the_fix() {
         let t0 = Instant::now();
         let mut g = State::new("n1", default_gate(), cfg(1, 1, false), 1, t0);
-        g.on(Event::Probed(true), t0);
+        g.on(Event::probed(true), t0);
         let acts = g.on(initialized("b1", true, None), t0);
         let warning = acts.iter().find_map(|a| match a {
             Action::Emit {
@@ -1309,7 +1660,7 @@ mod tests {
             cfg(1, 1, false),
             vec![
                 (Event::NodeChanged(node("b1", true)), &[]),
-                (Event::Probed(true), &["ready=1", "remove@b1/10s"]),
+                (Event::probed(true), &["ready=1", "remove@b1/10s"]),
                 (
                     patched("b1", true),
                     &["ttr:webhook:3", "event:Normal:NodegateReady"],
@@ -1326,7 +1677,7 @@ mod tests {
             cfg(1, 1, false),
             vec![
                 (Event::NodeChanged(node("b1", true)), &[]),
-                (Event::Probed(false), &[]),
+                (Event::probed(false), &[]),
                 (
                     removed(Why::NamespaceTerminating),
                     &["shutdown:open:namespace_terminating", "open/4s"],
@@ -1344,5 +1695,181 @@ mod tests {
                 &["shutdown:open:daemonset_forbidden", "open/4s"],
             )],
         );
+    }
+
+    const CSI: &str = "nodegate.dev/csi-not-ready=true:NoSchedule";
+
+    fn taint_json(spec: &str) -> Value {
+        let t: TaintSpec = spec.parse().unwrap();
+        t.to_json()
+    }
+
+    /// A node on `boot` carrying `taints` (specs), not recorded ready.
+    fn gated(boot: &str, taints: &[&str]) -> NodeView {
+        let taints: Vec<Value> = taints.iter().map(|t| taint_json(t)).collect();
+        serde_json::from_value(json!({
+            "metadata": {"name": "n1", "uid": "u1", "resourceVersion": "5"},
+            "spec": {"taints": taints},
+            "status": {"nodeInfo": {"bootID": boot}}
+        }))
+        .unwrap()
+    }
+
+    /// Two gates: `cni` (the default key, 2 probes), `csi` (1 probe).
+    fn two_gates(t0: Instant, continuous: bool) -> State {
+        let set = TaintSet::with_gates(
+            vec![vec![TAINT.parse().unwrap()], vec![CSI.parse().unwrap()]],
+            Vec::new(),
+            Vec::new(),
+        );
+        let gates = vec![
+            GateInfo {
+                name: "cni".into(),
+                probes: 2,
+            },
+            GateInfo {
+                name: "csi".into(),
+                probes: 1,
+            },
+        ];
+        State::with_gates("n1", Arc::new(set), cfg(1, 1, continuous), gates, t0)
+    }
+
+    fn round(cni: bool, csi: bool) -> Event {
+        let r = |ok: bool, why: &str| {
+            if ok {
+                GateResult::passed()
+            } else {
+                GateResult::failed(why)
+            }
+        };
+        Event::Probed(vec![
+            r(cni, "http[0] failed: connection refused"),
+            r(
+                csi,
+                "pod[0] failed: no Ready pod matching the selector on this node",
+            ),
+        ])
+    }
+
+    fn opened(removed: &[&str], latest: NodeView) -> Event {
+        Event::ReadyPatched(Ok(MarkReady {
+            outcome: Some(ReadyOutcome {
+                removed: removed.iter().map(|t| taint_json(t)).collect(),
+                boot_id: Some("b1".into()),
+                ready_boot_before: None,
+                since_creation_ms: Some(5),
+                uid: Some("u1".into()),
+            }),
+            latest,
+        }))
+    }
+
+    fn briefs(a: Vec<Action>) -> Vec<String> {
+        a.iter().map(brief).collect()
+    }
+
+    /// Each gate opens on its own probes: the first in a patch of its own
+    /// (no bootID recorded, an Event naming it and who still holds the
+    /// node), the last in the ready patch.
+    #[test]
+    fn each_gate_opens_on_its_own_probes_and_the_last_one_records_the_boot() {
+        let t0 = Instant::now();
+        let mut g = two_gates(t0, false);
+        g.on(Event::NodeChanged(gated("b1", &[TAINT, CSI])), t0);
+        assert_eq!(briefs(g.on(round(false, false), t0)), Vec::<String>::new());
+        assert_eq!(
+            briefs(g.on(round(true, false), t0)),
+            ["cni=1", "remove@b1/10s[10]"]
+        );
+        assert!(!g.is_ready());
+        let acts = g.on(opened(&[TAINT], gated("b1", &[CSI])), t0);
+        assert_eq!(briefs(acts.clone()), ["event:Normal:NodegateGateOpen"]);
+        let Action::Emit { message, .. } = &acts[0] else {
+            panic!("{acts:?}")
+        };
+        assert!(
+            message.contains("gate cni (nodegate.dev/agent-not-ready=true:NoSchedule) opened")
+                && message.contains(r#"still held by ["csi"]"#),
+            "{message}"
+        );
+        // Open gates cost nothing more while the other still holds the node.
+        assert_eq!(briefs(g.on(round(true, false), t0)), Vec::<String>::new());
+        assert_eq!(
+            briefs(g.on(round(true, true), t0)),
+            ["csi=1", "ready=1", "remove@b1/10s"]
+        );
+        assert!(g.is_ready());
+    }
+
+    /// Gates ready in the same round open in one write.
+    #[test]
+    fn gates_ready_together_open_in_one_patch() {
+        let t0 = Instant::now();
+        let mut g = two_gates(t0, false);
+        g.on(Event::NodeChanged(gated("b1", &[TAINT, CSI])), t0);
+        assert_eq!(
+            briefs(g.on(round(true, true), t0)),
+            ["cni=1", "csi=1", "ready=1", "remove@b1/10s"]
+        );
+    }
+
+    /// A gate that holds the node past a minute says so, naming its
+    /// failing probe, then again every ten minutes; an open gate, or one
+    /// whose taint is not on the node, never does.
+    #[test]
+    fn a_gate_holding_the_node_says_which_probe_fails_and_since_when() {
+        let t0 = Instant::now();
+        let mut g = two_gates(t0, false);
+        g.on(Event::NodeChanged(gated("b1", &[TAINT, CSI])), t0);
+        g.on(round(true, false), t0);
+        g.on(opened(&[TAINT], gated("b1", &[CSI])), t0);
+        let s = Duration::from_secs;
+        assert_eq!(
+            briefs(g.on(round(true, false), t0 + s(59))),
+            Vec::<String>::new()
+        );
+        assert_eq!(
+            briefs(g.on(round(true, false), t0 + s(60))),
+            ["held:csi:60s:pod[0] failed: no Ready pod matching the selector on this node"]
+        );
+        assert_eq!(
+            briefs(g.on(round(true, false), t0 + s(600))),
+            Vec::<String>::new()
+        );
+        assert_eq!(briefs(g.on(round(true, false), t0 + s(660))).len(), 1);
+        assert_eq!(
+            held_message("csi", CSI, "2026-11-29T14:00:00Z", "pod[0] failed: x"),
+            "gate csi (nodegate.dev/csi-not-ready=true:NoSchedule) has held this node since 2026-11-29T14:00:00Z: pod[0] failed: x"
+        );
+        // Its taint gone (removed by hand): nothing to say.
+        let mut h = two_gates(t0, false);
+        h.on(Event::NodeChanged(gated("b1", &[TAINT])), t0);
+        let late = briefs(h.on(round(false, false), t0 + s(120)));
+        assert_eq!(late, ["held:cni:120s:http[0] failed: connection refused"]);
+    }
+
+    /// A reboot closes every gate; in continuous mode only the gate that
+    /// fell gets its taint back.
+    #[test]
+    fn a_reboot_closes_every_gate_and_a_fall_re_taints_only_its_gate() {
+        let t0 = Instant::now();
+        let mut g = two_gates(t0, true);
+        g.on(Event::NodeChanged(gated("b1", &[TAINT, CSI])), t0);
+        g.on(round(true, true), t0);
+        g.on(patched("b1", true), t0);
+        assert_eq!(
+            briefs(g.on(round(true, false), t0)),
+            ["csi=0", "ready=0", "add:continuous/10s[01]"]
+        );
+        let mut r = two_gates(t0, false);
+        r.on(Event::NodeChanged(gated("b1", &[TAINT, CSI])), t0);
+        r.on(round(true, true), t0);
+        r.on(patched("b1", true), t0);
+        assert_eq!(
+            briefs(r.on(Event::NodeChanged(gated("b2", &[TAINT, CSI])), t0)),
+            ["ready=0", "cni=0", "csi=0", "probe"]
+        );
+        assert!(!r.is_ready());
     }
 }

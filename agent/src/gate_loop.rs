@@ -14,10 +14,13 @@ use nodegate_shared::signal::stopped;
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
-use crate::gate::{Action, Event, GateConfig, State, next_round};
-use crate::metrics::{
-    AutoscalerLabel, Metrics, OriginLabel, ProbeLabels, ProbeName, ShutdownLabels,
+use crate::gate::{
+    Action, Event, GateConfig, GateInfo, GateResult, State, held_message, next_round,
 };
+use crate::metrics::{
+    AutoscalerLabel, GateLabel, Metrics, OriginLabel, ProbeLabels, ProbeName, ShutdownLabels,
+};
+use crate::node_patch::EventType;
 use crate::node_writer::NodeWriter;
 use crate::probe::Probe;
 use crate::removal::{Decision, Why};
@@ -25,6 +28,9 @@ use crate::removal_check::RemovalCheck;
 
 pub struct Gate {
     pub writer: NodeWriter,
+    /// The gates, in the order of the writer's `taints.gates()`.
+    pub gates: Vec<GateInfo>,
+    /// Every gate's probes, each knowing its gate ([`Probe::gate`]).
     pub probes: Vec<Probe>,
     /// Poked by file (inotify) and pod (watch) probes on changes.
     pub wake: Arc<Notify>,
@@ -40,11 +46,11 @@ impl Gate {
     /// Runs until `shutdown` flips, then the shutdown re-taint (if enabled),
     /// or the opening of the node if nodegate is being removed.
     pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
-        let mut state = State::new(
+        let mut state = State::with_gates(
             self.writer.name.clone(),
             self.writer.taints.clone(),
             self.cfg.clone(),
-            self.probes.len(),
+            self.gates.clone(),
             self.started,
         );
         // The safety net for webhook outages, before the first probe round.
@@ -100,20 +106,68 @@ impl Gate {
         while let Some(action) = queue.pop_front() {
             let answer = match action {
                 Action::RunProbes => Some(Event::Probed(self.round().await)),
-                Action::RemoveTaints { boot, within } => Some(Event::ReadyPatched(
-                    self.writer
-                        .mark_ready(Instant::now() + within, boot.as_deref(), state.seen())
-                        .await
-                        .map_err(|e| e.to_string()),
-                )),
-                Action::AddTaints { reason, within } => Some(Event::TaintsAdded {
+                Action::RemoveTaints {
+                    boot,
+                    within,
+                    gates,
+                } => {
+                    let set = self.writer.taints.of_gates(&gates);
+                    let deadline = Instant::now() + within;
+                    Some(Event::ReadyPatched(
+                        self.writer
+                            .mark_ready_of(&set, deadline, boot.as_deref(), state.seen())
+                            .await
+                            .map_err(|e| e.to_string()),
+                    ))
+                }
+                Action::AddTaints {
                     reason,
-                    result: self
-                        .writer
-                        .add_missing(reason, Instant::now() + within)
-                        .await
-                        .map_err(|e| e.to_string()),
-                }),
+                    within,
+                    gates,
+                } => {
+                    let set = self.writer.taints.of_gates(&gates);
+                    Some(Event::TaintsAdded {
+                        reason,
+                        result: self
+                            .writer
+                            .add_missing_of(&set, reason, Instant::now() + within)
+                            .await
+                            .map_err(|e| e.to_string()),
+                    })
+                }
+                Action::EmitHeld {
+                    uid,
+                    gate,
+                    taints,
+                    held_for,
+                    failure,
+                } => {
+                    let since = k8s_openapi::jiff::Timestamp::now()
+                        .checked_sub(held_for)
+                        .map(|t| {
+                            t.round(k8s_openapi::jiff::Unit::Second)
+                                .unwrap_or(t)
+                                .to_string()
+                        })
+                        .unwrap_or_default();
+                    let message = held_message(&gate, &taints, &since, &failure);
+                    self.writer
+                        .event(
+                            uid,
+                            EventType::Warning,
+                            crate::gate::GATE_HELD_REASON,
+                            message,
+                        )
+                        .await;
+                    None
+                }
+                Action::SetGateOpen { gate, open } => {
+                    self.metrics
+                        .gate_open
+                        .get_or_create(&GateLabel { gate })
+                        .set(i64::from(open));
+                    None
+                }
                 Action::Emit {
                     uid,
                     kind,
@@ -125,6 +179,14 @@ impl Gate {
                 }
                 Action::SetReady(ready) => {
                     self.metrics.ready.set(i64::from(ready));
+                    if let [only] = self.gates.as_slice() {
+                        self.metrics
+                            .gate_open
+                            .get_or_create(&GateLabel {
+                                gate: only.name.clone(),
+                            })
+                            .set(i64::from(ready));
+                    }
                     None
                 }
                 Action::ObserveTimeToReady { origin, seconds } => {
@@ -168,20 +230,26 @@ impl Gate {
         }
     }
 
-    /// Runs every probe concurrently; true when all pass.
-    async fn round(&self) -> bool {
+    /// Runs every probe concurrently; each gate's result, in order: a gate
+    /// passes when all of its probes do.
+    async fn round(&self) -> Vec<GateResult> {
         for p in &self.probes {
             p.rearm(&self.wake);
         }
         let results =
             futures::future::join_all(self.probes.iter().map(|p| p.check(self.cfg.timeout))).await;
-        let mut all = true;
+        let mut gates = vec![GateResult::passed(); self.gates.len()];
         for (p, r) in self.probes.iter().zip(results) {
             let ok = r.is_ok();
             if let Err(e) = &r {
-                tracing::debug!(probe = %p.spec, error = %e, "probe failed");
+                tracing::debug!(probe = %p.spec, gate = p.gate, error = %e, "probe failed");
+                if let Some(g) = gates.get_mut(p.gate)
+                    && g.ok
+                {
+                    *g =
+                        GateResult::failed(format!("{}[{}] failed: {e}", p.spec.kind(), p.in_gate));
+                }
             }
-            all &= ok;
             let (kind, index) = (p.spec.kind(), p.index);
             self.metrics
                 .probe_results
@@ -196,6 +264,6 @@ impl Gate {
                 .get_or_create(&ProbeName { kind, index })
                 .set(i64::from(ok));
         }
-        all
+        gates
     }
 }

@@ -35,6 +35,12 @@ pub struct OriginLabel {
     pub origin: String,
 }
 
+/// A gate by its name (`gate_open`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GateLabel {
+    pub gate: String,
+}
+
 /// The autoscaler that did not wait for the gate (`gate_undeclared`).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct AutoscalerLabel {
@@ -69,6 +75,7 @@ pub struct Metrics {
     pub probe_results: Family<ProbeLabels, Counter>,
     pub probe_up: Family<ProbeName, Gauge>,
     pub ready: Gauge,
+    pub gate_open: Family<GateLabel, Gauge>,
     pub time_to_ready: Family<OriginLabel, Histogram, fn() -> Histogram>,
     pub taint_adds: Family<Reason, Counter>,
     pub taint_removals: Counter,
@@ -98,6 +105,7 @@ impl Default for Metrics {
             probe_results: Family::default(),
             probe_up: Family::default(),
             ready: Gauge::default(),
+            gate_open: Family::default(),
             time_to_ready: Family::new_with_constructor(time_to_ready_histogram),
             taint_adds: Family::default(),
             taint_removals: Counter::default(),
@@ -164,6 +172,11 @@ impl Metrics {
             "ready",
             "1 while the readiness gate considers the node ready",
             self.ready.clone(),
+        );
+        r.register(
+            "gate_open",
+            "1 while the gate's probes pass on this boot (one series per gate of --gates; `default` without it)",
+            self.gate_open.clone(),
         );
         r.register(
             "time_to_ready_seconds",

@@ -22,7 +22,8 @@ use crate::taint_set::TaintSet;
 /// it was read; other taints are never touched.
 pub fn ready_patch(node: &NodeView, taints: &TaintSet) -> Option<Patch> {
     let mut ops = removals(node, taints);
-    if let Some(boot) = node.boot_id()
+    // Only the set of every gate says the node is ready on this boot.
+    if let Some(boot) = node.boot_id().filter(|_| taints.complete())
         && node.ready_boot_id() != Some(boot)
     {
         if node.metadata.annotations.is_empty() {

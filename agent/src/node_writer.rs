@@ -160,7 +160,21 @@ impl NodeWriter {
         expected_boot: Option<&str>,
         seen: Option<NodeView>,
     ) -> Result<MarkReady, WriteError> {
-        let taints = &*self.taints;
+        let all = self.taints.clone();
+        self.mark_ready_of(&all, deadline, expected_boot, seen)
+            .await
+    }
+
+    /// [`NodeWriter::mark_ready`] for `taints`: the writer's whole set, or
+    /// the gates that opened while others still hold the node
+    /// ([`TaintSet::of_gates`]), whose patch records no bootID.
+    pub async fn mark_ready_of(
+        &self,
+        taints: &TaintSet,
+        deadline: Instant,
+        expected_boot: Option<&str>,
+        seen: Option<NodeView>,
+    ) -> Result<MarkReady, WriteError> {
         let (out, latest) = self
             .patch_loop(deadline, seen, |view| {
                 if let (Some(want), Some(now)) = (expected_boot, view.boot_id())
@@ -233,7 +247,18 @@ impl NodeWriter {
         reason: AddReason,
         deadline: Instant,
     ) -> Result<Added, WriteError> {
-        let set = &*self.taints;
+        let all = self.taints.clone();
+        self.add_missing_of(&all, reason, deadline).await
+    }
+
+    /// [`NodeWriter::add_missing`] out of `set`: the writer's whole set, or
+    /// the gates whose probes failed past the threshold.
+    pub async fn add_missing_of(
+        &self,
+        set: &TaintSet,
+        reason: AddReason,
+        deadline: Instant,
+    ) -> Result<Added, WriteError> {
         let (taints, latest) = self
             .patch_loop(deadline, None, |view| {
                 let missing = taints_to_add(reason, view, set);

@@ -138,6 +138,12 @@ pub struct Probe {
     pub spec: ProbeSpec,
     /// Position among the probes of its kind (its metrics label).
     pub index: u32,
+    /// The gate it opens (position in `--gates`; 0 without it).
+    pub gate: usize,
+    /// Position among its gate's probes of its kind: what the held Event
+    /// names (`http[0]`), never the URL or command, which may carry what
+    /// an Event's readers must not see.
+    pub in_gate: u32,
     kind: Kind,
 }
 
@@ -173,6 +179,8 @@ impl Probe {
         Self {
             spec,
             index: 0,
+            gate: 0,
+            in_gate: 0,
             kind,
         }
     }

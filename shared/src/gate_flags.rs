@@ -3,7 +3,9 @@
 //! `nodegate-check`), so the three parse, name and document them alike.
 
 use crate::keys::DEFAULT_TAINT;
-use crate::taint::{TaintError, TaintSpec, check_release, check_taints, release_set};
+use crate::taint::{
+    TaintError, TaintSpec, check_release, check_taints, check_unique, release_set, shipped_gates,
+};
 
 /// `--taint` and `--boot-taint`: the gate the webhook adds and the agent
 /// removes.
@@ -91,6 +93,63 @@ impl ReleaseFlags {
     }
 }
 
+/// `--owned-taint`: gates another component removes (a CSI node plugin,
+/// a device plugin). The webhook adds them with its own at a Node's create
+/// and on a new boot, never on a later write of the same boot (the owner's
+/// removal would be undone, and the two would fight); nodegate's agent
+/// never adds or removes them, and its confinement keeps its token off them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, clap::Args)]
+pub struct OwnedFlags {
+    /// A taint another component removes, `key[=value]:Effect` (repeatable;
+    /// comma-separated in the environment variable): added at a Node's
+    /// create and at a new boot, with the taints, and never removed by
+    /// nodegate.
+    #[arg(
+        long = "owned-taint",
+        env = "NODEGATE_OWNED_TAINTS",
+        value_delimiter = ','
+    )]
+    pub owned_taints: Vec<TaintSpec>,
+}
+
+/// Why `--owned-taint`s were refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OwnedError {
+    #[error(transparent)]
+    Taint(#[from] TaintError),
+    /// A shipped gate is nodegate's: its agents release it when they do not
+    /// hold it, and a NoSchedule one stands in for nodegate's own gate (the
+    /// backup lines would fall silent on a node carrying only the owner's).
+    #[error(
+        "owned taint {0} has the key and effect of a gate nodegate ships: nodegate's agents release it, so another component cannot own it"
+    )]
+    Shipped(String),
+}
+
+impl OwnedFlags {
+    /// No owned taint repeats, shares a key and effect with `gate`'s
+    /// taints, or is a gate nodegate ships.
+    pub fn validate(&self, gate: &GateFlags) -> Result<(), OwnedError> {
+        if let Some(o) = self.owned_taints.iter().find(|o| {
+            shipped_gates()
+                .iter()
+                .any(|s| s.key() == o.key() && s.effect() == o.effect())
+        }) {
+            return Err(OwnedError::Shipped(o.to_string()));
+        }
+        let mut all = gate.all();
+        all.extend(self.owned_taints.iter().cloned());
+        check_unique(&all)?;
+        Ok(())
+    }
+
+    /// `release` (the agent's `--release-taint`s) names no owned taint: the
+    /// agent never removes one.
+    pub fn validate_release(&self, release: &ReleaseFlags) -> Result<(), TaintError> {
+        check_release(&self.owned_taints, &release.release_taints)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -102,6 +161,8 @@ mod tests {
         gate: GateFlags,
         #[command(flatten)]
         release: ReleaseFlags,
+        #[command(flatten)]
+        owned: OwnedFlags,
     }
 
     fn parse(args: &[&str]) -> Cli {
@@ -147,5 +208,41 @@ mod tests {
         assert_eq!(effective[0].to_string(), legacy);
         assert_eq!(effective[1..], release_set(&cli.gate.all(), &[]));
         assert!(!effective.iter().any(|r| r.to_string() == DEFAULT_TAINT));
+    }
+
+    /// An owned taint is another component's: it may not be one of
+    /// nodegate's taints (same key and effect), one of the gates nodegate
+    /// ships, nor released by the agent.
+    #[test]
+    fn owned_taints_are_refused_where_nodegate_would_touch_them() {
+        let ebs = "ebs.csi.aws.com/agent-not-ready:NoExecute";
+        let ok = parse(&[&format!("--owned-taint={ebs}")]);
+        assert!(ok.owned.validate(&ok.gate).is_ok());
+        assert_eq!(ok.owned.owned_taints[0].to_string(), ebs);
+        let cases: [(&[&str], &str); 4] = [
+            (
+                &["--taint=example.com/x:NoSchedule", "--owned-taint=example.com/x=y:NoSchedule"],
+                "listed twice",
+            ),
+            (
+                &["--boot-taint=example.com/x:NoExecute", "--owned-taint=example.com/x:NoExecute"],
+                "listed twice",
+            ),
+            (
+                &[&format!("--owned-taint={ebs}"), &format!("--owned-taint={ebs}")],
+                "listed twice",
+            ),
+            (
+                &["--taint=example.com/x:NoSchedule", "--owned-taint=readiness.k8s.io/nodegate-agent-not-ready=true:NoSchedule"],
+                "a gate nodegate ships",
+            ),
+        ];
+        for (args, want) in cases {
+            let cli = parse(args);
+            let err = cli.owned.validate(&cli.gate).unwrap_err().to_string();
+            assert!(err.contains(want), "{args:?}: {err}");
+        }
+        let released = parse(&[&format!("--owned-taint={ebs}"), &format!("--release-taint={ebs}")]);
+        assert!(released.owned.validate_release(&released.release).is_err());
     }
 }

@@ -1,0 +1,197 @@
+//! End-to-end, several gates in one install: the webhook adds every gate,
+//! one agent opens each on its own probes, one write per gate at most and
+//! one for gates ready together, and a reboot or a stop closes them all.
+//! Emulator only: it rewrites the install (a real cluster runs the default
+//! gate; e2e/real-nodes runs two gates under real kubelets).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Node;
+use kube::runtime::watcher;
+use nodegate_shared::keys::DEFAULT_TAINT;
+
+use support::nodes::{cluster, has_taint, node, node_events, our_taint, ready_boot_id};
+use support::process::Agent;
+use support::wait::eventually;
+
+const CSI: &str = "nodegate.dev/csi-not-ready=true:NoSchedule";
+const CSI_KEY: &str = "nodegate.dev/csi-not-ready";
+
+/// `nodegate-webhook <what> --taint=<default> --taint=<csi>`.
+fn render(what: &str) -> String {
+    let bin = nodegate_e2e::process::bin_path("nodegate-webhook");
+    let out = Command::new(&bin)
+        .args([
+            what,
+            &format!("--taint={DEFAULT_TAINT}"),
+            &format!("--taint={CSI}"),
+        ])
+        .output()
+        .unwrap_or_else(|e| panic!("{}: {e} (cargo build -p nodegate-webhook)", bin.display()));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// The agent's declaration: `cni` opened by one file, `csi` by another.
+fn gates(cni: &Path, csi: &Path) -> String {
+    serde_json::json!({"gates": [
+        {"name": "cni", "taint": DEFAULT_TAINT, "probes": {"file": [cni]}},
+        {"name": "csi", "taint": CSI, "probes": {"file": [csi]}},
+    ]})
+    .to_string()
+}
+
+/// The node's taint keys of ours, version by version, from a watch.
+fn record(
+    nodes: &kube::Api<Node>,
+    name: &str,
+) -> (Arc<Mutex<Vec<Node>>>, tokio::task::JoinHandle<()>) {
+    let seen = Arc::new(Mutex::new(Vec::<Node>::new()));
+    let versions = seen.clone();
+    let watch = tokio::spawn(
+        watcher::watch_object(nodes.clone(), name).for_each(move |e| {
+            if let Ok(Some(n)) = e {
+                versions.lock().unwrap().push(n);
+            }
+            async {}
+        }),
+    );
+    (seen, watch)
+}
+
+fn keys(n: &Node) -> (bool, bool, bool) {
+    (
+        our_taint(n),
+        has_taint(n, CSI_KEY),
+        ready_boot_id(n).is_some(),
+    )
+}
+
+/// The distinct (default gate, csi gate, ready-boot-id) states in order.
+fn story(versions: &[Node]) -> Vec<(bool, bool, bool)> {
+    let mut out: Vec<(bool, bool, bool)> = Vec::new();
+    for n in versions {
+        let k = keys(n);
+        if out.last() != Some(&k) {
+            out.push(k);
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_gate_opens_on_its_own_probes_and_all_come_back_at_reboot_and_stop() {
+    let (c, nodes) = cluster().await;
+    let Some(emu) = c.emulator() else {
+        println!("skipped on a real cluster: the test rewrites the install");
+        return;
+    };
+    // The webhook, its lines and the confinement for both gates.
+    let webhook = nodegate_e2e::WebhookProcess::start(nodegate_e2e::WebhookOptions {
+        taints: vec![DEFAULT_TAINT.into(), CSI.into()],
+        kubeconfig: Some(emu.webhook_kubeconfig().unwrap()),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    webhook
+        .attach(emu, Some(&render("webhook-config")))
+        .unwrap();
+    emu.apply(&render("confinement")).unwrap();
+
+    // One gate after the other: two writes, the bootID with the last.
+    let name = c.node_name("two-gates");
+    let mut kubelet = c.kubelet(&name).await.unwrap();
+    let created = kubelet.register().await.unwrap();
+    assert!(
+        our_taint(&created) && has_taint(&created, CSI_KEY),
+        "both gates at create"
+    );
+    let (seen, watch) = record(&nodes, &name);
+    let dir = tempfile::tempdir().unwrap();
+    let (cni, csi) = (dir.path().join("cni"), dir.path().join("csi"));
+    std::fs::write(&cni, b"ok").unwrap();
+    let flags = ["--gates".to_string(), gates(&cni, &csi)];
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let mut agent = Agent::start(&c, &name, &dir.path().join("state"), &flags).await;
+    eventually("the cni gate open, the csi gate still on", || async {
+        let n = node(&nodes, &name).await;
+        !our_taint(&n) && has_taint(&n, CSI_KEY)
+    })
+    .await;
+    assert_eq!(
+        ready_boot_id(&node(&nodes, &name).await),
+        None,
+        "not ready yet"
+    );
+    std::fs::write(&csi, b"ok").unwrap();
+    eventually("both gates open, the boot recorded", || async {
+        let n = node(&nodes, &name).await;
+        !our_taint(&n) && !has_taint(&n, CSI_KEY) && ready_boot_id(&n).is_some()
+    })
+    .await;
+    assert_eq!(
+        story(&seen.lock().unwrap()),
+        [
+            (true, true, false),
+            (false, true, false),
+            (false, false, true)
+        ],
+        "one write per gate, no version without a gate before the last"
+    );
+    let events = node_events(&c, &name).await;
+    assert!(
+        events
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("NodegateGateOpen")
+                && e.message.as_deref().is_some_and(|m| m.contains("gate cni"))),
+        "the cni gate's Event"
+    );
+    assert!(
+        events
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("NodegateReady"))
+    );
+    assert!(agent.metric("nodegate_agent_gate_open{gate=\"csi\"}").await == Some(1.0));
+
+    // A reboot: the webhook adds both back, the agent opens both (ready
+    // together now: one write).
+    seen.lock().unwrap().clear();
+    kubelet.reboot().await.unwrap();
+    eventually("the new boot recorded ready", || async {
+        ready_boot_id(&node(&nodes, &name).await).as_deref() == Some(kubelet.boot_id())
+    })
+    .await;
+    let after: Vec<(bool, bool)> = story(&seen.lock().unwrap())
+        .into_iter()
+        .map(|(a, b, _)| (a, b))
+        .collect();
+    assert!(
+        after.contains(&(true, true)),
+        "both gates back at reboot: {after:?}"
+    );
+    assert!(
+        !after.contains(&(false, true)) && !after.contains(&(true, false)),
+        "gates ready together open together: {after:?}"
+    );
+
+    // A stop re-gates both.
+    agent.term().await;
+    let n = node(&nodes, &name).await;
+    assert!(
+        our_taint(&n) && has_taint(&n, CSI_KEY),
+        "both gates back at shutdown"
+    );
+    watch.abort();
+    drop(webhook);
+}

@@ -239,6 +239,21 @@ async fn delete_workloads(client: &Client, o: &Options, left: &mut Vec<Leftover>
     .await;
 }
 
+/// The keys of the gates the agent DaemonSet's `--gates` declares (nodegate
+/// opens them, so a removal must too), read before the DaemonSet goes. None
+/// when it is gone, unreadable or has no `--gates`: the shipped keys stand.
+async fn declared_keys(client: &Client, o: &Options) -> Vec<String> {
+    let sets: Api<DaemonSet> = Api::namespaced(client.clone(), &o.namespace);
+    match sets.get_opt(&o.agent_daemonset).await {
+        Ok(Some(ds)) => plan::declared_gate_keys(&ds),
+        Ok(None) => Vec::new(),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the agent DaemonSet's --gates; removing the shipped gate keys only");
+            Vec::new()
+        }
+    }
+}
+
 /// The Pods matching `selector` still there at `deadline` (none: all gone).
 async fn pods_left(
     client: &Client,
@@ -481,6 +496,15 @@ async fn verify(client: &Client, o: &Options, left: &mut Vec<Leftover>) -> anyho
 /// (empty: the cluster is as it was).
 pub async fn run(client: Client, o: &Options) -> anyhow::Result<Vec<Leftover>> {
     let mut left = Vec::new();
+    let declared = declared_keys(&client, o).await;
+    let mut o = o.clone();
+    for k in declared {
+        if !o.gate_keys.contains(&k) {
+            tracing::info!(key = %k, "a gate the agent's --gates declares");
+            o.gate_keys.push(k);
+        }
+    }
+    let o = &o;
     remove_admission(&client, o, &mut left).await;
     delete_workloads(&client, o, &mut left).await;
     let opened = open_nodes(&client, o, &mut left).await?;

@@ -9,6 +9,52 @@ pub const PART_OF: (&str, &str) = ("app.kubernetes.io/part-of", "nodegate");
 /// Label Helm puts on what it manages: Helm deletes those itself.
 pub const MANAGED_BY_HELM: (&str, &str) = ("app.kubernetes.io/managed-by", "Helm");
 
+/// The keys of the gates nodegate opens (and strict mode's boot gates) that
+/// the agent DaemonSet's `--gates` declares, in its args (`--gates=…` or
+/// `--gates …`, the last one as clap reads it) or its `NODEGATE_GATES`
+/// env. Gates owned elsewhere are left out: their owner removes them, with
+/// or without nodegate. An unreadable declaration yields none (the
+/// agent would not have started with it either).
+pub fn declared_gate_keys(ds: &k8s_openapi::api::apps::v1::DaemonSet) -> Vec<String> {
+    let containers = ds
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .map(|p| p.containers.as_slice())
+        .unwrap_or_default();
+    let mut text = None;
+    for c in containers {
+        let args = c.args.as_deref().unwrap_or_default();
+        let mut from_args = None;
+        for (i, a) in args.iter().enumerate() {
+            if let Some(v) = a.strip_prefix("--gates=") {
+                from_args = Some(v.to_owned());
+            } else if a == "--gates" {
+                from_args = args.get(i + 1).cloned();
+            }
+        }
+        let from_env = c
+            .env
+            .as_deref()
+            .unwrap_or_default()
+            .iter()
+            .rev()
+            .find(|e| e.name == "NODEGATE_GATES")
+            .and_then(|e| e.value.clone());
+        text = text.or(from_args).or(from_env);
+    }
+    let Some(gates) = text.and_then(|t| nodegate_shared::gates::Gates::parse(&t).ok()) else {
+        return Vec::new();
+    };
+    let mut keys: Vec<String> = Vec::new();
+    for t in gates.taints().into_iter().chain(gates.boot_taints()) {
+        if !keys.iter().any(|k| k == t.key()) {
+            keys.push(t.key().to_owned());
+        }
+    }
+    keys
+}
+
 /// Indices of the taints whose key is one of nodegate's gate keys (any
 /// value or effect: the NoSchedule gate and strict mode's NoExecute boot
 /// gate share a key).
@@ -124,6 +170,36 @@ impl Leftover {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_removal_also_opens_the_gates_the_agent_declares_and_leaves_owned_ones() {
+        let gates = r#"{"gates":[{"name":"cni","taint":"nodegate.dev/agent-not-ready=true:NoSchedule","probes":{"tcp":["h:1"]}},{"name":"csi","taint":"nodegate.dev/csi-not-ready=true:NoSchedule","probes":{"tcp":["h:2"]}},{"name":"ebs","taint":"ebs.csi.aws.com/agent-not-ready:NoExecute","owner":{"daemonSet":"kube-system/ebs-csi-node"}}],"bootTaints":["nodegate.dev/agent-not-ready=true:NoExecute"]}"#;
+        let ds = |args: Value, env: Value| -> k8s_openapi::api::apps::v1::DaemonSet {
+            serde_json::from_value(
+                json!({"spec": {"selector": {}, "template": {"spec": {"containers": [
+                    {"name": "agent", "args": args, "env": env}
+                ]}}}}),
+            )
+            .unwrap()
+        };
+        let want = ["nodegate.dev/agent-not-ready", "nodegate.dev/csi-not-ready"];
+        let with_arg = ds(
+            json!([format!("--gates={gates}"), "--probe-period=2s"]),
+            json!([]),
+        );
+        assert_eq!(declared_gate_keys(&with_arg), want);
+        let split = ds(json!(["--gates", gates]), json!([]));
+        assert_eq!(declared_gate_keys(&split), want);
+        let in_env = ds(
+            json!([]),
+            json!([{"name": "NODEGATE_GATES", "value": gates}]),
+        );
+        assert_eq!(declared_gate_keys(&in_env), want);
+        assert!(
+            declared_gate_keys(&ds(json!(["--taint=a.dev/x:NoSchedule"]), json!([]))).is_empty()
+        );
+        assert!(declared_gate_keys(&ds(json!(["--gates={not json"]), json!([]))).is_empty());
+    }
+
     use std::collections::BTreeMap;
 
     use super::*;

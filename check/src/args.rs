@@ -3,6 +3,7 @@
 //! need (lib.rs hands them out), so no check depends on this module.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::Parser;
 use nodegate_shared::gate_flags::GateFlags;
@@ -121,6 +122,15 @@ pub struct Args {
         default_value = "kube-system/cluster-autoscaler-status"
     )]
     pub cluster_autoscaler_status: String,
+    /// A node a gate of the agent's has held longer than this (its
+    /// `NodegateGateHeld` Event says since when) makes the gate's line warn.
+    #[arg(
+        long,
+        env = "NODEGATE_CHECK_GATE_HELD_WARN_AFTER",
+        default_value = "10m",
+        value_parser = nodegate_shared::duration::parse
+    )]
+    pub gate_held_warn_after: Duration,
     #[command(flatten)]
     pub served_certs: served_certs::Args,
 }
@@ -167,6 +177,9 @@ mod tests {
         assert_eq!(a.served_certs.connect_timeout, Duration::from_secs(3));
         assert_eq!(a.certs_deployment, "nodegate-certs");
         assert_eq!((a.path_token_file, a.after_uninstall), (None, false));
+        assert_eq!(a.gate_held_warn_after, crate::holding::DEFAULT_WARN_AFTER);
+        let a = parse(&["--gate-held-warn-after=30m"]).unwrap();
+        assert_eq!(a.gate_held_warn_after, Duration::from_secs(30 * 60));
     }
 
     /// What a Pod of the check (`helm test`) passes.

@@ -55,7 +55,7 @@ use kube::api::{Api, ListParams};
 
 use crate::cilium::OPERATOR_DEFAULT_KEY as CILIUM_KEY;
 use crate::container_flags::container_flag;
-use crate::gates::{Gate, Version, image_name, keys};
+use crate::gates::{Gate, Version, gate_names, image_name, key_shown, keys};
 use crate::installed::Installed;
 use crate::report::{Report, Status};
 
@@ -395,7 +395,16 @@ fn window_note(f: &TaintFlags, version: &Version, agent: Duration) -> Option<Str
     })
 }
 
-fn one_deployment(a: &Autoscaler, keys: &[&str], i: &Inputs) -> (Status, String) {
+/// `key (how)`, with the gates that use it: `key (gate cni: how)`.
+fn how_shown(gates: &[Gate], key: &str, how: &str) -> String {
+    match gate_names(gates, key) {
+        Some(n) => format!("{key} ({n}: {how})"),
+        None => format!("{key} ({how})"),
+    }
+}
+
+fn one_deployment(a: &Autoscaler, gates: &[Gate], i: &Inputs) -> (Status, String) {
+    let keys = keys(gates);
     let f = taint_flags(&a.argv);
     let given = i.version.clone();
     let version = match ca_release(given.unwrap_or_else(|| Version::of_image(&a.image))) {
@@ -412,28 +421,31 @@ fn one_deployment(a: &Autoscaler, keys: &[&str], i: &Inputs) -> (Status, String)
     let mut maybe = Vec::new();
     let mut bad = undefined_flags(&f, &version);
     let past_read = version.at_least(NEWEST_READ) == Some(true);
-    for key in keys {
+    for key in &keys {
+        let shown = key_shown(gates, key);
         match treats(key, &f, &version) {
             // Deprecated from 1.29; the branches read end at 1.37.
             Treats::Startup(how) if past_read && how.contains("ignore-taint") => {
                 maybe.push(format!(
-                    "{key} ({how}) relies on ignore-taint, deprecated from 1.29 and read here up to release 1.37: check that {release} still has it, or use --startup-taint"
+                    "{} relies on ignore-taint, deprecated from 1.29 and read here up to release 1.37: check that {release} still has it, or use --startup-taint",
+                    how_shown(gates, key, &how)
                 ))
             }
-            Treats::Startup(how) => ok.push(format!("{key} ({how})")),
-            Treats::FromRelease { how, since } => {
-                maybe.push(format!("{key} ({how}) is a startup taint only from CA {since}"))
-            }
-            Treats::TooOld(why) => bad.push(format!("{key}: {why}")),
+            Treats::Startup(how) => ok.push(how_shown(gates, key, &how)),
+            Treats::FromRelease { how, since } => maybe.push(format!(
+                "{} is a startup taint only from CA {since}",
+                how_shown(gates, key, &how)
+            )),
+            Treats::TooOld(why) => bad.push(format!("{shown}: {why}")),
             Treats::Status => bad.push(format!(
-                "{key} is only a status taint to it (--status-taint), which is sanitized out of templates but leaves a gated node Ready: pods do not fit it and each 10 s loop scales up again; {}",
+                "{shown} is only a status taint to it (--status-taint), which is sanitized out of templates but leaves a gated node Ready: pods do not fit it and each 10 s loop scales up again; {}",
                 fix(key, &version)
             )),
             Treats::WrittenAsTaint(w) => bad.push(format!(
                 "{w} is a whole taint, but CA reads a key there and compares keys: write only the key {key}"
             )),
             Treats::Unknown => bad.push(format!(
-                "it does not treat nodegate's gate {key} as a startup taint: a node stays gated after it turns Ready, the pending pods do not fit it, and each 10 s loop scales up again (duplicate nodes, which stay at least --scale-down-unneeded-time, 10 min by default); {}",
+                "it does not treat nodegate's gate {shown} as a startup taint: a node stays gated after it turns Ready, the pending pods do not fit it, and each 10 s loop scales up again (duplicate nodes, which stay at least --scale-down-unneeded-time, 10 min by default); {}",
                 fix(key, &version)
             )),
         }
@@ -488,7 +500,8 @@ fn one_deployment(a: &Autoscaler, keys: &[&str], i: &Inputs) -> (Status, String)
 
 /// The line for a status ConfigMap without a CA Deployment: what was seen,
 /// what it may mean, and what holds for each reading.
-fn status_only(cm: &StatusConfigMap, keys: &[&str], i: &Inputs) -> (Status, String) {
+fn status_only(cm: &StatusConfigMap, gates: &[Gate], i: &Inputs) -> (Status, String) {
+    let keys = keys(gates);
     let at = &cm.at;
     let stale = cm.written_ago.is_none_or(|d| d > STALE_STATUS);
     let seen = match cm.written_ago {
@@ -522,14 +535,14 @@ fn status_only(cm: &StatusConfigMap, keys: &[&str], i: &Inputs) -> (Status, Stri
     let mut bad = Vec::new();
     let mut maybe = Vec::new();
     let mut too_old = Vec::new();
-    for key in keys {
+    for key in &keys {
         match treats(key, &f, &version) {
             Treats::Startup(_) => {}
             Treats::FromRelease { how, since } => {
-                maybe.push(format!("{key} ({how}) from CA {since}"))
+                maybe.push(format!("{} from CA {since}", how_shown(gates, key, &how)))
             }
-            Treats::TooOld(_) => too_old.push(*key),
-            _ => bad.push((*key).to_string()),
+            Treats::TooOld(_) => too_old.push(key_shown(gates, key)),
+            _ => bad.push(key_shown(gates, key)),
         }
     }
     if !too_old.is_empty() {
@@ -550,7 +563,10 @@ fn status_only(cm: &StatusConfigMap, keys: &[&str], i: &Inputs) -> (Status, Stri
             Status::Pass,
             format!(
                 "{seen}: {meaning}. nodegate's keys are startup taints to it without a flag: {}",
-                keys.join(", ")
+                keys.iter()
+                    .map(|k| key_shown(gates, k))
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ),
         );
     }
@@ -585,7 +601,10 @@ pub fn verdict(i: &Inputs) -> (Status, String) {
             "cannot tell which taints nodegate adds: neither the webhook StatefulSet's nor the agent DaemonSet's flags could be read (see above)".into(),
         );
     };
-    let keys = keys(gates);
+    let keys: Vec<String> = keys(gates)
+        .into_iter()
+        .map(|k| key_shown(gates, k))
+        .collect();
     match &i.found {
         Found::None => (
             Status::Pass,
@@ -601,10 +620,10 @@ pub fn verdict(i: &Inputs) -> (Status, String) {
                 keys.join(", ")
             ),
         ),
-        Found::StatusOnly(cm) => status_only(cm, &keys, i),
+        Found::StatusOnly(cm) => status_only(cm, gates, i),
         Found::Deployments(list) => {
             let lines: Vec<(Status, String)> =
-                list.iter().map(|a| one_deployment(a, &keys, i)).collect();
+                list.iter().map(|a| one_deployment(a, gates, i)).collect();
             let status = [Status::Fail, Status::Warn]
                 .into_iter()
                 .find(|s| lines.iter().any(|(l, _)| l == s))
@@ -736,6 +755,8 @@ mod tests {
             .map(|(s, boot)| Gate {
                 taint: s.parse::<TaintSpec>().unwrap(),
                 boot: *boot,
+                name: None,
+                owner: None,
             })
             .collect()
     }
@@ -827,6 +848,44 @@ mod tests {
             assert_eq!(s, *want, "{args:?}: {d}");
             assert!(d.contains(text), "{args:?}: {d}");
         }
+    }
+
+    /// Every key of the declaration, owned gates' included: the line names
+    /// the gate CA does not wait for.
+    #[test]
+    fn each_gate_of_a_declaration_is_named() {
+        let two = || crate::gates::of_declaration(crate::gates::TWO_GATES);
+        let one = deployment(IMAGE, &[&format!("--startup-taint={KEY}")]);
+        let (s, d) = run(Found::Deployments(vec![one]), two());
+        assert_eq!(s, Status::Fail, "{d}");
+        assert!(
+            d.contains("it does not treat nodegate's gate ebs.csi.aws.com/agent-not-ready (gate ebs-csi) as a startup taint")
+                && d.contains("add --startup-taint=ebs.csi.aws.com/agent-not-ready to its args"),
+            "{d}"
+        );
+        assert!(!d.contains("gate cni"), "{d}");
+        let both = deployment(
+            IMAGE,
+            &[
+                &format!("--startup-taint={KEY}"),
+                "--startup-taint=ebs.csi.aws.com/agent-not-ready",
+            ],
+        );
+        let (s, d) = run(Found::Deployments(vec![both]), two());
+        assert_eq!(s, Status::Pass, "{d}");
+        assert!(
+            d.contains(&format!("treats nodegate's gates as startup taints: {KEY} (gate cni: --startup-taint={KEY}), ebs.csi.aws.com/agent-not-ready (gate ebs-csi: --startup-taint=ebs.csi.aws.com/agent-not-ready)")),
+            "{d}"
+        );
+        // Without its flags (a managed CA), each undeclared gate is named.
+        let (s, d) = run(status_only(Some(20)), two());
+        assert_eq!(s, Status::Warn, "{d}");
+        assert!(
+            d.contains(&format!(
+                "without one {KEY} (gate cni), ebs.csi.aws.com/agent-not-ready (gate ebs-csi) is not a startup taint"
+            )),
+            "{d}"
+        );
     }
 
     #[test]

@@ -3,13 +3,25 @@
 
 use k8s_openapi::api::core::v1::Container;
 use nodegate_shared::TaintSpec;
+use nodegate_shared::gates::Gates;
 use nodegate_shared::keys::DEFAULT_TAINT;
-use nodegate_shared::taint::{check_release, check_taints};
+use nodegate_shared::taint::{check_release, check_taints, check_unique};
 
 /// The values of a repeatable, comma-delimited flag as clap reads them:
 /// `flag=X` or `flag X` in the args (commas split values), else the `env`
 /// variable's literal value when no arg gives one.
 pub fn container_flag(c: &Container, flag: &str, env: &str) -> Vec<String> {
+    values(c, flag, env, true)
+}
+
+/// The values of a repeatable flag clap takes whole (no `value_delimiter`:
+/// an exec probe, a pod selector, the `--gates` JSON), else the `env`
+/// variable's value as one.
+pub fn container_values(c: &Container, flag: &str, env: &str) -> Vec<String> {
+    values(c, flag, env, false)
+}
+
+fn values(c: &Container, flag: &str, env: &str, delimited: bool) -> Vec<String> {
     let args: Vec<&str> = c
         .args
         .iter()
@@ -18,7 +30,13 @@ pub fn container_flag(c: &Container, flag: &str, env: &str) -> Vec<String> {
         .map(String::as_str)
         .collect();
     let split = |v: &str| -> Vec<String> {
-        v.split(',')
+        let parts: Vec<&str> = if delimited {
+            v.split(',').collect()
+        } else {
+            vec![v]
+        };
+        parts
+            .into_iter()
             .map(str::trim)
             .filter(|s| !s.is_empty())
             .map(str::to_string)
@@ -48,6 +66,17 @@ pub fn container_flag(c: &Container, flag: &str, env: &str) -> Vec<String> {
     out
 }
 
+/// The agent's gates declaration flag and its environment variable.
+pub const GATES_FLAG: &str = "--gates";
+pub const GATES_ENV: &str = "NODEGATE_GATES";
+
+/// The agent's `--gates` declaration (the last value, as clap keeps it),
+/// `None` without one; `Err` says why the agent would refuse it.
+pub fn declared_gates(c: &Container) -> Option<Result<Gates, String>> {
+    let text = container_values(c, GATES_FLAG, GATES_ENV).pop()?;
+    Some(Gates::parse(&text).map_err(|e| format!("{GATES_FLAG}: {e}")))
+}
+
 /// The taint flags one container runs with.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Flags {
@@ -58,11 +87,15 @@ pub struct Flags {
     /// `--release-taint` (the agent's): removed when matched exactly, never
     /// added; empty for the webhook.
     pub release: Vec<TaintSpec>,
+    /// The webhook's `--owned-taint`, or the owned gates of the agent's
+    /// `--gates`: added by nodegate, removed by another component.
+    pub owned: Vec<TaintSpec>,
 }
 
 /// The flags of a webhook or agent container as its clap reads them (args
-/// win over `NODEGATE_TAINTS` / `NODEGATE_BOOT_TAINTS`); `Err` says why the
-/// binary would refuse to start with them.
+/// win over `NODEGATE_TAINTS` / `NODEGATE_BOOT_TAINTS`); an agent's
+/// `--gates` declaration stands for its `--taint` and `--boot-taint`.
+/// `Err` says why the binary would refuse to start with them.
 pub fn flags(c: &Container) -> Result<Flags, String> {
     let parse = |flag: &str, env: &str| -> Result<Vec<TaintSpec>, String> {
         container_flag(c, flag, env)
@@ -70,12 +103,24 @@ pub fn flags(c: &Container) -> Result<Flags, String> {
             .map(|s| s.parse().map_err(|e| format!("{flag}={s}: {e}")))
             .collect()
     };
-    let mut taints = parse("--taint", "NODEGATE_TAINTS")?;
-    if taints.is_empty() {
-        taints.extend(DEFAULT_TAINT.parse::<TaintSpec>().ok());
-    }
-    let boot = parse("--boot-taint", "NODEGATE_BOOT_TAINTS")?;
+    let (taints, boot, owned) = match declared_gates(c) {
+        Some(gates) => {
+            let g = gates?;
+            (g.taints(), g.boot_taints(), g.owned_taints())
+        }
+        None => {
+            let mut taints = parse("--taint", "NODEGATE_TAINTS")?;
+            if taints.is_empty() {
+                taints.extend(DEFAULT_TAINT.parse::<TaintSpec>().ok());
+            }
+            let boot = parse("--boot-taint", "NODEGATE_BOOT_TAINTS")?;
+            let owned = parse("--owned-taint", "NODEGATE_OWNED_TAINTS")?;
+            (taints, boot, owned)
+        }
+    };
     check_taints(&taints, &boot).map_err(|e| e.to_string())?;
+    let all: Vec<TaintSpec> = taints.iter().chain(&owned).chain(&boot).cloned().collect();
+    check_unique(&all).map_err(|e| e.to_string())?;
     let release = parse("--release-taint", "NODEGATE_RELEASE_TAINTS")?;
     let managed: Vec<TaintSpec> = taints.iter().chain(&boot).cloned().collect();
     check_release(&managed, &release).map_err(|e| e.to_string())?;
@@ -83,6 +128,7 @@ pub fn flags(c: &Container) -> Result<Flags, String> {
         taints,
         boot,
         release,
+        owned,
     })
 }
 
@@ -111,6 +157,7 @@ impl Flags {
             taints: parse(taints),
             boot: parse(boot),
             release: Vec::new(),
+            owned: Vec::new(),
         }
     }
 }
@@ -184,6 +231,44 @@ mod tests {
         assert!(
             err.contains("the agent would remove what the webhook adds"),
             "{err}"
+        );
+    }
+
+    /// The agent's `--gates` stands for its taint flags; the webhook's
+    /// owned gates are `--owned-taint`; one key and effect cannot be both.
+    #[test]
+    fn gates_and_owned_taints() {
+        let ebs = "ebs.csi.aws.com/agent-not-ready:NoExecute";
+        let gates = format!(
+            "--gates={{gates: [{{name: cni, taint: '{DEFAULT_TAINT}', probes: {{tcp: ['h:1']}}}}, {{name: ebs, taint: '{ebs}', owner: {{daemonSet: kube-system/ebs}}}}]}}"
+        );
+        let agent = flags(&container(&[&gates, "--taint=x.dev/y:NoSchedule"], &[])).unwrap();
+        assert_eq!(agent.taints, f(&[DEFAULT_TAINT], &[]).taints);
+        assert_eq!(agent.owned, vec![ebs.parse().unwrap()]);
+        let webhook = flags(&container(
+            &[&format!("--owned-taint={ebs}")],
+            &[("NODEGATE_TAINTS", DEFAULT_TAINT)],
+        ))
+        .unwrap();
+        assert_eq!(webhook.taints, agent.taints);
+        assert_eq!(webhook.owned, agent.owned);
+        let err = flags(&container(
+            &[&format!("--owned-taint={DEFAULT_TAINT}")],
+            &[],
+        ))
+        .unwrap_err();
+        assert!(err.contains("nodegate.dev/agent-not-ready"), "{err}");
+        let err = flags(&container(&["--gates={gates: []}"], &[])).unwrap_err();
+        assert!(err.starts_with("--gates: "), "{err}");
+        // Taken whole: commas are the JSON's.
+        let c = container(
+            &[],
+            &[("NODEGATE_GATES", "a,b"), ("NODEGATE_PROBE_EXEC", "x,y")],
+        );
+        assert_eq!(container_values(&c, "--gates", "NODEGATE_GATES"), ["a,b"]);
+        assert_eq!(
+            container_flag(&c, "--probe-exec", "NODEGATE_PROBE_EXEC"),
+            ["x", "y"]
         );
     }
 

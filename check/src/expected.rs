@@ -33,6 +33,7 @@ pub fn verdict(gate: &GateFlags, running: &Flags) -> Result<Flags, (Status, Stri
         taints: gate.ordinary(),
         boot: gate.boot_taints.clone(),
         release: Vec::new(),
+        owned: Vec::new(),
     })
 }
 

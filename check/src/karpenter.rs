@@ -208,7 +208,7 @@ fn term_fit(pool: &Pool, t: &NodeSelectorTerm) -> Fit {
 }
 
 /// `ToleratesTaint` of k8s.io/api `core/v1/toleration.go`.
-fn tolerates(t: &Toleration, taint: &Taint) -> bool {
+pub(crate) fn tolerates(t: &Toleration, taint: &Taint) -> bool {
     if t.effect
         .as_deref()
         .is_some_and(|e| !e.is_empty() && e != taint.effect)
@@ -318,7 +318,7 @@ fn patch(pool: &Pool, missing: &[&Gate]) -> String {
 fn list(gates: &[&Gate]) -> String {
     gates
         .iter()
-        .map(|g| format!("{}:{}", g.taint.key(), g.taint.effect()))
+        .map(|g| g.shown())
         .collect::<Vec<_>>()
         .join(", ")
 }
@@ -450,16 +450,11 @@ fn pool_verdict(
             .iter()
             .map(|g| {
                 if declares(&pool.startup_taints, g) {
-                    format!(
-                        "{}:{} declared in startupTaints",
-                        g.taint.key(),
-                        g.taint.effect()
-                    )
+                    format!("{} declared in startupTaints", g.shown())
                 } else {
                     format!(
-                        "{}:{} known to Karpenter (under {READINESS_PREFIX}, the Node Readiness Controller's reserved domain)",
-                        g.taint.key(),
-                        g.taint.effect()
+                        "{} known to Karpenter (under {READINESS_PREFIX}, the Node Readiness Controller's reserved domain)",
+                        g.shown()
                     )
                 }
             })
@@ -680,6 +675,38 @@ spec:
         );
         assert!(
             d.contains("drifts and replaces every node of the pool"),
+            "{d}"
+        );
+    }
+
+    /// Every gate of the declaration, owned ones included, must be
+    /// declared: the line names the one that is not, and patches only it.
+    #[test]
+    fn each_gate_of_a_declaration_is_named() {
+        let two = || crate::gates::of_declaration(crate::gates::TWO_GATES);
+        let (s, d) = run(pool(DECLARED), two(), shipped_agent(), v("1.0.0"));
+        assert_eq!(s, Status::Fail, "{d}");
+        assert!(
+            d.starts_with("NodePool default does not declare nodegate's gate ebs-csi (ebs.csi.aws.com/agent-not-ready:NoExecute) in startupTaints"),
+            "{d}"
+        );
+        assert!(!d.contains("cni ("), "{d}");
+        assert!(
+            d.contains(r#"-p '[{"op":"add","path":"/spec/template/spec/startupTaints/-","value":{"effect":"NoExecute","key":"ebs.csi.aws.com/agent-not-ready"}}]'"#),
+            "{d}"
+        );
+        let both = "
+spec:
+  template:
+    spec:
+      startupTaints:
+        - {key: nodegate.dev/agent-not-ready, value: 'true', effect: NoSchedule}
+        - {key: ebs.csi.aws.com/agent-not-ready, effect: NoExecute}
+";
+        let (s, d) = run(pool(both), two(), shipped_agent(), v("1.0.0"));
+        assert_eq!(s, Status::Pass, "{d}");
+        assert!(
+            d.starts_with("NodePool default: cni (nodegate.dev/agent-not-ready:NoSchedule) declared in startupTaints, ebs-csi (ebs.csi.aws.com/agent-not-ready:NoExecute) declared in startupTaints"),
             "{d}"
         );
     }

@@ -35,6 +35,8 @@
 //!   [`namespace`]: for the namespace they run in;
 //! - [`installed`]: the webhook's and the agent's container, read once for
 //!   the checks below;
+//! - [`declared`]: the agent's gates (`--gates`, else the one gate of its
+//!   taint and probe flags) are the taints the webhook adds;
 //! - [`strict_mode`]: strict mode's boot gate is off, or on and the same in
 //!   the webhook, the agent and the policies generated for them;
 //! - [`path_token`]: only the API server's reviews may make the webhook
@@ -43,6 +45,9 @@
 //!   the operator leaves taints alone);
 //! - [`released`]: which nodes still carry a taint the agent releases (a
 //!   change of key), whether any is stale, and when the flag can go;
+//! - [`holding`]: one line per gate: how many nodes it holds, which node
+//!   longest and which probe fails there, and for a gate owned elsewhere
+//!   whether its owner runs on every node it holds;
 //! - [`karpenter`], [`cluster_autoscaler`]: the autoscalers wait for
 //!   nodegate's gates ([`gates`]) instead of launching duplicate nodes;
 //! - [`node_readiness`]: no NodeReadinessRule names nodegate's key (the
@@ -65,9 +70,11 @@ pub mod cluster_autoscaler;
 pub mod confinement;
 pub mod container_flags;
 pub mod daemonset;
+pub mod declared;
 pub mod diagnosis;
 pub mod expected;
 pub mod gates;
+pub mod holding;
 pub mod installed;
 pub mod karpenter;
 pub mod lines;
@@ -232,6 +239,7 @@ pub async fn run_with_client(
     confinement::check(c, config, ns, report).await;
     namespace::check(c, ns, report).await;
     let installed = installed::read(c, ns, workload, &args.daemonset).await;
+    let declaration = declared::check(&installed, report);
     strict_mode::check(c, &args.policy, &installed, report).await;
     let strict = gates::installed(&installed).is_some_and(|g| g.iter().any(|g| g.boot));
     let token_file = args.path_token_file.as_deref();
@@ -241,7 +249,11 @@ pub async fn run_with_client(
         config: &args.cilium_config,
     };
     cilium::check(c, &cilium, &installed, report).await;
-    released::check(c, &installed, report).await;
+    // One paginated list of the Nodes for both.
+    let nodes = read::nodes(c).await;
+    released::check(&installed, &nodes, report);
+    let warn_after = args.gate_held_warn_after;
+    holding::check(c, declaration.as_ref(), &nodes, warn_after, report).await;
     let karpenter_version = args.karpenter_version.as_deref();
     karpenter::check(c, karpenter_version, &installed, report).await;
     let ca_status = &args.cluster_autoscaler_status;

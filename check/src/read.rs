@@ -2,10 +2,18 @@
 //! could not be read. The verdict decides what each case means (a missing
 //! Service fails, an unreadable one is skipped).
 
+use std::fmt::Debug;
 use std::fmt::Display;
 
+use k8s_openapi::api::core::v1::Node;
 use kube::Client;
 use kube::api::{Api, ApiResource, DynamicObject, ListParams};
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+/// Objects per page of a list that grows with the cluster (Nodes, a
+/// DaemonSet's Pods, Events): at 5,000 nodes ten pages.
+pub const PAGE: u32 = 500;
 
 /// One object as read.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -57,6 +65,85 @@ pub async fn list_specs<T>(
             parse(&name, &spec).map_err(|e| (name, e))
         })
         .collect())
+}
+
+/// Every object `api` lists with `lp`, a page of [`PAGE`] at a time, each
+/// kept as `keep` makes it (or dropped): a 5,000-node cluster is never held
+/// whole.
+pub async fn list_paged<K, T>(
+    api: &Api<K>,
+    lp: ListParams,
+    mut keep: impl FnMut(K) -> Option<T>,
+) -> Result<Vec<T>, kube::Error>
+where
+    K: kube::Resource + Clone + DeserializeOwned + Debug,
+{
+    let mut lp = lp.limit(PAGE);
+    let mut out = Vec::new();
+    loop {
+        let page = api.list(&lp).await?;
+        let next = page.metadata.continue_.clone();
+        out.extend(page.items.into_iter().filter_map(&mut keep));
+        match next {
+            Some(c) if !c.is_empty() => lp = lp.continue_token(&c),
+            _ => return Ok(out),
+        }
+    }
+}
+
+/// One Node as the checks that look at its taints read it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeTaints {
+    pub name: String,
+    /// `spec.taints`, as JSON.
+    pub taints: Vec<Value>,
+    /// `status.nodeInfo.bootID`.
+    pub boot_id: Option<String>,
+    /// The boot its agent recorded as ready (`nodegate.dev/ready-boot-id`).
+    pub ready_boot_id: Option<String>,
+}
+
+impl NodeTaints {
+    pub fn of(node: &Node) -> NodeTaints {
+        NodeTaints {
+            name: node.metadata.name.clone().unwrap_or_default(),
+            taints: nodegate_shared::node::taints_json(node),
+            boot_id: node
+                .status
+                .as_ref()
+                .and_then(|s| s.node_info.as_ref())
+                .map(|i| i.boot_id.clone()),
+            ready_boot_id: node
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(nodegate_shared::keys::READY_BOOT_ID_ANNOTATION))
+                .cloned(),
+        }
+    }
+}
+
+/// Every Node: how many, and the ones with a taint (the others are only
+/// counted).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Nodes {
+    pub total: usize,
+    pub tainted: Vec<NodeTaints>,
+}
+
+/// One paginated list of the Nodes, shared by the checks that count who
+/// carries which taint.
+pub async fn nodes(client: &Client) -> Result<Nodes, String> {
+    let api: Api<Node> = Api::all(client.clone());
+    let mut total = 0;
+    let tainted = list_paged(&api, ListParams::default(), |n| {
+        total += 1;
+        let n = NodeTaints::of(&n);
+        (!n.taints.is_empty()).then_some(n)
+    })
+    .await
+    .map_err(|e| e.to_string())?;
+    Ok(Nodes { total, tainted })
 }
 
 /// The API server does not serve the resource (no CRD).

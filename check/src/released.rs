@@ -5,17 +5,14 @@
 //! ready on the boot it runs, so nothing will remove it), and when the flag
 //! can go.
 //!
-//! [`verdict`] decides from what was read; [`check`] only reads (one
-//! paginated list of Nodes: at 5,000 nodes ten pages of 500).
+//! [`verdict`] decides from what was read; [`check`] reads nothing itself:
+//! the Nodes come from the one paginated list the gate lines share.
 
-use k8s_openapi::api::core::v1::Node;
-use kube::Client;
-use kube::api::{Api, ListParams};
 use nodegate_shared::TaintSpec;
-use nodegate_shared::keys::READY_BOOT_ID_ANNOTATION;
 
 use crate::container_flags::flags;
 use crate::installed::Installed;
+use crate::read::{NodeTaints, Nodes};
 use crate::report::{Report, Status};
 
 pub const CHECK: &str = "released taints";
@@ -103,60 +100,35 @@ pub fn verdict(i: &Inputs) -> (Status, String) {
 
 /// The released taints a Node carries, and whether its agent was ready on
 /// the boot it runs.
-pub fn seen(node: &Node, release: &[TaintSpec]) -> Seen {
-    let taints = nodegate_shared::node::taints_json(node);
+pub fn seen(node: &NodeTaints, release: &[TaintSpec]) -> Seen {
     let carries = release
         .iter()
-        .filter(|r| taints.iter().any(|t| r.matches_exactly(t)))
+        .filter(|r| node.taints.iter().any(|t| r.matches_exactly(t)))
         .map(ToString::to_string)
         .collect();
-    let boot = node
-        .status
-        .as_ref()
-        .and_then(|s| s.node_info.as_ref())
-        .map(|i| i.boot_id.as_str());
-    let ready = node
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(READY_BOOT_ID_ANNOTATION))
-        .map(String::as_str);
+    let boot = node.boot_id.as_deref();
     Seen {
-        name: node.metadata.name.clone().unwrap_or_default(),
+        name: node.name.clone(),
         carries,
-        ready_on_this_boot: boot.is_some() && boot == ready,
+        ready_on_this_boot: boot.is_some() && boot == node.ready_boot_id.as_deref(),
     }
 }
 
-async fn read_nodes(client: &Client, release: &[TaintSpec]) -> Result<Vec<Seen>, String> {
-    let api: Api<Node> = Api::all(client.clone());
-    let mut out = Vec::new();
-    let mut lp = ListParams::default().limit(500);
-    loop {
-        let page = api.list(&lp).await.map_err(|e| e.to_string())?;
-        out.extend(
-            page.items
-                .iter()
-                .map(|n| seen(n, release))
-                .filter(|s| !s.carries.is_empty()),
-        );
-        match page.metadata.continue_ {
-            Some(c) if !c.is_empty() => lp = lp.continue_token(&c),
-            _ => return Ok(out),
-        }
-    }
-}
-
-/// Reads the agent's release flags and the Nodes; reports [`verdict`].
-pub async fn check(client: &Client, installed: &Installed, report: &mut Report) {
+/// Reports [`verdict`] on the agent's release flags and the Nodes as read.
+pub fn check(installed: &Installed, nodes: &Result<Nodes, String>, report: &mut Report) {
     let release = installed
         .agent
         .container()
         .and_then(|c| flags(c).ok())
         .map(|f| f.release);
-    let nodes = match &release {
-        Some(r) if !r.is_empty() => read_nodes(client, r).await,
-        _ => Ok(Vec::new()),
+    let nodes = match nodes {
+        Ok(n) => Ok(n
+            .tainted
+            .iter()
+            .map(|n| seen(n, release.as_deref().unwrap_or_default()))
+            .filter(|s| !s.carries.is_empty())
+            .collect()),
+        Err(e) => Err(e.clone()),
     };
     let (status, detail) = verdict(&Inputs { release, nodes });
     report.add(CHECK, status, detail);
@@ -165,7 +137,8 @@ pub async fn check(client: &Client, installed: &Installed, report: &mut Report) 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use nodegate_shared::keys::{DEFAULT_TAINT, LEGACY_TAINT};
+    use k8s_openapi::api::core::v1::Node;
+    use nodegate_shared::keys::{DEFAULT_TAINT, LEGACY_TAINT, READY_BOOT_ID_ANNOTATION};
 
     fn node(name: &str, taints: &[&str], boot: &str, ready_boot: Option<&str>) -> Node {
         let taints: Vec<serde_json::Value> = taints
@@ -199,7 +172,7 @@ mod tests {
         ];
         let seen: Vec<Seen> = nodes
             .iter()
-            .map(|n| seen(n, &release))
+            .map(|n| seen(&NodeTaints::of(n), &release))
             .filter(|s| !s.carries.is_empty())
             .collect();
         assert_eq!(

@@ -123,7 +123,8 @@ pub struct WebhookInfo {
     pub available: Option<i32>,
     /// The taints the webhook runs with: its `--taint` args or
     /// `NODEGATE_TAINTS` (nodegate's default without either), and strict
-    /// mode's `--boot-taint` or `NODEGATE_BOOT_TAINTS` (none without either).
+    /// mode's `--boot-taint` or `NODEGATE_BOOT_TAINTS` (none without either),
+    /// and the owned gates' `--owned-taint` or `NODEGATE_OWNED_TAINTS`.
     pub flags: Flags,
 }
 
@@ -138,6 +139,7 @@ fn default_flags() -> Flags {
         taints: DEFAULT_TAINT.parse::<TaintSpec>().into_iter().collect(),
         boot: Vec::new(),
         release: Vec::new(),
+        owned: Vec::new(),
     }
 }
 
@@ -202,10 +204,12 @@ fn running_flags(w: &WebhookWorkload) -> (Flags, Vec<Line>) {
         taints = default_flags().taints;
     }
     let (_, boot) = read("--boot-taint", "NODEGATE_BOOT_TAINTS");
+    let (_, owned) = read("--owned-taint", "NODEGATE_OWNED_TAINTS");
     let flags = Flags {
         taints,
         boot,
         release: Vec::new(),
+        owned,
     };
     (flags, lines)
 }

@@ -76,6 +76,8 @@ async fn the_check_reports_the_same_with_its_own_credential_as_with_an_admin() {
             "forged reviews",
             "cilium operator",
             "released taints",
+            "gates declaration",
+            "gate default (nodegate.dev/agent-not-ready=true:NoSchedule)",
             "karpenter",
             "cluster autoscaler",
             "node readiness controller",
@@ -491,6 +493,19 @@ fn the_component_names_what_the_check_uses() {
         names(&cluster_rules, "mutatingwebhookconfigurations"),
         [shipped["metadata"]["name"].as_str().unwrap()]
     );
+    // The gate lines: the agent's Events in default, and a gate owner's
+    // DaemonSet and Pods in kube-system.
+    let allows = |rules: &[Value], group: &str, resource: &str, verb: &str| {
+        rules.iter().any(|r| {
+            let has = |k: &str, v: &str| r[k].as_array().is_some_and(|a| a.iter().any(|x| x == v));
+            has("apiGroups", group) && has("resources", resource) && has("verbs", verb)
+        })
+    };
+    let default_rules = rules("Role", Some("default"));
+    assert!(allows(&default_rules, "", "events", "list"));
+    let system_rules = rules("Role", Some("kube-system"));
+    assert!(allows(&system_rules, "apps", "daemonsets", "get"));
+    assert!(allows(&system_rules, "", "pods", "list"));
     // Every binding names the ServiceAccount and the group, and only them.
     for b in docs
         .iter()

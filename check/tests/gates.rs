@@ -74,8 +74,9 @@ async fn reports_strict_mode_off_on_and_half_installed() {
     assert!(line(&out, "PASS", "canary dry-run create").contains(&gate));
     let l = line(&out, "PASS", "strict mode");
     assert!(
-        l.contains(&format!("on (boot gate {gate}): the webhook and the agent run with the same --boot-taint and --taint flags"))
-            && l.contains("are generated for them"),
+        l.contains(&format!(
+            "on (boot gate {gate}): the webhook and the agent run with the same --boot-taint flags"
+        )) && l.contains("are generated for them"),
         "{l}"
     );
 
@@ -463,4 +464,171 @@ async fn names_the_declaration_each_release_accepts() {
     let (code, out) = check(&kubeconfig, &["--cluster-autoscaler-version=1.31.5"]);
     assert_eq!(code, 0, "{out}");
     assert!(line(&out, "PASS", CA).contains("(CA 1.31.5)"), "{out}");
+}
+
+/// The agent's `--gates` with two gates it opens and one owned elsewhere:
+/// the declaration line names the gate the webhook does not add, and one
+/// line per gate says how many nodes it holds, which the longest and why
+/// (the agent's Event), and where an owned gate's owner does not run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_line_per_declared_gate() {
+    const EBS: &str = "ebs.csi.aws.com/agent-not-ready:NoExecute";
+    const OWNER: &str = "kube-system/ebs-csi-node";
+    let (emu, _webhook, home) = installed(None).await;
+    let kubeconfig = home.path().join("kubeconfig");
+    let (_, out) = check(&kubeconfig, &[]);
+    assert!(
+        line(&out, "PASS", "gates declaration").contains(&format!(
+            "the agent has no --gates: one gate, of its --taint and --probe-* flags: opened by the agent: default ({DEFAULT_TAINT}, 2 probes); the webhook adds it (--taint) and no other"
+        )),
+        "{out}"
+    );
+    assert!(
+        line(&out, "PASS", &format!("gate default ({DEFAULT_TAINT})")).contains(" holds 0 of ")
+    );
+
+    let declaration = serde_json::json!({"gates": [
+        {"name": "cni", "taint": DEFAULT_TAINT, "probes": {"http": ["http://127.0.0.1:9879/healthz"]}},
+        {"name": "dns", "taint": "example.com/dns-not-ready:NoSchedule", "probes": {"tcp": ["127.0.0.1:53"]}},
+        {"name": "ebs-csi", "taint": EBS, "owner": {"daemonSet": OWNER}},
+    ]});
+    let mut objects = kustomized("manifests", &[]);
+    let key = |kind: &str, name: &str| (kind.to_string(), name.to_string());
+    let agent = objects
+        .get_mut(&key("DaemonSet", "nodegate-agent"))
+        .unwrap();
+    let args = agent["spec"]["template"]["spec"]["containers"][0]["args"]
+        .as_array_mut()
+        .unwrap();
+    args.retain(|a| {
+        !["--taint", "--probe-"]
+            .iter()
+            .any(|f| a.as_str().unwrap().starts_with(f))
+    });
+    args.push(format!("--gates={declaration}").into());
+    let webhook = objects
+        .get_mut(&key("StatefulSet", "nodegate-webhook"))
+        .unwrap();
+    webhook["spec"]["template"]["spec"]["containers"][0]["args"]
+        .as_array_mut()
+        .unwrap()
+        .push(format!("--owned-taint={EBS}").into());
+    apply_rendered(&emu, &objects, WORKLOADS);
+
+    let node = |name: &str, taint: &str| {
+        let t: TaintSpec = taint.parse().unwrap();
+        emu.apply(
+            &serde_json::json!({
+                "apiVersion": "v1", "kind": "Node", "metadata": {"name": name},
+                "spec": {"taints": [t.to_json()]},
+            })
+            .to_string(),
+        )
+        .unwrap();
+    };
+    node("gated-cni", DEFAULT_TAINT);
+    node("gated-ebs", EBS);
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let since = (now - k8s_openapi::jiff::SignedDuration::from_mins(30))
+        .round(k8s_openapi::jiff::Unit::Second)
+        .unwrap();
+    emu.apply(
+        &serde_json::json!({
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"name": "gated-cni.1", "namespace": "default"},
+            "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": "gated-cni"},
+            "reason": "NodegateGateHeld", "type": "Warning",
+            "message": format!("gate cni ({DEFAULT_TAINT}) has held this node since {since}: http[0] failed: connection refused"),
+            "firstTimestamp": now.to_string(), "lastTimestamp": now.to_string(),
+        })
+        .to_string(),
+    )
+    .unwrap();
+
+    let (_, out) = check(&kubeconfig, &[]);
+    assert!(
+        line(&out, "FAIL", "gates declaration").contains(
+            "gate dns (example.com/dns-not-ready:NoSchedule): the agent opens it, but the webhook does not add it"
+        ),
+        "{out}"
+    );
+    let l = line(&out, "WARN", &format!("gate cni ({DEFAULT_TAINT})"));
+    assert!(
+        l.contains("holds 1 of ")
+            && l.contains(&format!(
+                "1 node held longer than 10 min: gated-cni since {since} ("
+            ))
+            && l.ends_with(" min): http[0] failed: connection refused"),
+        "{l}"
+    );
+    assert!(
+        line(
+            &out,
+            "PASS",
+            "gate dns (example.com/dns-not-ready:NoSchedule)"
+        )
+        .contains("holds 0 of ")
+    );
+    let ebs_line = format!("gate ebs-csi ({EBS})");
+    assert!(
+        line(&out, "WARN", &ebs_line).contains(&format!(
+            "its owner, DaemonSet {OWNER}, does not exist: nodes will stay gated: nothing removes {EBS} (1 of "
+        )),
+        "{out}"
+    );
+    // `--gate-held-warn-after` moves the threshold.
+    let (_, out) = check(&kubeconfig, &["--gate-held-warn-after=1h"]);
+    assert!(
+        line(&out, "PASS", &format!("gate cni ({DEFAULT_TAINT})"))
+            .contains("; oldest gated-cni since "),
+        "{out}"
+    );
+
+    // The owner, tolerating its gate, with a Pod elsewhere only.
+    emu.apply(
+        &serde_json::json!({
+            "apiVersion": "apps/v1", "kind": "DaemonSet",
+            "metadata": {"name": "ebs-csi-node", "namespace": "kube-system"},
+            "spec": {
+                "selector": {"matchLabels": {"app": "ebs-csi-node"}},
+                "template": {
+                    "metadata": {"labels": {"app": "ebs-csi-node"}},
+                    "spec": {
+                        "containers": [{"name": "node", "image": "ebs"}],
+                        "tolerations": [{"operator": "Exists"}],
+                    },
+                },
+            },
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let pod = |node: &str| {
+        emu.apply(
+            &serde_json::json!({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": format!("ebs-csi-node-{node}"), "namespace": "kube-system", "labels": {"app": "ebs-csi-node"}},
+                "spec": {"nodeName": node, "containers": [{"name": "node", "image": "ebs"}]},
+                "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]},
+            })
+            .to_string(),
+        )
+        .unwrap();
+    };
+    pod("gated-cni");
+    let (_, out) = check(&kubeconfig, &[]);
+    assert!(
+        line(&out, "WARN", &ebs_line).contains(&format!(
+            "1 node has no Pod of DaemonSet {OWNER}, its owner, and will stay gated: gated-ebs"
+        )),
+        "{out}"
+    );
+    pod("gated-ebs");
+    let (_, out) = check(&kubeconfig, &[]);
+    assert!(
+        line(&out, "PASS", &ebs_line).contains(&format!(
+            ", each with a Pod of DaemonSet {OWNER}, its owner"
+        )),
+        "{out}"
+    );
 }

@@ -404,6 +404,7 @@ impl WebhookProcess {
             .env_remove("KUBERNETES_SERVICE_HOST")
             .env_remove("NODEGATE_TAINTS")
             .env_remove("NODEGATE_BOOT_TAINTS")
+            .env_remove("NODEGATE_OWNED_TAINTS")
             .env("HOME", dir.path())
             .env(
                 "RUST_LOG",

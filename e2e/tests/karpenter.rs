@@ -76,6 +76,8 @@ fn check_says(startup: &str, gate: &str, version: Version) -> nodegate_check::St
         gates: Some(vec![Gate {
             taint: gate.parse().unwrap(),
             boot: false,
+            name: None,
+            owner: None,
         }]),
         agent: Some(AgentPlacement::of(&spec)),
     });

@@ -130,6 +130,21 @@ async fn every_shipped_manifest_is_created_through_the_emulators_validation() {
             "manifests/overlays/admission-policy",
             &["key-profiles/karpenter"],
         ),
+        (
+            "cilium-ebs-csi gates component",
+            "manifests",
+            &["gates/cilium-ebs-csi"],
+        ),
+        (
+            "cilium-ebs-csi gates component under the admission-policy overlay",
+            "manifests/overlays/admission-policy",
+            &["gates/cilium-ebs-csi"],
+        ),
+        (
+            "cilium-gpu gates component under the admission-policy overlay",
+            "manifests/overlays/admission-policy",
+            &["gates/cilium-gpu"],
+        ),
     ];
     let mut skipped_all = BTreeSet::new();
     for (label, base, components) in cases {
@@ -435,5 +450,141 @@ fn every_line_has_a_service_a_replica_and_a_name_in_the_certificate() {
             format!("nodegate-webhook-{i}"),
             "the Service of line {i} selects replica {i} alone"
         );
+    }
+}
+
+/// Each shipped gates component (`nodegate-webhook gates-component`, its
+/// files checked against the generator by the webhook's own tests) builds
+/// on the install and on the admission-policy overlay: the agent takes the
+/// declaration whole (`--gates`, which it refuses beside a taint or probe
+/// flag), the webhook names every gate (nodegate's, owned elsewhere, boot)
+/// and tolerates each key, and the policies are the generators' output for
+/// those flags.
+#[test]
+fn gates_components_turn_the_install_into_their_gates() {
+    use nodegate_shared::gates::Gates;
+    use nodegate_webhook::{confinement, policy, webhook_config};
+    const PROBE_FLAGS: &[&str] = &[
+        "--probe-http",
+        "--probe-tcp",
+        "--probe-file",
+        "--probe-exec",
+        "--probe-pod",
+    ];
+    let dir =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../manifests/components/gates");
+    for name in ["cilium-ebs-csi", "cilium-gpu"] {
+        let declared =
+            Gates::parse(&std::fs::read_to_string(dir.join(name).join("gates.yaml")).unwrap())
+                .unwrap();
+        let (ordinary, owned, boot) = (
+            declared.taints(),
+            declared.owned_taints(),
+            declared.boot_taints(),
+        );
+        for base in ["manifests", "manifests/overlays/admission-policy"] {
+            let component = format!("gates/{name}");
+            let built = by_kind_and_name(&render(base, &[&component])).unwrap();
+            let agent = container_args(&built, "DaemonSet", "nodegate-agent");
+            let gates: Vec<&String> = agent.iter().filter(|a| a.starts_with("--gates=")).collect();
+            assert_eq!(gates.len(), 1, "{name} on {base}: {agent:?}");
+            let flag = Gates::parse(gates[0].strip_prefix("--gates=").unwrap()).unwrap();
+            assert_eq!(flag, declared, "{name} on {base}: the agent's --gates");
+            for a in &agent {
+                assert!(
+                    !PROBE_FLAGS.iter().any(|p| a.starts_with(&format!("{p}=")))
+                        && !a.starts_with("--taint=")
+                        && !a.starts_with("--boot-taint="),
+                    "{name} on {base}: the agent has {a} beside --gates: {agent:?}"
+                );
+            }
+            let webhook = container_args(&built, "StatefulSet", "nodegate-webhook");
+            let mut want: Vec<String> = ordinary.iter().map(|t| format!("--taint={t}")).collect();
+            want.extend(owned.iter().map(|t| format!("--owned-taint={t}")));
+            want.extend(boot.iter().map(|t| format!("--boot-taint={t}")));
+            let got: Vec<&String> = webhook
+                .iter()
+                .filter(|a| {
+                    a.starts_with("--taint=")
+                        || a.starts_with("--owned-taint=")
+                        || a.starts_with("--boot-taint=")
+                })
+                .collect();
+            assert_eq!(got, want.iter().collect::<Vec<_>>(), "{name} on {base}");
+            let sts = &built[&("StatefulSet".into(), "nodegate-webhook".into())];
+            let tolerations = sts["spec"]["template"]["spec"]["tolerations"]
+                .as_array()
+                .unwrap();
+            for t in ordinary.iter().chain(&owned).chain(&boot) {
+                assert!(
+                    tolerations
+                        .iter()
+                        .any(|x| x["key"] == t.key() && x["operator"] == "Exists"),
+                    "{name} on {base}: the webhook must tolerate {}",
+                    t.key()
+                );
+            }
+            let hooks = by_kind_and_name(&webhook_config::render_owned(
+                &ordinary,
+                &boot,
+                &owned,
+                webhook_config::DEFAULT_REPLICAS,
+            ))
+            .unwrap();
+            let want_hooks = &hooks[&("MutatingWebhookConfiguration".into(), "nodegate".into())];
+            let got_hooks = &built[&("MutatingWebhookConfiguration".into(), "nodegate".into())];
+            let lines = |v: &Value| v["webhooks"].as_array().unwrap()[1..].to_vec();
+            assert_eq!(
+                lines(got_hooks),
+                lines(want_hooks),
+                "{name} on {base}: backup lines"
+            );
+            let mut generated =
+                by_kind_and_name(&confinement::render_owned(&ordinary, &boot, &owned, &[]))
+                    .unwrap();
+            if base.ends_with("admission-policy") {
+                generated.extend(
+                    by_kind_and_name(&policy::render_owned(
+                        &ordinary,
+                        &boot,
+                        &owned,
+                        policy::ApiVersion::V1,
+                    ))
+                    .unwrap(),
+                );
+            }
+            for (key, want) in generated {
+                let got = built
+                    .get(&key)
+                    .unwrap_or_else(|| panic!("{name} on {base}: {key:?} missing"));
+                assert_eq!(
+                    squeezed(&got["spec"]),
+                    squeezed(&want["spec"]),
+                    "{name} on {base}: {key:?} differs from the generator's output"
+                );
+            }
+            // A pod probe's namespace, and only it, grants the agent Pods.
+            let pod_namespaces: Vec<&str> = declared
+                .opened()
+                .flat_map(|g| g.probes.pod.iter())
+                .filter_map(|p| p.split_once('/').map(|(ns, _)| ns))
+                .collect();
+            let role = built.get(&("Role".into(), "nodegate-agent-probe-pod".into()));
+            match pod_namespaces.as_slice() {
+                [] => assert!(role.is_none(), "{name} on {base}: no pod probe, no Role"),
+                [ns] => {
+                    let role = role.unwrap();
+                    assert_eq!(role["metadata"]["namespace"], *ns, "{name} on {base}");
+                    assert_eq!(
+                        role["rules"][0]["verbs"],
+                        serde_json::json!(["list", "watch"])
+                    );
+                    let binding =
+                        &built[&("RoleBinding".into(), "nodegate-agent-probe-pod".into())];
+                    assert_eq!(binding["subjects"][0]["name"], "nodegate-agent");
+                }
+                more => panic!("{name}: one pod-probe namespace expected, got {more:?}"),
+            }
+        }
     }
 }

@@ -221,19 +221,31 @@ mod tests {
         assert_eq!(ok.owned.owned_taints[0].to_string(), ebs);
         let cases: [(&[&str], &str); 4] = [
             (
-                &["--taint=example.com/x:NoSchedule", "--owned-taint=example.com/x=y:NoSchedule"],
+                &[
+                    "--taint=example.com/x:NoSchedule",
+                    "--owned-taint=example.com/x=y:NoSchedule",
+                ],
                 "listed twice",
             ),
             (
-                &["--boot-taint=example.com/x:NoExecute", "--owned-taint=example.com/x:NoExecute"],
+                &[
+                    "--boot-taint=example.com/x:NoExecute",
+                    "--owned-taint=example.com/x:NoExecute",
+                ],
                 "listed twice",
             ),
             (
-                &[&format!("--owned-taint={ebs}"), &format!("--owned-taint={ebs}")],
+                &[
+                    &format!("--owned-taint={ebs}"),
+                    &format!("--owned-taint={ebs}"),
+                ],
                 "listed twice",
             ),
             (
-                &["--taint=example.com/x:NoSchedule", "--owned-taint=readiness.k8s.io/nodegate-agent-not-ready=true:NoSchedule"],
+                &[
+                    "--taint=example.com/x:NoSchedule",
+                    "--owned-taint=readiness.k8s.io/nodegate-agent-not-ready=true:NoSchedule",
+                ],
                 "a gate nodegate ships",
             ),
         ];
@@ -242,7 +254,10 @@ mod tests {
             let err = cli.owned.validate(&cli.gate).unwrap_err().to_string();
             assert!(err.contains(want), "{args:?}: {err}");
         }
-        let released = parse(&[&format!("--owned-taint={ebs}"), &format!("--release-taint={ebs}")]);
+        let released = parse(&[
+            &format!("--owned-taint={ebs}"),
+            &format!("--release-taint={ebs}"),
+        ]);
         assert!(released.owned.validate_release(&released.release).is_err());
     }
 }

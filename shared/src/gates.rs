@@ -19,7 +19,16 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::taint::{Effect, TaintError, TaintSpec, check_taints, check_unique, is_dns1123_label};
+use crate::taint::{
+    Effect, TaintError, TaintSpec, check_taints, check_unique, is_dns1123_label, shipped_gates,
+};
+
+/// A shipped gate's key and effect: nodegate's agents release those.
+fn is_shipped(t: &TaintSpec) -> bool {
+    shipped_gates()
+        .iter()
+        .any(|s| s.key() == t.key() && s.effect() == t.effect())
+}
 
 /// The whole declaration.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -135,6 +144,10 @@ pub enum GatesError {
         "gate {0:?}: a gate nodegate opens must be NoSchedule (strict mode's NoExecute gate is bootTaints)"
     )]
     Effect(String),
+    #[error(
+        "gate {0:?}: {1} is a gate nodegate ships: nodegate's agents release it, so it cannot be owned elsewhere"
+    )]
+    Shipped(String, String),
     #[error(transparent)]
     Taint(#[from] TaintError),
 }
@@ -173,6 +186,9 @@ impl Gates {
                 }
                 (None, false) if g.taint.0.effect() != Effect::NoSchedule => {
                     return Err(GatesError::Effect(g.name.clone()));
+                }
+                (Some(_), true) if is_shipped(&g.taint.0) => {
+                    return Err(GatesError::Shipped(g.name.clone(), g.taint.0.to_string()));
                 }
                 _ => {}
             }
@@ -306,6 +322,10 @@ gates:
                 "tcpp",
             ),
             ("gates: [{name: a, taint: 'no effect'}]", "declaration"),
+            (
+                "gates: [{name: a, taint: 'a.dev/x:NoSchedule', probes: {tcp: ['h:1']}}, {name: b, taint: 'readiness.k8s.io/nodegate-agent-not-ready:NoSchedule', owner: {daemonSet: ns/d}}]",
+                "a gate nodegate ships",
+            ),
         ];
         for (text, want) in cases {
             let err = Gates::parse(text).unwrap_err().to_string();

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use nodegate_shared::TaintSpec;
-use nodegate_shared::gate_flags::GateFlags;
+use nodegate_shared::gate_flags::{GateFlags, OwnedFlags};
 use nodegate_shared::keys::DEFAULT_TAINT;
 
 use crate::limits::RequestLimits;
@@ -46,6 +46,9 @@ pub struct Args {
     // `--taint` (nodegate's default without it) and `--boot-taint`.
     #[command(flatten)]
     pub gate: GateFlags,
+    // `--owned-taint`: other components' gates, added at create and at a new boot.
+    #[command(flatten)]
+    pub owned: OwnedFlags,
     /// Fallback re-check of the certificate files, besides change events.
     #[arg(long, env = "NODEGATE_TLS_RELOAD_INTERVAL", default_value = "10s", value_parser = parse_duration)]
     pub tls_reload_interval: Duration,
@@ -154,6 +157,8 @@ pub struct Config {
     pub tls_cert: PathBuf,
     pub tls_key: PathBuf,
     pub taints: Vec<TaintSpec>,
+    /// `--owned-taint`: added at create and at a new boot only.
+    pub owned_taints: Vec<TaintSpec>,
     pub tls_reload_interval: Duration,
     pub header_read_timeout: Duration,
     pub tls_handshake_timeout: Duration,
@@ -181,6 +186,7 @@ impl Config {
             tls_cert: tls_cert.into(),
             tls_key: tls_key.into(),
             taints: vec![DEFAULT_TAINT.parse().expect("the default taint is valid")],
+            owned_taints: Vec::new(),
             tls_reload_interval: Duration::from_secs(10),
             header_read_timeout: Duration::from_secs(120),
             tls_handshake_timeout: Duration::from_secs(5),
@@ -202,6 +208,7 @@ impl TryFrom<Args> for Config {
 
     fn try_from(a: Args) -> Result<Self, Self::Error> {
         a.gate.validate()?;
+        a.owned.validate(&a.gate)?;
         if a.tls_reload_interval.is_zero() {
             anyhow::bail!("--tls-reload-interval must be positive");
         }
@@ -221,6 +228,7 @@ impl TryFrom<Args> for Config {
             tls_cert: a.tls_cert,
             tls_key: a.tls_key,
             taints: a.gate.all(),
+            owned_taints: a.owned.owned_taints,
             tls_reload_interval: a.tls_reload_interval,
             header_read_timeout: a.header_read_timeout,
             tls_handshake_timeout: a.tls_handshake_timeout,
@@ -393,5 +401,29 @@ mod tests {
         assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
         assert!(parse_duration("s").is_err());
         assert!(parse_duration("2 days").is_err());
+    }
+
+    /// `--owned-taint` (and `NODEGATE_OWNED_TAINTS`, comma-separated) is
+    /// kept apart from the taints, and refused where it repeats one of them.
+    #[test]
+    fn owned_taints_are_their_own_list_and_never_repeat_a_taint() {
+        let ebs = "ebs.csi.aws.com/agent-not-ready:NoExecute";
+        let a = Args::try_parse_from(["x", "--owned-taint", ebs]).unwrap();
+        let c = Config::try_from(a).unwrap();
+        let shown: Vec<String> = c.owned_taints.iter().map(ToString::to_string).collect();
+        assert_eq!(shown, [ebs]);
+        assert_eq!(c.taints.len(), 1, "the default taint alone");
+        let a = Args::try_parse_from([
+            "x",
+            "--taint=example.com/x:NoSchedule",
+            "--owned-taint",
+            "example.com/x=y:NoSchedule",
+        ])
+        .unwrap();
+        let err = Config::try_from(a).unwrap_err().to_string();
+        assert!(err.contains("listed twice"), "{err}");
+        let a = Args::try_parse_from(["x", "--owned-taint", DEFAULT_TAINT]).unwrap();
+        let err = Config::try_from(a).unwrap_err().to_string();
+        assert!(err.contains("a gate nodegate ships"), "{err}");
     }
 }

@@ -96,7 +96,10 @@ pub async fn start(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<Running> {
-    let rules = Arc::new(Rules::new(config.taints.clone()).context("invalid --taint")?);
+    let rules = Arc::new(
+        Rules::with_owned(config.taints.clone(), config.owned_taints.clone())
+            .context("invalid --taint or --owned-taint")?,
+    );
     let metrics = Arc::new(Metrics::new());
 
     let reloader = Arc::new(

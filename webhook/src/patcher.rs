@@ -13,7 +13,7 @@
 //! backoff) until the stored bootID is no longer the one the write replaced,
 //! instead of concluding that nothing is needed.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -78,7 +78,8 @@ pub enum Enqueued {
 #[derive(Debug, Clone)]
 pub struct RebootPatcher {
     tx: Option<mpsc::Sender<RebootJob>>,
-    pending: Arc<Mutex<HashSet<String>>>,
+    /// The job waiting for each node, as the worker will run it.
+    pending: Arc<Mutex<HashMap<String, RebootJob>>>,
     metrics: Arc<Metrics>,
     /// For the re-registration check, made on the admission path.
     direct: Option<(Api<NodeView>, Arc<Rules>)>,
@@ -121,7 +122,7 @@ impl RebootPatcher {
         opts: PatcherOptions,
     ) -> (Self, tokio::task::JoinHandle<()>) {
         let (tx, mut rx) = mpsc::channel::<RebootJob>(opts.queue_capacity.max(1));
-        let pending: Arc<Mutex<HashSet<String>>> = Arc::default();
+        let pending: Arc<Mutex<HashMap<String, RebootJob>>> = Arc::default();
         let api: Api<NodeView> = Api::all(client);
         let claims = Arc::new(Mutex::new(Claims::new(
             opts.reregistration_min_interval,
@@ -147,11 +148,13 @@ impl RebootPatcher {
                     return;
                 };
                 // Removed before the work starts: a write that arrives while
-                // this job runs queues a fresh one.
-                pending
+                // this job runs queues a fresh one. The waiting entry may
+                // have taken a later write's new boot (`enqueue`).
+                let job = pending
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
-                    .remove(&job.node);
+                    .remove(&job.node)
+                    .unwrap_or(job);
                 let (api, rules, metrics) = (api.clone(), rules.clone(), metrics.clone());
                 tokio::spawn(async move {
                     let _permit = permit;
@@ -223,12 +226,17 @@ impl RebootPatcher {
             return Enqueued::Skipped;
         };
         let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
-        if pending.contains(&job.node) {
+        if let Some(waiting) = pending.get_mut(&job.node) {
+            // The write that moved the bootID must not be lost behind one
+            // that kept it: only its job adds the gates owned elsewhere.
+            if job.previous_boot.is_some() {
+                waiting.previous_boot.clone_from(&job.previous_boot);
+            }
             return Enqueued::AlreadyQueued;
         }
         match tx.try_send(job.clone()) {
             Ok(()) => {
-                pending.insert(job.node.clone());
+                pending.insert(job.node.clone(), job.clone());
                 Enqueued::Queued
             }
             Err(_) => {
@@ -390,7 +398,14 @@ pub async fn patch_node(
             if job.previous_boot.as_deref() == Some(stored_boot) {
                 return Ok(Attempt::NotStoredYet);
             }
-            let missing = rules.reboot_taints_needed(&node);
+            // A write that moved the bootID is a new boot: the gates owned
+            // elsewhere come back too. Any later write of the boot brings
+            // back only nodegate's, or it would undo their owner's removal.
+            let missing = if job.previous_boot.is_some() {
+                rules.new_boot_taints_needed(&node)
+            } else {
+                rules.reboot_taints_needed(&node)
+            };
             if missing.is_empty() {
                 return Ok(Attempt::Done(PatchOutcome::Unneeded));
             }
@@ -705,5 +720,108 @@ mod tests {
                 .encode()
                 .contains(r#"nodegate_webhook_background_patches_total{result="skipped"} 1"#)
         );
+    }
+
+    fn rules_with_owned() -> Arc<Rules> {
+        Arc::new(
+            Rules::with_owned(
+                vec![DEFAULT_TAINT.parse().unwrap()],
+                vec!["ebs.csi.aws.com/agent-not-ready:NoExecute".parse().unwrap()],
+            )
+            .unwrap(),
+        )
+    }
+
+    /// A rebooted node whose nodegate gate is on (the re-registration put
+    /// it back) and whose owned gate is not.
+    fn gated_without_owned(rv: &str) -> Value {
+        let mut n = with_taints(
+            with_annotation(kubelet_node("n1", "boot-2", 0), ANN, "boot-1"),
+            json!([{"key": "nodegate.dev/agent-not-ready", "value": "true", "effect": "NoSchedule"}]),
+        );
+        n["metadata"]["resourceVersion"] = json!(rv);
+        n
+    }
+
+    /// The job of the status write that moved the bootID adds the gates
+    /// owned elsewhere; the job of a later write of the same boot does not
+    /// (their owner may have removed them: re-adding would fight it).
+    #[tokio::test]
+    async fn only_the_new_boots_job_adds_the_owned_gates() {
+        let (svc, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
+        let api: Api<NodeView> = Api::all(Client::new(svc, "default"));
+        let server = tokio::spawn(async move {
+            let (_, send) = expect(&mut handle, Method::GET, "/api/v1/nodes/n1").await;
+            send.send_response(json_response(StatusCode::OK, &gated_without_owned("5")));
+            let (req, send) = expect(&mut handle, Method::PATCH, "/api/v1/nodes/n1").await;
+            let ops = body_json(req).await;
+            assert_eq!(
+                ops[2],
+                json!({"op": "add", "path": "/spec/taints/0",
+                       "value": {"key": "ebs.csi.aws.com/agent-not-ready", "effect": "NoExecute"}})
+            );
+            assert_eq!(ops.as_array().unwrap().len(), 3, "{ops}");
+            send.send_response(json_response(StatusCode::OK, &gated_without_owned("6")));
+            // A later write's job: a read, and no patch.
+            let (_, send) = expect(&mut handle, Method::GET, "/api/v1/nodes/n1").await;
+            send.send_response(json_response(StatusCode::OK, &gated_without_owned("7")));
+            assert!(handle.next_request().await.is_none(), "no patch");
+        });
+        let r = rules_with_owned();
+        let new_boot = RebootJob {
+            node: "n1".into(),
+            previous_boot: Some("boot-1".into()),
+        };
+        assert_eq!(
+            patch_node(&api, &r, &new_boot, &fast()).await.unwrap(),
+            PatchOutcome::Patched(1)
+        );
+        assert_eq!(
+            patch_node(&api, &r, &job("n1"), &fast()).await.unwrap(),
+            PatchOutcome::Unneeded
+        );
+        drop(api);
+        server.await.unwrap();
+    }
+
+    /// A job waiting for a slot takes the new boot of a later write for the
+    /// same node: the write that moved the bootID is not lost behind one
+    /// that kept it, and its owned gates still come back.
+    #[tokio::test]
+    async fn a_waiting_job_takes_a_later_writes_new_boot() {
+        let (svc, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
+        let metrics = Arc::new(Metrics::new());
+        let opts = PatcherOptions {
+            concurrency: 1,
+            ..fast()
+        };
+        let (patcher, _worker) = RebootPatcher::spawn(
+            Client::new(svc, "default"),
+            rules_with_owned(),
+            metrics,
+            opts,
+        );
+        // n0 holds the only slot; n1 waits behind it, first for a write
+        // that kept the boot, then for the one that moved it.
+        assert_eq!(patcher.enqueue(&job("n0")), Enqueued::Queued);
+        let (_, send_n0) = expect(&mut handle, Method::GET, "/api/v1/nodes/n0").await;
+        assert_eq!(patcher.enqueue(&job("n1")), Enqueued::Queued);
+        let moved = RebootJob {
+            node: "n1".into(),
+            previous_boot: Some("boot-1".into()),
+        };
+        assert_eq!(patcher.enqueue(&moved), Enqueued::AlreadyQueued);
+        send_n0.send_response(json_response(
+            StatusCode::NOT_FOUND,
+            &status(404, "NotFound"),
+        ));
+        let (_, send) = expect(&mut handle, Method::GET, "/api/v1/nodes/n1").await;
+        send.send_response(json_response(StatusCode::OK, &gated_without_owned("5")));
+        let (req, send) = expect(&mut handle, Method::PATCH, "/api/v1/nodes/n1").await;
+        assert_eq!(
+            body_json(req).await[2]["value"]["key"],
+            "ebs.csi.aws.com/agent-not-ready"
+        );
+        send.send_response(json_response(StatusCode::OK, &gated_without_owned("6")));
     }
 }

@@ -114,6 +114,14 @@ impl Reason {
             Reason::Reboot => "node rebooted since its network agent was last ready",
         }
     }
+
+    /// The same for a gate owned elsewhere: its owner, not nodegate, lifts it.
+    fn owned_explanation(self) -> &'static str {
+        match self {
+            Reason::Create => "new node; the component that owns this gate removes it",
+            Reason::Reboot => "node rebooted; the component that owns this gate removes it",
+        }
+    }
 }
 
 /// Taints added by the answer: which, why, and the JSON patch adding them to
@@ -121,17 +129,26 @@ impl Reason {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Added {
     pub reason: Reason,
+    /// Every taint added, gates owned elsewhere included, in patch order.
     pub taints: Vec<TaintSpec>,
+    /// Those of `taints` owned elsewhere (`--owned-taint`).
+    pub owned: Vec<TaintSpec>,
     pub patch: Patch,
 }
 
 impl Added {
     /// One warning per added taint, shown to the client that made the write.
     pub fn warnings(&self) -> Vec<String> {
-        let why = self.reason.explanation();
         self.taints
             .iter()
-            .map(|t| format!("nodegate: added taint {t}: {why}"))
+            .map(|t| {
+                let why = if self.owned.contains(t) {
+                    self.reason.owned_explanation()
+                } else {
+                    self.reason.explanation()
+                };
+                format!("nodegate: added taint {t}: {why}")
+            })
             .collect()
     }
 }
@@ -143,7 +160,8 @@ pub struct RebootJob {
     pub node: String,
     /// When the write changes the bootID: the one it replaces (empty when
     /// there was none). Until the stored node moves off it, the write that
-    /// triggered the job is not stored yet.
+    /// triggered the job is not stored yet. Set, the boot is new and the
+    /// job adds the gates owned elsewhere too; unset, nodegate's taints only.
     pub previous_boot: Option<String>,
 }
 
@@ -212,7 +230,15 @@ impl Decision {
 /// The configured taints and the decisions made with them.
 #[derive(Debug, Clone)]
 pub struct Rules {
+    /// nodegate's gates (`--taint`, then `--boot-taint`).
     taints: Vec<TaintSpec>,
+    /// Gates owned elsewhere (`--owned-taint`).
+    owned: Vec<TaintSpec>,
+    /// `owned` then `taints`: what a new node or a new boot gets. Each add
+    /// goes to index 0, so nodegate's land in front of the owned ones, and
+    /// an owner's removal never moves the gate the agent's ready patch
+    /// tests at its index.
+    new_boot: Vec<TaintSpec>,
 }
 
 /// `system:node:<name>`: the kubelet of that node.
@@ -230,12 +256,36 @@ impl Rules {
     /// Refuses duplicates (same key and effect): the API server would reject
     /// a Node carrying both.
     pub fn new(taints: Vec<TaintSpec>) -> Result<Self, TaintError> {
-        check_unique(&taints)?;
-        Ok(Self { taints })
+        Self::with_owned(taints, Vec::new())
+    }
+
+    /// [`Rules::new`] with gates owned elsewhere (`--owned-taint`: another
+    /// component, such as a CSI node plugin, removes them), none sharing a
+    /// key and effect with another taint. They are added with the taints on
+    /// a new node and on a new boot only: at a create ([`Rule::NodeCreate`],
+    /// dry-run too), at a re-registration claiming a new boot (never a
+    /// `NoExecute` one there), and by the background patch of the status
+    /// write that moves the bootID ([`Rule::StatusShowsReboot`]). Never on
+    /// a later write of the same boot, [`Rule::UpdateAfterReboot`]
+    /// included: the owner removes its taint with such a write, and adding
+    /// it back would undo the removal, each write calling for the next.
+    pub fn with_owned(taints: Vec<TaintSpec>, owned: Vec<TaintSpec>) -> Result<Self, TaintError> {
+        let new_boot: Vec<TaintSpec> = owned.iter().chain(&taints).cloned().collect();
+        check_unique(&new_boot)?;
+        Ok(Self {
+            taints,
+            owned,
+            new_boot,
+        })
     }
 
     pub fn taints(&self) -> &[TaintSpec] {
         &self.taints
+    }
+
+    /// The gates owned elsewhere.
+    pub fn owned(&self) -> &[TaintSpec] {
+        &self.owned
     }
 
     /// Decides one admission request. Never denies: nodegate only adds taints.
@@ -263,7 +313,14 @@ impl Rules {
     /// [`Rule::NodeCreate`]: a new node cannot have a ready agent. A pure
     /// mutation of the object under review, so a dry-run gets it too.
     fn node_create(&self, req: &Request, node: &NodeView) -> Decision {
-        let mut d = self.taint(node, Rule::NodeCreate, Reason::Create, "create");
+        // A new node: the gates owned elsewhere too.
+        let mut d = self.taint(
+            node,
+            &self.new_boot,
+            Rule::NodeCreate,
+            Reason::Create,
+            "create",
+        );
         if !req.dry_run
             && let (Some(name), Some(boot)) = (node.name(), node.boot_id())
         {
@@ -280,7 +337,10 @@ impl Rules {
     }
 
     /// [`Rule::UpdateAfterReboot`]: the stored object says whether the node
-    /// rebooted since its agent was last ready.
+    /// rebooted since its agent was last ready. nodegate's taints only: the
+    /// owner of a gate owned elsewhere removes it with just such an update,
+    /// and adding it back here would undo that in the same write
+    /// ([`Rules::with_owned`]).
     fn update_after_reboot(&self, req: &Request, node: &NodeView) -> Decision {
         let rule = Rule::UpdateAfterReboot;
         // The kubelet's own update: NodeRestriction refuses a kubelet update
@@ -293,7 +353,13 @@ impl Rules {
         if !rebooted_since_ready(node.ready_boot_id(), old_boot) {
             return Decision::allow(rule, "update: no reboot since ready");
         }
-        self.taint(node, rule, Reason::Reboot, "update after reboot")
+        self.taint(
+            node,
+            &self.taints,
+            rule,
+            Reason::Reboot,
+            "update after reboot",
+        )
     }
 
     /// [`Rule::StatusShowsReboot`]: a status write keeps the stored spec, so
@@ -309,9 +375,19 @@ impl Rules {
         if !rebooted {
             return allow("status: no reboot");
         }
+        // The write that moves the bootID happens once per boot: only it
+        // brings back the gates owned elsewhere. Every later status
+        // write of that boot still differs from the ready record, and adding
+        // them then would undo their owner's removal, again and again.
+        let moves_boot = old_boot != new_boot;
+        let wanted = if moves_boot {
+            &self.new_boot
+        } else {
+            &self.taints
+        };
         // The stored spec is what a status write keeps.
         let stored = old.filter(|o| o.has_spec()).unwrap_or(node);
-        if stored.missing(&self.taints).is_empty() {
+        if stored.missing(wanted).is_empty() {
             return allow("status: rebooted, taints present");
         }
         if req.dry_run {
@@ -325,7 +401,7 @@ impl Rules {
         let mut d = allow("status: rebooted, background patch");
         d.reboot_job = node.name().map(|name| RebootJob {
             node: name.to_owned(),
-            previous_boot: (old_boot != new_boot).then(|| old_boot.unwrap_or("").to_owned()),
+            previous_boot: moves_boot.then(|| old_boot.unwrap_or("").to_owned()),
         });
         d
     }
@@ -334,16 +410,29 @@ impl Rules {
     /// already there are left alone, so a second call on the patched object
     /// (the API server may reinvoke webhooks) adds nothing: that answer is
     /// [`Rule::Idempotent`]'s.
-    fn taint(&self, node: &NodeView, rule: Rule, reason: Reason, why: &'static str) -> Decision {
-        let missing = node.missing(&self.taints);
+    fn taint(
+        &self,
+        node: &NodeView,
+        wanted: &[TaintSpec],
+        rule: Rule,
+        reason: Reason,
+        why: &'static str,
+    ) -> Decision {
+        let missing = node.missing(wanted);
         if missing.is_empty() {
             return Decision::allow(Rule::Idempotent, "taints already present");
         }
         let patch = add_taints(node, &missing, Guard::None);
+        let owned = missing
+            .iter()
+            .filter(|t| self.owned.contains(t))
+            .map(|t| (*t).clone())
+            .collect();
         Decision {
             added: Some(Added {
                 reason,
                 taints: missing.into_iter().cloned().collect(),
+                owned,
                 patch,
             }),
             reboot_job: None,
@@ -360,11 +449,13 @@ impl Rules {
     /// another boot; the same boot (a kubelet restart) changes nothing, and an
     /// excluded node stays excluded.
     ///
-    /// Never a `NoExecute` taint (strict mode's boot gate): the boot is only
+    /// The gates owned elsewhere come back with nodegate's: this is a new
+    /// boot ([`Rules::with_owned`]). Never a `NoExecute` taint (strict mode's
+    /// boot gate, or an evicting gate owned elsewhere): the boot is only
     /// the create's claim, which no stored version confirms yet, and a
-    /// forged claim must not evict a node's pods. The gate follows once the
+    /// forged claim must not evict a node's pods. Those follow once the
     /// kubelet's status write has stored the new boot
-    /// ([`Rules::reboot_taints_needed`]).
+    /// ([`Rules::new_boot_taints_needed`]).
     pub fn reregistration_taints_needed<'a>(
         &'a self,
         stored: &NodeView,
@@ -379,23 +470,36 @@ impl Rules {
             return Vec::new();
         }
         stored
-            .missing(&self.taints)
+            .missing(&self.new_boot)
             .into_iter()
             .filter(|t| t.effect() != Effect::NoExecute)
             .collect()
     }
 
     /// The background re-check of [`Rule::StatusShowsReboot`], on a
-    /// freshly read node: taints to add, or none when the node is excluded or
-    /// its agent already recorded the current boot as ready.
+    /// freshly read node, for a status write that kept the bootID:
+    /// nodegate's taints to add, or none when the node is excluded or its
+    /// agent already recorded the current boot as ready. Never a gate owned
+    /// elsewhere: this boot is not new, and its owner may have removed it.
     pub fn reboot_taints_needed<'a>(&'a self, node: &NodeView) -> Vec<&'a TaintSpec> {
+        Self::after_reboot(node, &self.taints)
+    }
+
+    /// [`Rules::reboot_taints_needed`] for the status write that moved the
+    /// bootID (the job's `previous_boot` is set): a new boot, so the gates
+    /// owned elsewhere too ([`Rules::with_owned`]).
+    pub fn new_boot_taints_needed<'a>(&'a self, node: &NodeView) -> Vec<&'a TaintSpec> {
+        Self::after_reboot(node, &self.new_boot)
+    }
+
+    fn after_reboot<'a>(node: &NodeView, wanted: &'a [TaintSpec]) -> Vec<&'a TaintSpec> {
         if node.is_excluded() {
             return Vec::new();
         }
         match (node.ready_boot_id(), node.boot_id()) {
             (Some(ready), Some(now)) if ready == now => Vec::new(),
             (_, None) => Vec::new(),
-            _ => node.missing(&self.taints),
+            _ => node.missing(wanted),
         }
     }
 }

@@ -1,9 +1,13 @@
 //! The subcommands that print a manifest instead of serving: their flags
-//! (the same taint flags as serving, [`GateFlags`]) and what each prints.
+//! (the same taint flags as serving, [`GateFlags`] and [`OwnedFlags`]) and
+//! what each prints; `gates-component` writes a directory instead.
 
-use nodegate_shared::gate_flags::{GateFlags, ReleaseFlags};
+use std::path::{Path, PathBuf};
 
-use crate::render::{confinement, policy, webhook_config};
+use anyhow::Context;
+use nodegate_shared::gate_flags::{GateFlags, OwnedFlags, ReleaseFlags};
+
+use crate::render::{confinement, gates_component, policy, webhook_config};
 
 /// Commands besides serving.
 #[derive(Debug, Clone, clap::Subcommand)]
@@ -18,6 +22,11 @@ pub enum Command {
     /// Print the MutatingWebhookConfiguration: the first line through every
     /// replica, then one backup line per replica, for the same taints.
     WebhookConfig(WebhookConfigArgs),
+    /// Write a kustomize Component that turns the base install into the
+    /// gates of a declaration (docs/gates.md): the webhook's and the agent's
+    /// flags, the confinement, the webhook configuration and the admission
+    /// policy for them, and the declaration itself.
+    GatesComponent(GatesComponentArgs),
 }
 
 impl Command {
@@ -26,23 +35,57 @@ impl Command {
         Ok(match self {
             Command::Policy(p) => {
                 p.gate.validate()?;
-                policy::render(&p.gate.ordinary(), &p.gate.boot_taints, p.api_version)
+                p.owned.validate(&p.gate)?;
+                policy::render_owned(
+                    &p.gate.ordinary(),
+                    &p.gate.boot_taints,
+                    &p.owned.owned_taints,
+                    p.api_version,
+                )
             }
             Command::Confinement(c) => {
                 c.gate.validate()?;
+                c.owned.validate(&c.gate)?;
                 c.release.validate(&c.gate)?;
-                confinement::render(
+                c.owned.validate_release(&c.release)?;
+                confinement::render_owned(
                     &c.gate.ordinary(),
                     &c.gate.boot_taints,
+                    &c.owned.owned_taints,
                     &c.release.release_taints,
                 )
             }
             Command::WebhookConfig(w) => {
                 w.gate.validate()?;
-                webhook_config::render(&w.gate.ordinary(), &w.gate.boot_taints, w.replicas)
+                w.owned.validate(&w.gate)?;
+                webhook_config::render_owned(
+                    &w.gate.ordinary(),
+                    &w.gate.boot_taints,
+                    &w.owned.owned_taints,
+                    w.replicas,
+                )
             }
+            Command::GatesComponent(g) => write_component(g)?,
         })
     }
+}
+
+/// Writes the component's files into `--out` (created if missing) and
+/// says which.
+fn write_component(args: &GatesComponentArgs) -> anyhow::Result<String> {
+    let declaration = std::fs::read_to_string(&args.gates)
+        .with_context(|| format!("reading --gates {}", args.gates.display()))?;
+    let files = gates_component::render(&declaration, args.replicas)
+        .with_context(|| format!("--gates {}", args.gates.display()))?;
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("creating --out {}", args.out.display()))?;
+    let mut written = String::new();
+    for f in files {
+        let path = Path::new(&args.out).join(f.name);
+        std::fs::write(&path, f.text).with_context(|| format!("writing {}", path.display()))?;
+        written.push_str(&format!("wrote {}\n", path.display()));
+    }
+    Ok(written)
 }
 
 /// `nodegate-webhook policy` flags.
@@ -50,6 +93,8 @@ impl Command {
 pub struct PolicyArgs {
     #[command(flatten)]
     pub gate: GateFlags,
+    #[command(flatten)]
+    pub owned: OwnedFlags,
     /// `v1` (Kubernetes ≥ 1.36) or `v1beta1` (1.34–1.35, feature gate on).
     #[arg(long, default_value = "v1")]
     pub api_version: policy::ApiVersion,
@@ -62,6 +107,8 @@ pub struct ConfinementArgs {
     #[command(flatten)]
     pub gate: GateFlags,
     #[command(flatten)]
+    pub owned: OwnedFlags,
+    #[command(flatten)]
     pub release: ReleaseFlags,
 }
 
@@ -70,7 +117,26 @@ pub struct ConfinementArgs {
 pub struct WebhookConfigArgs {
     #[command(flatten)]
     pub gate: GateFlags,
+    #[command(flatten)]
+    pub owned: OwnedFlags,
     /// The StatefulSet's replicas: one backup line each.
+    #[arg(long, default_value_t = webhook_config::DEFAULT_REPLICAS,
+          value_parser = clap::value_parser!(u32).range(1..=10))]
+    pub replicas: u32,
+}
+
+/// `nodegate-webhook gates-component` flags.
+#[derive(Debug, Clone, clap::Args)]
+pub struct GatesComponentArgs {
+    /// The gates declaration (YAML or JSON; docs/gates.md).
+    #[arg(long)]
+    pub gates: PathBuf,
+    /// The component's directory: kustomization.yaml, the generated
+    /// manifests and a copy of the declaration are written there.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// The webhook StatefulSet's replicas: one backup line each (the base
+    /// runs 2; another number is patched in, with a Service per replica).
     #[arg(long, default_value_t = webhook_config::DEFAULT_REPLICAS,
           value_parser = clap::value_parser!(u32).range(1..=10))]
     pub replicas: u32,
@@ -79,6 +145,7 @@ pub struct WebhookConfigArgs {
 #[cfg(test)]
 mod tests {
     use clap::Parser;
+    use nodegate_shared::TaintSpec;
     use nodegate_shared::keys::DEFAULT_TAINT;
 
     use super::*;
@@ -114,7 +181,7 @@ mod tests {
 
     /// Every generated confinement.yaml under manifests/ is the output of
     /// the command its header names, and the five configurations nodegate
-    /// ships each have one.
+    /// ships and the two gates components each have one.
     #[test]
     fn every_shipped_confinement_is_its_headers_command_output() {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../manifests");
@@ -156,6 +223,8 @@ mod tests {
             names,
             [
                 "base",
+                "components/gates/cilium-ebs-csi",
+                "components/gates/cilium-gpu",
                 "components/key-profiles/cluster-autoscaler",
                 "components/key-profiles/karpenter",
                 "components/release-cilium-key",
@@ -285,5 +354,115 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("key and effect of a managed taint"), "{err}");
+    }
+
+    const EBS: &str = "ebs.csi.aws.com/agent-not-ready:NoExecute";
+
+    /// `--owned-taint` reaches every renderer the webhook's flags reach, and
+    /// is refused where it repeats a taint of the webhook's, a gate nodegate
+    /// ships, or a taint the agent releases (the agent never touches it).
+    #[test]
+    fn owned_taints_reach_every_renderer_and_contradictions_are_refused() {
+        let taint: Vec<TaintSpec> = vec![DEFAULT_TAINT.parse().unwrap()];
+        let owned: Vec<TaintSpec> = vec![EBS.parse().unwrap()];
+        let flag = format!("--owned-taint={EBS}");
+        assert_eq!(
+            render(&["policy", &flag]).unwrap(),
+            policy::render_owned(&taint, &[], &owned, policy::ApiVersion::V1)
+        );
+        assert_eq!(
+            render(&["webhook-config", &flag, "--replicas", "3"]).unwrap(),
+            webhook_config::render_owned(&taint, &[], &owned, 3)
+        );
+        assert_eq!(
+            render(&["confinement", &flag]).unwrap(),
+            confinement::render_owned(&taint, &[], &owned, &[])
+        );
+        for command in ["policy", "webhook-config", "confinement"] {
+            let text = render(&[command, &flag]).unwrap();
+            assert!(
+                text.starts_with(&format!(
+                    "# Generated by `nodegate-webhook {command} --taint={DEFAULT_TAINT} {flag}"
+                )),
+                "{command}: the header names the flag"
+            );
+            for (bad, want) in [
+                (
+                    vec![
+                        "--taint=example.com/x:NoSchedule",
+                        "--owned-taint=example.com/x=y:NoSchedule",
+                    ],
+                    "listed twice",
+                ),
+                (
+                    vec!["--owned-taint=nodegate.dev/agent-not-ready=true:NoExecute"],
+                    "a gate nodegate ships",
+                ),
+            ] {
+                let mut args = vec![command];
+                args.extend(bad);
+                let err = render(&args).unwrap_err().to_string();
+                assert!(err.contains(want), "{command} {args:?}: {err}");
+            }
+        }
+        let err = render(&["confinement", &flag, &format!("--release-taint={EBS}")])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("key and effect of a managed taint"), "{err}");
+    }
+
+    /// `gates-component` writes the component's files and says which; a
+    /// declaration that cannot work writes nothing.
+    #[test]
+    fn gates_component_writes_the_directory_or_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let decl = dir.path().join("in.yaml");
+        std::fs::write(
+            &decl,
+            format!(
+                "gates:\n  - {{name: cni, taint: '{DEFAULT_TAINT}', probes: {{tcp: ['127.0.0.1:1']}}}}\n  - {{name: ebs, taint: '{EBS}', owner: {{daemonSet: kube-system/ebs-csi-node}}}}\n"
+            ),
+        )
+        .unwrap();
+        let out = dir.path().join("component");
+        let said = render(&[
+            "gates-component",
+            "--gates",
+            decl.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ])
+        .unwrap();
+        let mut written: Vec<String> = std::fs::read_dir(&out)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        written.sort();
+        assert_eq!(
+            written,
+            [
+                "admission-policy.yaml",
+                "confinement.yaml",
+                "gates.yaml",
+                "kustomization.yaml",
+                "webhook-config.yaml"
+            ]
+        );
+        assert_eq!(said.lines().count(), 5, "{said}");
+        std::fs::write(&decl, "gates: [{name: a, taint: 'a.dev/x:NoSchedule'}]\n").unwrap();
+        let empty = dir.path().join("never");
+        let err = render(&[
+            "gates-component",
+            "--gates",
+            decl.to_str().unwrap(),
+            "--out",
+            empty.to_str().unwrap(),
+        ])
+        .unwrap_err();
+        assert!(
+            format!("{err:#}").contains("nothing would ever open it"),
+            "{err:#}"
+        );
+        assert!(!empty.exists());
     }
 }

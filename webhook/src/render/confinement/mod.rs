@@ -24,6 +24,11 @@
 //!   `--release-taint`s and every other gate nodegate ships
 //!   (`nodegate_shared::taint::release_set`, the agent's own set), so a
 //!   switch of key profile or strict mode turned off leaves no stale gate.
+//! - **Gates owned elsewhere** (`--owned-taint`): the webhook may add them
+//!   (by key and effect), an evicting (`NoExecute`) one only to a node
+//!   whose stored boot is not the one its agent recorded as ready, as for
+//!   the boot gate. The agent may neither add nor remove them: their owner
+//!   does, and none is ever a stand-in or released.
 //! - **Strict mode** (`--boot-taint`): the agent may remove the boot gate but
 //!   add it only while the node runs another boot than the one its
 //!   `nodegate.dev/ready-boot-id` records, and may set that annotation only
@@ -45,9 +50,9 @@
 
 mod ownership;
 
-use nodegate_shared::TaintSpec;
 use nodegate_shared::keys::READY_BOOT_ID_ANNOTATION;
 use nodegate_shared::taint::release_set;
+use nodegate_shared::{Effect, TaintSpec};
 
 use self::ownership::{Touched, ownership_rule, ownership_variables};
 use crate::render::cel::string as q;
@@ -230,6 +235,39 @@ fn boot_gate_rules(boot: &[TaintSpec]) -> String {
     )
 }
 
+/// The webhook's rule for the evicting (`NoExecute`) gates owned elsewhere:
+/// like the boot gate, added only to a node whose stored boot is not the one
+/// its agent recorded as ready. The webhook adds them only with a stored new
+/// boot (the background patch of the status write that moved the bootID),
+/// never on a re-registration's claim, so a stolen webhook token cannot
+/// evict a node's pods on the boot they run on. Empty without such gates.
+fn webhook_owned_eviction_rule(owned: &[TaintSpec]) -> String {
+    let evicting: Vec<TaintSpec> = owned
+        .iter()
+        .filter(|t| t.effect() == Effect::NoExecute)
+        .cloned()
+        .collect();
+    if evicting.is_empty() {
+        return String::new();
+    }
+    let ready = q(READY_BOOT_ID_ANNOTATION);
+    let old_ann = or_empty("oldObject.metadata", "annotations", "{}");
+    let boot_id = STORED_BOOT_ID;
+    let adds_gate = adds_boot_gate(&evicting);
+    let gate = shown(&evicting);
+    format!(
+        r#"    - expression: >-
+        request.operation != 'UPDATE'
+        || !{adds_gate}
+        || !({ready} in {old_ann}) || {old_ann}[{ready}] != {boot_id}
+      messageExpression: >-
+        "nodegate-webhook may add the evicting gate {gate} (owned elsewhere) to node '" + request.name
+        + "' only on a boot other than the one its agent recorded as ready ({READY_BOOT_ID_ANNOTATION})"
+      reason: Forbidden
+"#
+    )
+}
+
 /// The webhook's strict-mode validation: it adds the boot gate only to a
 /// node whose stored boot is not the one its agent recorded as ready (or
 /// that never recorded one). The webhook adds it only after a stored new
@@ -272,15 +310,26 @@ struct GateTerms {
     is_stand_in: String,
     /// Those, for messages (empty when there are none).
     stand_in_list: String,
+    /// `t` is a gate owned elsewhere (same key and effect), which only the
+    /// webhook may add; `None` without any.
+    is_owned: Option<String>,
+    /// Those, for messages (empty when there are none).
+    owned_list: String,
+}
+
+/// `s` has the key and effect of one of `taints`.
+fn among(taints: &[TaintSpec], s: &TaintSpec) -> bool {
+    taints
+        .iter()
+        .any(|t| t.key() == s.key() && t.effect() == s.effect())
 }
 
 impl GateTerms {
-    fn new(taints: &[TaintSpec]) -> Self {
+    fn new(taints: &[TaintSpec], owned: &[TaintSpec]) -> Self {
         let mut stand_ins: Vec<TaintSpec> = Vec::new();
         for s in taints.iter().flat_map(nodegate_shared::taint::stand_ins) {
-            let configured = taints
-                .iter()
-                .any(|t| t.key() == s.key() && t.effect() == s.effect());
+            // Another component's gate never stands in for nodegate's.
+            let configured = among(taints, &s) || among(owned, &s);
             if !configured && !stand_ins.contains(&s) {
                 stand_ins.push(s);
             }
@@ -292,6 +341,8 @@ impl GateTerms {
         GateTerms {
             is_managed: managed(taints, "t"),
             managed_list: shown(taints),
+            is_owned: (!owned.is_empty()).then(|| managed(owned, "t")),
+            owned_list: shown(owned),
             is_stand_in: released(&stand_ins, "t"),
             stand_in_list: shown_exact(&stand_ins),
             taints_changed: format!(
@@ -318,13 +369,26 @@ fn taint_path() -> Vec<String> {
 /// in, so a policy generated for a configuration always allows exactly what
 /// that configuration's agent releases.
 pub fn render(ordinary: &[TaintSpec], boot: &[TaintSpec], release: &[TaintSpec]) -> String {
-    let mut flags = nodegate_shared::taint::as_flags(ordinary, boot);
+    render_owned(ordinary, boot, &[], release)
+}
+
+/// [`render`] for a webhook that also adds gates owned elsewhere (`owned`,
+/// its `--owned-taint`s): the webhook's token may add them, the agent's may
+/// neither add nor remove them (none is released, whatever `release` says).
+pub fn render_owned(
+    ordinary: &[TaintSpec],
+    boot: &[TaintSpec],
+    owned: &[TaintSpec],
+    release: &[TaintSpec],
+) -> String {
+    let mut flags = super::taint_flags(ordinary, owned, boot);
     for r in release {
         flags.push_str(&format!(" --release-taint={r}"));
     }
     let taints: Vec<TaintSpec> = ordinary.iter().chain(boot).cloned().collect();
-    let release = release_set(&taints, release);
-    let gate = GateTerms::new(&taints);
+    let mut release = release_set(&taints, release);
+    release.retain(|r| !among(owned, r));
+    let gate = GateTerms::new(&taints, owned);
     format!(
         r#"# Generated by `nodegate-webhook confinement {flags}`; do not edit:
 # regenerate with the webhook's --taint and --boot-taint flags and the agent's
@@ -346,7 +410,7 @@ pub fn render(ordinary: &[TaintSpec], boot: &[TaintSpec], release: &[TaintSpec])
 {webhook_binding}"#,
         agent = agent_policy(&gate, boot, &release),
         agent_binding = binding(AGENT_POLICY),
-        webhook = webhook_policy(&gate, boot),
+        webhook = webhook_policy(&gate, boot, owned),
         webhook_binding = binding(WEBHOOK_POLICY),
     )
 }
@@ -520,8 +584,9 @@ fn agent_validations(gate: &GateTerms, boot: &[TaintSpec], release: &[TaintSpec]
     )
 }
 
-/// The webhook's policy: it may only add configured taints to a Node.
-fn webhook_policy(gate: &GateTerms, boot: &[TaintSpec]) -> String {
+/// The webhook's policy: it may only add configured taints (and gates owned
+/// elsewhere) to a Node.
+fn webhook_policy(gate: &GateTerms, boot: &[TaintSpec], owned: &[TaintSpec]) -> String {
     let GateTerms {
         is_managed,
         managed_list,
@@ -529,7 +594,18 @@ fn webhook_policy(gate: &GateTerms, boot: &[TaintSpec]) -> String {
         spec_kept,
         is_stand_in,
         stand_in_list,
+        is_owned,
+        owned_list,
     } = gate;
+    // Nothing of the kind without gates owned elsewhere: the shipped files stay as they were.
+    let (or_owned, owned_note) = match is_owned {
+        Some(o) => (
+            format!(" || {o}"),
+            format!(" (and the gates owned elsewhere {owned_list})"),
+        ),
+        None => (String::new(), String::new()),
+    };
+    let owned_rule = webhook_owned_eviction_rule(owned);
     let (new_taints, old_taints) = (NEW_TAINTS, OLD_TAINTS);
     let touched = [Touched {
         path: taint_path(),
@@ -560,9 +636,9 @@ fn webhook_policy(gate: &GateTerms, boot: &[TaintSpec]) -> String {
     - expression: >-
         request.operation != 'UPDATE'
         || ({old_taints}.all(o, {new_taints}.exists(t, t == o))
-            && {new_taints}.all(t, {old_taints}.exists(o, o == t) || {is_managed} || {is_stand_in}))
+            && {new_taints}.all(t, {old_taints}.exists(o, o == t) || {is_managed} || {is_stand_in}{or_owned}))
       messageExpression: >-
-        "nodegate-webhook may only add the taints {managed_list}{stand_in_note} to node '" + request.name + "'"
+        "nodegate-webhook may only add the taints {managed_list}{owned_note}{stand_in_note} to node '" + request.name + "'"
       reason: Forbidden
     - expression: >-
         request.operation != 'UPDATE'
@@ -573,7 +649,7 @@ fn webhook_policy(gate: &GateTerms, boot: &[TaintSpec]) -> String {
       messageExpression: >-
         "nodegate-webhook may change nothing but spec.taints of node '" + request.name + "'"
       reason: Forbidden
-{boot_rule}{ownership_rule}"#,
+{boot_rule}{owned_rule}{ownership_rule}"#,
         head = policy_head(WEBHOOK_POLICY, "nodegate-webhook", WEBHOOK_SA),
         pod_name = q(POD_NAME_CLAIM),
         pod_uid = q(POD_UID_CLAIM),
@@ -747,5 +823,52 @@ mod tests {
         assert!(text.starts_with(&format!(
             "# Generated by `nodegate-webhook confinement --taint={DEFAULT_TAINT} --boot-taint={GATE}`"
         )));
+    }
+
+    /// Gates owned elsewhere: the webhook's token may add them (an evicting
+    /// one only off the boot recorded as ready, like the boot gate); the
+    /// agent's may neither add nor remove them, so none is among its taints,
+    /// its stand-ins or its releases, even when asked to release it.
+    #[test]
+    fn owned_gates_are_the_webhooks_to_add_and_never_the_agents() {
+        let ebs: TaintSpec = "ebs.csi.aws.com/agent-not-ready:NoExecute".parse().unwrap();
+        let text = render_owned(
+            &[DEFAULT_TAINT.parse().unwrap()],
+            &[],
+            std::slice::from_ref(&ebs),
+            std::slice::from_ref(&ebs),
+        );
+        let docs: Vec<serde_json::Value> = text
+            .split("\n---\n")
+            .map(|d| serde_yaml::from_str(d).unwrap())
+            .collect();
+        let clause = "(t.key == 'ebs.csi.aws.com/agent-not-ready' && t.effect == 'NoExecute')";
+        let agent = serde_json::to_string(&docs[0]).unwrap();
+        assert!(!agent.contains("ebs.csi.aws.com"), "{agent}");
+        let webhook = serde_json::to_string(&docs[2]).unwrap();
+        assert!(webhook.contains(clause), "{webhook}");
+        assert!(
+            webhook.contains(
+                "(and the gates owned elsewhere ebs.csi.aws.com/agent-not-ready:NoExecute)"
+            )
+        );
+        assert!(webhook.contains(
+            "may add the evicting gate ebs.csi.aws.com/agent-not-ready:NoExecute (owned elsewhere)"
+        ));
+        assert!(!webhook.contains("boot gate"), "no strict mode asked");
+        // A NoSchedule gate owned elsewhere: added freely (a re-registration
+        // brings it back on the create's claim), no boot rule.
+        let csi: TaintSpec = "example.com/csi-not-ready:NoSchedule".parse().unwrap();
+        let text = render_owned(&[DEFAULT_TAINT.parse().unwrap()], &[], &[csi], &[]);
+        let webhook = text.split("\n---\n").nth(2).unwrap();
+        assert!(
+            webhook.contains("(t.key == 'example.com/csi-not-ready' && t.effect == 'NoSchedule')")
+        );
+        assert!(!webhook.contains("evicting gate"));
+        // Without any, the output is render's.
+        assert_eq!(
+            render_owned(&[DEFAULT_TAINT.parse().unwrap()], &[], &[], &[]),
+            render(&[DEFAULT_TAINT.parse().unwrap()], &[], &[])
+        );
     }
 }

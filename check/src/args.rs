@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
-use nodegate_shared::gate_flags::GateFlags;
+use nodegate_shared::gate_flags::{GateFlags, OwnedFlags};
 
 use crate::served_certs;
 
@@ -15,12 +15,16 @@ use crate::served_certs;
 #[derive(Debug, Clone, Parser)]
 #[command(name = "nodegate-check", version, about)]
 pub struct Args {
-    // `--taint` and `--boot-taint`, declared once for every binary. Given
-    // either, the canary and every line expect what a webhook with these two
-    // flags adds (nodegate's default taint without `--taint`); with neither,
-    // what the webhook StatefulSet's flags add: the check has no default.
+    // `--taint`, `--boot-taint` and `--owned-taint`, declared once for every
+    // binary. Given any, the canary and every line expect what a webhook with
+    // these three flags adds (nodegate's default taint without `--taint`);
+    // with none, what the webhook StatefulSet's flags add: the check has no
+    // default, and mixing its flags with the StatefulSet's would expect a
+    // webhook nothing runs.
     #[command(flatten)]
     pub gate: GateFlags,
+    #[command(flatten)]
+    pub owned: OwnedFlags,
     /// Namespace of the webhook's Services, StatefulSet, Secret and the agent DaemonSet.
     #[arg(long, env = "NODEGATE_CHECK_NAMESPACE", default_value = "nodegate")]
     pub namespace: String,
@@ -165,6 +169,7 @@ mod tests {
         Args::command().debug_assert();
         let a = parse(&[]).unwrap();
         assert!(!a.gate.given(), "no taint of its own: the StatefulSet's");
+        assert!(a.owned.owned_taints.is_empty());
         assert_eq!(
             (
                 a.namespace.as_str(),
@@ -208,6 +213,21 @@ mod tests {
         assert_eq!(a.gate.taints, vec![DEFAULT_TAINT.parse().unwrap()]);
         assert_eq!(a.gate.boot_taints.len(), 2);
         assert!(parse(&["--taint", "not a taint"]).is_err());
+        let ebs = "ebs.csi.aws.com/agent-not-ready:NoExecute";
+        let a = parse(&[
+            &format!("--owned-taint={ebs}"),
+            "--owned-taint=example.com/x:NoSchedule",
+        ])
+        .unwrap();
+        assert!(!a.gate.given());
+        assert_eq!(
+            a.owned.owned_taints,
+            vec![
+                ebs.parse().unwrap(),
+                "example.com/x:NoSchedule".parse().unwrap()
+            ]
+        );
+        assert!(parse(&["--owned-taint", "not a taint"]).is_err());
     }
 
     /// `--statefulset`, else the former `--deployment`.

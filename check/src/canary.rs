@@ -1,8 +1,9 @@
 //! The decisive check: a server-side dry-run create of a canary Node goes
 //! through the API server's real admission chain (matchConditions, caBundle,
-//! the webhook call) and stores nothing. Every configured taint, strict
-//! mode's boot gate when configured, and the webhook's warning for each must
-//! come back.
+//! the webhook call) and stores nothing. Every configured taint, the gates
+//! owned elsewhere (`--owned-taint`: added at create too), strict mode's
+//! boot gate when configured, and the webhook's warning for each must come
+//! back.
 //!
 //! [`create`] sends the dry-run; [`verdict`] judges what came back.
 
@@ -15,7 +16,7 @@ use nodegate_shared::TaintSpec;
 use serde_json::{Value, json};
 
 use crate::container_flags::Flags;
-use crate::expected::NOTHING_TO_EXPECT;
+use crate::expected::{NOTHING_TO_EXPECT, all, flag_names};
 use crate::report::{Report, Status};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,7 +60,8 @@ pub enum Sent {
 /// What the check expects of the canary.
 #[derive(Debug, Clone, Copy)]
 pub struct Expected<'a> {
-    /// The taints and boot gate the create must come back with.
+    /// The taints, gates owned elsewhere and boot gate the create must come
+    /// back with.
     pub want: &'a Flags,
     /// The webhook admits creates (it warns); with the admission policy no
     /// warning can come back.
@@ -78,6 +80,25 @@ fn shown(taints: &[Value]) -> Vec<String> {
         .collect()
 }
 
+/// `key:effect` of each taint.
+fn keys(taints: &[&TaintSpec]) -> Vec<String> {
+    taints
+        .iter()
+        .map(|t| format!("{}:{}", t.key(), t.effect()))
+        .collect()
+}
+
+/// What the parenthesis of the passing line says was included besides the
+/// ordinary taints.
+fn included(want: &Flags) -> &'static str {
+    match (want.owned.is_empty(), want.boot.is_empty()) {
+        (true, true) => "",
+        (false, true) => " (gates owned elsewhere included)",
+        (true, false) => " (strict mode's boot gate included)",
+        (false, false) => " (gates owned elsewhere and strict mode's boot gate included)",
+    }
+}
+
 /// The line for an admitted, unstored canary that came back with `got`
 /// and `warnings`.
 fn admitted(
@@ -94,26 +115,40 @@ fn admitted(
             .map(ToString::to_string)
             .collect()
     };
-    let (missing, missing_gate) = (absent(&want.taints), absent(&want.boot));
-    let taints: Vec<&TaintSpec> = want.taints.iter().chain(&want.boot).collect();
+    let (missing, missing_owned, missing_gate) = (
+        absent(&want.taints),
+        absent(&want.owned),
+        absent(&want.boot),
+    );
+    let taints = all(want);
     // The gate shares its key with a taint: a warning counts for the key and
     // effect it names.
-    let unwarned: Vec<String> = taints
+    let warned = |t: &TaintSpec| {
+        warnings
+            .iter()
+            .any(|w| w.contains(t.key()) && w.contains(t.effect().as_str()))
+    };
+    let (by_webhook, unwarned): (Vec<&TaintSpec>, Vec<&TaintSpec>) = taints
         .iter()
-        .filter(|t| {
-            t.is_in(got)
-                && !warnings
-                    .iter()
-                    .any(|w| w.contains(t.key()) && w.contains(t.effect().as_str()))
-        })
-        .map(|t| format!("{}:{}", t.key(), t.effect()))
-        .collect();
+        .copied()
+        .filter(|t| t.is_in(got))
+        .partition(|t| warned(t));
+    let (by_webhook, unwarned) = (keys(&by_webhook), keys(&unwarned));
     let shown = shown(got);
     let missed = |detail: String| (Status::Fail, detail, Outcome::Missing);
     if !missing.is_empty() {
-        let missing: Vec<String> = missing.into_iter().chain(missing_gate).collect();
+        let missing: Vec<String> = missing
+            .into_iter()
+            .chain(missing_owned)
+            .chain(missing_gate)
+            .collect();
         return missed(format!(
             "Node {name} was admitted WITHOUT {missing:?} (it came back with {shown:?}): new nodes are schedulable before their network agent is ready"
+        ));
+    }
+    if !missing_owned.is_empty() {
+        return missed(format!(
+            "Node {name} was admitted WITHOUT the gates owned elsewhere {missing_owned:?} (it came back with {shown:?}): they are configured (--owned-taint) but not applied, so new nodes take pods before the components that own them are ready"
         ));
     }
     if !missing_gate.is_empty() {
@@ -134,12 +169,21 @@ fn admitted(
             "Node {name} came back tainted by the webhook, not the admission policy (warnings: {warnings:?}): the policy did not apply, so new nodes depend on the webhook again"
         ));
     }
-    let keys: Vec<String> = taints.iter().map(ToString::to_string).collect();
-    let gate = if want.boot.is_empty() {
-        ""
-    } else {
-        " (strict mode's boot gate included)"
-    };
+    let shown_want: Vec<String> = taints.iter().map(ToString::to_string).collect();
+    let besides = included(want);
+    // Its warning on some: the policy applied without them (generated for
+    // other flags). The nodes are gated while the webhook answers, so a
+    // warning, not a failure.
+    if !expected.want_warning && !by_webhook.is_empty() {
+        return (
+            Status::Warn,
+            format!(
+                "Node {name} came back with {shown_want:?}{besides}, but {by_webhook:?} from the webhook, not the admission policy (warnings: {warnings:?}): the policy does not add them, so while the webhook is down new nodes go without them; apply the policy generated with the webhook's {} (nodegate-webhook policy)",
+                flag_names(want)
+            ),
+            Outcome::Tainted,
+        );
+    }
     let by = if expected.want_warning {
         "and the webhook's warning"
     } else {
@@ -147,7 +191,7 @@ fn admitted(
     };
     (
         Status::Pass,
-        format!("Node {name} came back with {keys:?}{gate} {by}; nothing stored"),
+        format!("Node {name} came back with {shown_want:?}{besides} {by}; nothing stored"),
         Outcome::Tainted,
     )
 }
@@ -260,6 +304,7 @@ mod tests {
     use nodegate_shared::keys::DEFAULT_TAINT;
 
     const GATE: &str = "nodegate.dev/agent-not-ready=true:NoExecute";
+    const EBS: &str = "ebs.csi.aws.com/agent-not-ready:NoExecute";
 
     fn answered(taints: &[&str], warnings: &[&str]) -> Sent {
         // As JSON: the kubelet's own not-ready taint is no TaintSpec.
@@ -289,7 +334,12 @@ mod tests {
     fn verdicts() {
         let plain = Flags::of(&[DEFAULT_TAINT], &[]);
         let strict = Flags::of(&[DEFAULT_TAINT], &[GATE]);
-        let (w, wg) = (warning(DEFAULT_TAINT), warning(GATE));
+        let with_owned = |mut f: Flags| {
+            f.owned = vec![EBS.parse().unwrap()];
+            f
+        };
+        let (owned, strict_owned) = (with_owned(plain.clone()), with_owned(strict.clone()));
+        let (w, wg, we) = (warning(DEFAULT_TAINT), warning(GATE), warning(EBS));
         let webhook = |want| Expected {
             want,
             want_warning: true,
@@ -340,8 +390,28 @@ mod tests {
                 "came back tainted but without the webhook's warning for [\"nodegate.dev/agent-not-ready:NoExecute\"]".into()),
             ("the webhook, not the policy", policy(&plain), answered(&[DEFAULT_TAINT], &[&w]), Status::Fail, Outcome::Missing,
                 "came back tainted by the webhook, not the admission policy".into()),
-            ("the policy, some warning", policy(&strict), answered(&[DEFAULT_TAINT, GATE], &[&wg]), Status::Pass, Outcome::Tainted,
-                "(strict mode's boot gate included) from the admission policy".into()),
+            // The policy added the taint, the webhook the gate: nodes are
+            // gated only while the webhook answers.
+            ("the policy, some warning", policy(&strict), answered(&[DEFAULT_TAINT, GATE], &[&wg]), Status::Warn, Outcome::Tainted,
+                format!("(strict mode's boot gate included), but [\"nodegate.dev/agent-not-ready:NoExecute\"] from the webhook, not the admission policy (warnings: [{wg:?}]): the policy does not add them, so while the webhook is down new nodes go without them; apply the policy generated with the webhook's --taint and --boot-taint (nodegate-webhook policy)")),
+            // Gates owned elsewhere (`--owned-taint`): added at create, warned
+            // for, and in the policy's output.
+            ("owned, tainted and warned", webhook(&owned), answered(&[DEFAULT_TAINT, EBS], &[&w, &we]), Status::Pass, Outcome::Tainted,
+                format!("Node n came back with [\"{DEFAULT_TAINT}\", \"{EBS}\"] (gates owned elsewhere included) and the webhook's warning; nothing stored")),
+            ("owned and strict mode", webhook(&strict_owned), answered(&[DEFAULT_TAINT, EBS, GATE], &[&w, &we, &wg]), Status::Pass, Outcome::Tainted,
+                format!("Node n came back with [\"{DEFAULT_TAINT}\", \"{EBS}\", \"{GATE}\"] (gates owned elsewhere and strict mode's boot gate included) and the webhook's warning")),
+            ("owned, untainted", webhook(&strict_owned), answered(&[], &[]), Status::Fail, Outcome::Missing,
+                format!("Node n was admitted WITHOUT [\"{DEFAULT_TAINT}\", \"{EBS}\", \"{GATE}\"] (it came back with []): new nodes are schedulable")),
+            ("without the owned gate", webhook(&strict_owned), answered(&[DEFAULT_TAINT, GATE], &[&w, &wg]), Status::Fail, Outcome::Missing,
+                format!("Node n was admitted WITHOUT the gates owned elsewhere [\"{EBS}\"] (it came back with [\"nodegate.dev/agent-not-ready:NoSchedule\", \"nodegate.dev/agent-not-ready:NoExecute\"]): they are configured (--owned-taint) but not applied, so new nodes take pods before the components that own them are ready")),
+            ("owned, without its warning", webhook(&owned), answered(&[DEFAULT_TAINT, EBS], &[&w]), Status::Fail, Outcome::Missing,
+                format!("came back tainted but without the webhook's warning for [\"{EBS}\"]")),
+            ("owned, by the policy", policy(&owned), answered(&[DEFAULT_TAINT, EBS], &[]), Status::Pass, Outcome::Tainted,
+                format!("Node n came back with [\"{DEFAULT_TAINT}\", \"{EBS}\"] (gates owned elsewhere included) from the admission policy; nothing stored")),
+            ("owned, by the webhook beside the policy", policy(&owned), answered(&[DEFAULT_TAINT, EBS], &[&we]), Status::Warn, Outcome::Tainted,
+                format!("Node n came back with [\"{DEFAULT_TAINT}\", \"{EBS}\"] (gates owned elsewhere included), but [\"{EBS}\"] from the webhook, not the admission policy (warnings: [{we:?}]): the policy does not add them, so while the webhook is down new nodes go without them; apply the policy generated with the webhook's --taint, --owned-taint and --boot-taint (nodegate-webhook policy)")),
+            ("owned, all by the webhook", policy(&owned), answered(&[DEFAULT_TAINT, EBS], &[&w, &we]), Status::Fail, Outcome::Missing,
+                "came back tainted by the webhook, not the admission policy".into()),
         ];
         for (name, expected, sent, status, outcome, part) in rows {
             let (s, detail, o) = verdict("n", &expected, &sent);

@@ -25,6 +25,9 @@ pub struct Findings<'a> {
     pub available: Option<i32>,
     /// How each line answered a direct call.
     pub answers: &'a [Answer],
+    /// The webhook flags the expected taints come from
+    /// ([`crate::expected::flag_names`]).
+    pub flags: &'static str,
 }
 
 /// Why the API server's admission left the canary untainted.
@@ -35,7 +38,10 @@ fn why(f: &Findings) -> Vec<String> {
             "the admission policy is unbound or its conditions do not apply (see above)".into(),
         );
     } else if f.policy.is_some() {
-        why.push("the admission policy applied but did not add it: was it generated with the --taint and --boot-taint flags checked here?".into());
+        why.push(format!(
+            "the admission policy applied but did not add it: was it generated with the {} flags checked here?",
+            f.flags
+        ));
     } else if let Some(h) = f.hook {
         why.extend(h.create_condition_errors.iter().map(|e| {
             format!(
@@ -68,7 +74,10 @@ fn why(f: &Findings) -> Vec<String> {
         why.push("the replicas answer a direct call with the taints, but the create through admission came back without them: the rules, match conditions or caBundle keep the API server from calling them".into());
     }
     if why.is_empty() && f.policy.is_none() {
-        why.push("the webhook was called but did not add it: does the running webhook have the --taint and --boot-taint flags checked here (pods not restarted since the StatefulSet changed)?".into());
+        why.push(format!(
+            "the webhook was called but did not add it: does the running webhook have the {} flags checked here (pods not restarted since the StatefulSet changed)?",
+            f.flags
+        ));
     }
     why
 }
@@ -121,6 +130,7 @@ mod tests {
         svc_ok: true,
         available: Some(2),
         answers: &[Answer::Tainted, Answer::Tainted],
+        flags: "--taint and --boot-taint",
     };
 
     /// The webhook install: what the configuration, the Service, the
@@ -150,6 +160,17 @@ mod tests {
                 },
                 &[
                     "the webhook was called but did not add it: does the running webhook have the --taint and --boot-taint flags checked here",
+                ],
+            ),
+            (
+                "the running webhook lacks the flags, gates owned elsewhere",
+                Findings {
+                    answers: &[Answer::Untainted],
+                    flags: "--taint, --owned-taint and --boot-taint",
+                    ..sound
+                },
+                &[
+                    "the webhook was called but did not add it: does the running webhook have the --taint, --owned-taint and --boot-taint flags checked here",
                 ],
             ),
             (
@@ -258,6 +279,17 @@ mod tests {
                 },
                 &[
                     "the admission policy applied but did not add it: was it generated with the --taint and --boot-taint flags checked here?",
+                ],
+            ),
+            (
+                "policy without the flags, gates owned elsewhere",
+                Findings {
+                    policy: Some(true),
+                    flags: "--taint, --owned-taint and --boot-taint",
+                    ..sound
+                },
+                &[
+                    "the admission policy applied but did not add it: was it generated with the --taint, --owned-taint and --boot-taint flags checked here?",
                 ],
             ),
             (

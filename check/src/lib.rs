@@ -188,7 +188,7 @@ pub async fn run_with_client(
         None => false,
     };
     let webhook = workloads::check_webhook(c, ns, workload, report).await;
-    let want = expected::check(&args.gate, &webhook.flags, report);
+    let want = expected::check(&args.gate, &args.owned, &webhook.flags, report);
     let backups = match &hook {
         Some(h) => {
             let w = webhook.workload.as_ref();
@@ -229,6 +229,7 @@ pub async fn run_with_client(
         svc_ok,
         available: webhook.available,
         answers: &answers,
+        flags: expected::flag_names(want.as_ref().unwrap_or(&Default::default())),
     };
     diagnosis::check(canary, &findings, report);
     let names: Vec<String> = match &hook {

@@ -115,10 +115,14 @@ fn compare(
 /// the agreed flags `f` (strict mode on), and notes for the pass line.
 fn policy_problems(i: &Inputs, f: &Flags, problems: &mut Vec<String>, notes: &mut Vec<String>) {
     let gate = listed(&f.boot);
+    // In the generators' order: a webhook's gates owned elsewhere are in
+    // both policies (its token may add them, the agent's may not touch
+    // them) and in the admission policy (added at CREATE).
     let shown_flags: Vec<String> = f
         .taints
         .iter()
         .map(|t| format!("--taint={t}"))
+        .chain(f.owned.iter().map(|t| format!("--owned-taint={t}")))
         .chain(f.boot.iter().map(|t| format!("--boot-taint={t}")))
         .chain(
             i.agent
@@ -131,8 +135,8 @@ fn policy_problems(i: &Inputs, f: &Flags, problems: &mut Vec<String>, notes: &mu
     let vap = "ValidatingAdmissionPolicy";
     // The agent's released taints are part of its confinement.
     let release = &i.agent.release;
-    let strict = confinement::render(&f.taints, &f.boot, release);
-    let plain = confinement::render(&f.taints, &[], release);
+    let strict = confinement::render_owned(&f.taints, &f.boot, &f.owned, release);
+    let plain = confinement::render_owned(&f.taints, &[], &f.owned, release);
     let validations = |s: &Value| pairs(s, "validations", "expression", "messageExpression");
     let regenerate = format!(
         "apply the strict-mode component's confinement or the output of `nodegate-webhook confinement {shown_flags}`"
@@ -180,12 +184,12 @@ fn policy_problems(i: &Inputs, f: &Flags, problems: &mut Vec<String>, notes: &mu
     let kind = "MutatingAdmissionPolicy";
     let want = (
         generated(
-            &policy::render(&f.taints, &f.boot, policy::ApiVersion::V1),
+            &policy::render_owned(&f.taints, &f.boot, &f.owned, policy::ApiVersion::V1),
             kind,
             GENERATED_POLICY,
         ),
         generated(
-            &policy::render(&f.taints, &[], policy::ApiVersion::V1),
+            &policy::render_owned(&f.taints, &[], &f.owned, policy::ApiVersion::V1),
             kind,
             GENERATED_POLICY,
         ),
@@ -350,13 +354,26 @@ mod tests {
     /// What the install ships: confinement (and admission policy) generated
     /// for `taints` and `boot`.
     fn installed(taints: &[&str], boot: &[&str], with_policy: bool) -> Inputs {
-        let g = f(taints, boot);
-        let text = confinement::render(&g.taints, &g.boot, &[]);
+        installed_owned(taints, boot, &[], with_policy)
+    }
+
+    /// The same with gates owned elsewhere (the webhook's `--owned-taint`;
+    /// the agent's `--gates` declares them).
+    fn installed_owned(
+        taints: &[&str],
+        boot: &[&str],
+        owned: &[&str],
+        with_policy: bool,
+    ) -> Inputs {
+        let mut g = f(taints, boot);
+        g.owned = owned.iter().map(|s| t(s)).collect();
+        let text = confinement::render_owned(&g.taints, &g.boot, &g.owned, &[]);
         Inputs {
             agent_policy: generated(&text, "ValidatingAdmissionPolicy", AGENT_POLICY),
             webhook_policy: generated(&text, "ValidatingAdmissionPolicy", WEBHOOK_POLICY),
             admission_policy: with_policy.then(|| {
-                let text = policy::render(&g.taints, &g.boot, policy::ApiVersion::V1);
+                let text =
+                    policy::render_owned(&g.taints, &g.boot, &g.owned, policy::ApiVersion::V1);
                 (
                     "nodegate".to_string(),
                     generated(&text, "MutatingAdmissionPolicy", "nodegate").unwrap(),
@@ -509,6 +526,19 @@ mod tests {
         old_policy.admission_policy = installed(&[DEFAULT_TAINT], &[], true).admission_policy;
         let mut no_confinement = installed(&[DEFAULT_TAINT], &[gate], false);
         no_confinement.agent_policy = None;
+        // A gates declaration with an owned gate and bootTaints: its
+        // policies are generated with --owned-taint.
+        let ebs = "ebs.csi.aws.com/agent-not-ready:NoExecute";
+        let owned = installed_owned(&[DEFAULT_TAINT], &[gate], &[ebs], true);
+        let mut owned_old_policy = installed_owned(&[DEFAULT_TAINT], &[gate], &[ebs], true);
+        owned_old_policy.admission_policy =
+            installed(&[DEFAULT_TAINT], &[gate], true).admission_policy;
+        let mut owned_old_confinement = installed_owned(&[DEFAULT_TAINT], &[gate], &[ebs], false);
+        owned_old_confinement.webhook_policy =
+            installed(&[DEFAULT_TAINT], &[gate], false).webhook_policy;
+        let regenerate_owned = format!(
+            "nodegate-webhook policy --taint={DEFAULT_TAINT} --owned-taint={ebs} --boot-taint={gate}"
+        );
 
         assert_cases(vec![
             (
@@ -550,6 +580,32 @@ mod tests {
                 no_confinement,
                 Status::Pass,
                 vec!["nodegate-agent-confinement not installed (see credential confinement)"],
+            ),
+            (
+                "gates owned elsewhere, every policy generated with them",
+                owned,
+                Status::Pass,
+                vec![
+                    "are generated for them",
+                    "MutatingAdmissionPolicy nodegate adds the gate",
+                ],
+            ),
+            (
+                "gates owned elsewhere, admission policy without them",
+                owned_old_policy,
+                Status::Fail,
+                vec![
+                    "MutatingAdmissionPolicy nodegate is not generated for",
+                    regenerate_owned.as_str(),
+                ],
+            ),
+            (
+                "gates owned elsewhere, confinement without them",
+                owned_old_confinement,
+                Status::Fail,
+                vec![&format!(
+                    "nodegate-webhook-confinement is not generated for --taint={DEFAULT_TAINT} --owned-taint={ebs} --boot-taint={gate}"
+                )],
             ),
         ]);
     }

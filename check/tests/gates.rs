@@ -632,3 +632,162 @@ async fn one_line_per_declared_gate() {
         "{out}"
     );
 }
+
+/// A gate owned elsewhere, as `components/gates/cilium-ebs-csi` declares it.
+const EBS: &str = "ebs.csi.aws.com/agent-not-ready:NoExecute";
+
+/// The webhook adds a gate owned elsewhere at create, so the canary and each
+/// line's direct call must come back with it: a webhook serving
+/// `--owned-taint` passes; one still running without it (pods not rolled
+/// since the component was applied) fails both, though the manifests agree.
+/// An agent declaring the gate beside a StatefulSet without it fails the
+/// declaration line instead (the canary expects what the StatefulSet lists).
+/// nodegate-check's own `--owned-taint` joins its `--taint` as one set.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn canary_expects_the_gates_owned_elsewhere() {
+    let component = kustomized("manifests", &["gates/cilium-ebs-csi"]);
+    let owned_flag = format!("--owned-taint={EBS}");
+
+    let (emu, _webhook, home) = installed_serving(None, None, &[&owned_flag]).await;
+    apply_rendered(&emu, &component, WORKLOADS);
+    apply_rendered(&emu, &component, CONFINEMENT);
+    let (code, out) = check(&home.path().join("kubeconfig"), &[]);
+    assert_eq!(code, 0, "{out}");
+    let l = line(&out, "PASS", "canary dry-run create");
+    assert!(
+        l.contains(&format!(
+            "[\"{DEFAULT_TAINT}\", \"{EBS}\"] (gates owned elsewhere included) and the webhook's warning; nothing stored"
+        )),
+        "{l}"
+    );
+    for l in [
+        "nodes.nodegate.dev",
+        "replica-0.nodes.nodegate.dev",
+        "replica-1.nodes.nodegate.dev",
+    ] {
+        let got = line(&out, "PASS", &format!("line {l} "));
+        assert!(
+            got.contains(&format!(
+                "allowed a Node CREATE with a patch adding [\"{DEFAULT_TAINT}\", \"{EBS}\"]"
+            )),
+            "{got}"
+        );
+    }
+    assert!(
+        line(&out, "PASS", "gates declaration")
+            .contains("the webhook adds each (--taint, --owned-taint) and no other")
+    );
+    drop((emu, _webhook));
+
+    // The running webhook without the flag. First only the agent declares
+    // the gate: the declaration line fails, the canary expects what the
+    // StatefulSet lists and passes.
+    let (emu, _webhook, home) = installed(None).await;
+    let kubeconfig = home.path().join("kubeconfig");
+    apply_rendered(&emu, &component, &[("DaemonSet", "nodegate-agent")]);
+    let (code, out) = check(&kubeconfig, &[]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        line(&out, "FAIL", "gates declaration").contains(&format!(
+            "gate ebs-csi ({EBS}), owned by DaemonSet kube-system/ebs-csi-node: the webhook does not add it (no --owned-taint={EBS})"
+        )),
+        "{out}"
+    );
+    assert!(!line(&out, "PASS", "canary dry-run create").contains(EBS));
+
+    // Then the StatefulSet lists it too, and the running webhook lags.
+    apply_rendered(&emu, &component, WORKLOADS);
+    apply_rendered(&emu, &component, CONFINEMENT);
+    let (code, out) = check(&kubeconfig, &[]);
+    assert_eq!(code, 1, "{out}");
+    line(&out, "PASS", "gates declaration");
+    let l = line(&out, "FAIL", "canary dry-run create");
+    assert!(
+        l.contains(&format!("WITHOUT the gates owned elsewhere [\"{EBS}\"]"))
+            && l.contains("they are configured (--owned-taint) but not applied"),
+        "{l}"
+    );
+    assert!(
+        line(&out, "FAIL", "diagnosis").contains(
+            "does the running webhook have the --taint, --owned-taint and --boot-taint flags checked here"
+        ),
+        "{out}"
+    );
+    for l in [
+        "nodes.nodegate.dev",
+        "replica-0.nodes.nodegate.dev",
+        "replica-1.nodes.nodegate.dev",
+    ] {
+        let got = line(&out, "FAIL", &format!("line {l} "));
+        assert!(
+            got.contains(&format!(
+                "allowed a Node CREATE WITHOUT [\"{EBS}\"]: does that replica run with the --taint, --owned-taint and --boot-taint flags checked here?"
+            )),
+            "{got}"
+        );
+    }
+
+    // nodegate-check's own flags replace the StatefulSet's as one set:
+    // `--taint` alone expects no gate owned elsewhere, with `--owned-taint`
+    // it expects that one.
+    let (_, out) = check(&kubeconfig, &["--taint", DEFAULT_TAINT]);
+    assert!(!line(&out, "PASS", "canary dry-run create").contains(EBS));
+    let (_, out) = check(&kubeconfig, &["--taint", DEFAULT_TAINT, &owned_flag]);
+    assert!(
+        line(&out, "FAIL", "canary dry-run create")
+            .contains(&format!("WITHOUT the gates owned elsewhere [\"{EBS}\"]"))
+    );
+    // Flags the webhook would refuse are said to be wrong.
+    let (code, out) = check(&kubeconfig, &[&format!("--owned-taint={DEFAULT_TAINT}")]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        line(&out, "FAIL", "configured taints").contains(&format!(
+            "nodegate-check's --owned-taint: owned taint {DEFAULT_TAINT} has the key and effect of a gate nodegate ships"
+        )),
+        "{out}"
+    );
+    line(&out, "SKIP", "canary dry-run create");
+}
+
+/// Under the admission-policy overlay the policy adds the gates owned
+/// elsewhere at CREATE: the overlay's own policy does not (the webhook
+/// does, and the canary warns), the component's does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admission_policy_adds_the_gates_owned_elsewhere() {
+    let component = kustomized(
+        "manifests/overlays/admission-policy",
+        &["gates/cilium-ebs-csi"],
+    );
+    let policy = shipped_policy().unwrap();
+    let (emu, _webhook, home) = installed_serving(
+        Some(policy_mode_webhook_config().unwrap()),
+        Some(&policy),
+        &[&format!("--owned-taint={EBS}")],
+    )
+    .await;
+    let kubeconfig = home.path().join("kubeconfig");
+    apply_rendered(&emu, &component, WORKLOADS);
+    apply_rendered(&emu, &component, CONFINEMENT);
+    let (code, out) = check(&kubeconfig, &[]);
+    assert_eq!(code, 0, "{out}");
+    let l = line(&out, "WARN", "canary dry-run create");
+    assert!(
+        l.contains(&format!(
+            "but [\"{EBS}\"] from the webhook, not the admission policy"
+        )) && l.contains("the policy does not add them")
+            && l.contains("--taint, --owned-taint and --boot-taint (nodegate-webhook policy)"),
+        "{l}"
+    );
+
+    apply_rendered(&emu, &component, &[("MutatingAdmissionPolicy", "nodegate")]);
+    let (code, out) = check(&kubeconfig, &[]);
+    assert_eq!(code, 0, "{out}");
+    let l = line(&out, "PASS", "canary dry-run create");
+    assert!(
+        l.contains(&format!(
+            "[\"{DEFAULT_TAINT}\", \"{EBS}\"] (gates owned elsewhere included) from the admission policy"
+        )),
+        "{l}"
+    );
+    line(&out, "PASS", "admission policy");
+}

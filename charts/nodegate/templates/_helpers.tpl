@@ -12,7 +12,11 @@ the combinations kustomize does not support; this repeats it for --skip-schema-v
 {{- if and $v.releaseCiliumKey.enabled (or $v.strictMode.enabled (ne $v.profile "default")) -}}
 {{- fail "releaseCiliumKey.enabled works with the default profile only, without strictMode (manifests/components/release-cilium-key/kustomization.yaml)" -}}
 {{- end -}}
-{{- if $v.strictMode.enabled -}}strict-mode
+{{- if and $v.gates (or $v.strictMode.enabled $v.releaseCiliumKey.enabled (ne $v.profile "default")) -}}
+{{- fail (printf "gates %q is a whole gate set: not with a key profile, strictMode or releaseCiliumKey (put their taints in your own declaration: docs/gates.md)" $v.gates) -}}
+{{- end -}}
+{{- if $v.gates -}}{{ $v.gates }}
+{{- else if $v.strictMode.enabled -}}strict-mode
 {{- else if $v.releaseCiliumKey.enabled -}}release-cilium-key
 {{- else -}}{{ $v.profile }}
 {{- end -}}
@@ -75,6 +79,9 @@ manifests/components/probe-pod does.
 */}}
 {{- define "nodegate.agentProbes" -}}
 {{- $root := .root -}}
+{{- if and $root.Values.gates (or $root.Values.probePod.enabled (values ($root.Values.agent.probes | default dict) | compact)) -}}
+{{- fail (printf "gates %q: its declaration holds every gate's probes (the agent's --gates); agent.probes and probePod would contradict it (docs/gates.md)" $root.Values.gates) -}}
+{{- end -}}
 {{- $main := index .spec.containers 0 -}}
 {{- $probes := $root.Values.agent.probes | default dict -}}
 {{- $set := list -}}

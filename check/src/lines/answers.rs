@@ -1,7 +1,8 @@
 //! `line <entry>`: each line's replica, called directly through the API
 //! server's service proxy with a canary Node CREATE (at the line's path
 //! without its token: [`proxied_path`]), must allow it with a patch adding
-//! every expected taint. [`read`] calls every line; [`verdict`] judges each
+//! every expected taint, the gates owned elsewhere included (the webhook
+//! adds them at create). [`read`] calls every line; [`verdict`] judges each
 //! call.
 
 use std::time::Duration;
@@ -15,13 +16,12 @@ use kube::core::admission::{
     AdmissionRequest, AdmissionReview, META_API_VERSION_V1, META_KIND, Operation,
 };
 use kube::core::{DynamicObject, GroupVersionKind, GroupVersionResource, TypeMeta};
-use nodegate_shared::TaintSpec;
 use nodegate_shared::keys::NODE_USER_PREFIX;
 use serde_json::{Value, json};
 
 use super::{Line, ServiceRef, lines, proxied_path, registering_node};
 use crate::container_flags::Flags;
-use crate::expected::NOTHING_TO_EXPECT;
+use crate::expected::{NOTHING_TO_EXPECT, all, flag_names};
 use crate::report::{Report, Status};
 use crate::webhook_config::Hook;
 
@@ -277,7 +277,7 @@ pub fn verdict(call: &Call) -> (Status, String, Answer) {
         Ok(t) => t,
         Err(e) => return (Status::Fail, format!("{via}: {e}"), Answer::Untainted),
     };
-    let expected: Vec<&TaintSpec> = want.taints.iter().chain(&want.boot).collect();
+    let expected = all(want);
     let missing: Vec<String> = expected
         .iter()
         .filter(|t| !t.is_in(&taints))
@@ -294,7 +294,8 @@ pub fn verdict(call: &Call) -> (Status, String, Answer) {
         (
             Status::Fail,
             format!(
-                "{via} allowed a Node CREATE WITHOUT {missing:?}: does that replica run with the --taint and --boot-taint flags checked here?"
+                "{via} allowed a Node CREATE WITHOUT {missing:?}: does that replica run with the {} flags checked here?",
+                flag_names(want)
             ),
             Answer::Untainted,
         )
@@ -459,7 +460,9 @@ mod tests {
     /// Each way a line's call ends, and the answer it counts as.
     #[test]
     fn verdicts() {
+        use nodegate_shared::TaintSpec;
         use nodegate_shared::keys::DEFAULT_TAINT;
+        const EBS: &str = "ebs.csi.aws.com/agent-not-ready:NoExecute";
         let svc = ServiceRef {
             namespace: "nodegate".into(),
             name: "nodegate-webhook-1".into(),
@@ -476,7 +479,10 @@ mod tests {
                 .collect();
             base64::engine::general_purpose::STANDARD.encode(Value::Array(ops).to_string())
         };
-        let answered = |status: u16, body: Vec<u8>| Call::Answered {
+        let mut owned = want.clone();
+        owned.owned = vec![EBS.parse().unwrap()];
+        let ebs: TaintSpec = EBS.parse().unwrap();
+        let answered_for = |want: &Flags, status: u16, body: Vec<u8>| Call::Answered {
             svc: svc.clone(),
             want: want.clone(),
             uid: "u".into(),
@@ -484,6 +490,7 @@ mod tests {
             status,
             body,
         };
+        let answered = |status: u16, body: Vec<u8>| answered_for(&want, status, body);
         let allowed = |taints| {
             answer(
                 "u",
@@ -530,6 +537,19 @@ mod tests {
                 Status::Pass,
                 Answer::Tainted,
                 format!("{via} allowed a Node CREATE with a patch adding [\"{DEFAULT_TAINT}\"]"),
+            ),
+            // A gate owned elsewhere is added at create too.
+            (
+                answered_for(&owned, 200, allowed(vec![gate.to_json()])),
+                Status::Fail,
+                Answer::Untainted,
+                format!("{via} allowed a Node CREATE WITHOUT [\"{EBS}\"]: does that replica run with the --taint, --owned-taint and --boot-taint flags checked here?"),
+            ),
+            (
+                answered_for(&owned, 200, allowed(vec![ebs.to_json(), gate.to_json()])),
+                Status::Pass,
+                Answer::Tainted,
+                format!("{via} allowed a Node CREATE with a patch adding [\"{DEFAULT_TAINT}\", \"{EBS}\"]"),
             ),
         ];
         for (call, status, answer, part) in rows {

@@ -53,6 +53,16 @@ impl Gate {
             self.gates.clone(),
             self.started,
         );
+        // Every gate's series from the start, so a gate that never opens
+        // shows (and alerts) as 0 rather than missing.
+        for g in &self.gates {
+            self.metrics
+                .gate_open
+                .get_or_create(&GateLabel {
+                    gate: g.name.clone(),
+                })
+                .set(0);
+        }
         // The safety net for webhook outages, before the first probe round.
         let start = self.act(&mut state, Event::Started);
         let stopped_early = tokio::select! {

@@ -69,6 +69,7 @@ fn exported() -> BTreeSet<String> {
             .get_or_create(&m::OriginLabel { origin: s() }),
     );
     drop(metrics.taint_adds.get_or_create(&m::Reason { reason: s() }));
+    drop(metrics.gate_open.get_or_create(&m::GateLabel { gate: s() }));
     drop(
         metrics
             .pruned_nodes

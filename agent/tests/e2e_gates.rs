@@ -185,6 +185,28 @@ async fn each_gate_opens_on_its_own_probes_and_all_come_back_at_reboot_and_stop(
         "gates ready together open together: {after:?}"
     );
 
+    // A reboot whose csi agent is late: the cni gate opens alone before
+    // the boot is recorded, and stays open (the webhook's update-after-
+    // reboot rule leaves the node's own agent's write alone), then csi.
+    std::fs::remove_file(&csi).unwrap();
+    seen.lock().unwrap().clear();
+    kubelet.reboot().await.unwrap();
+    eventually("the cni gate open alone on the new boot", || async {
+        let n = node(&nodes, &name).await;
+        !our_taint(&n) && has_taint(&n, CSI_KEY)
+    })
+    .await;
+    std::fs::write(&csi, b"ok").unwrap();
+    eventually("the new boot recorded ready", || async {
+        ready_boot_id(&node(&nodes, &name).await).as_deref() == Some(kubelet.boot_id())
+    })
+    .await;
+    let versions = seen.lock().unwrap().len();
+    assert!(
+        versions <= 12,
+        "{versions} versions for one reboot: a gate opened alone was fought over"
+    );
+
     // A stop re-gates both.
     agent.term().await;
     let n = node(&nodes, &name).await;

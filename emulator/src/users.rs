@@ -126,8 +126,15 @@ pub fn groups(user: &str) -> Vec<String> {
 }
 
 /// `authentication.k8s.io/v1` UserInfo with the groups the real authenticators add.
-pub fn user_info(user: &str) -> Value {
-    json!({"username": user, "groups": groups(user)})
+/// `request.userInfo` of an AdmissionReview, extra included as the API
+/// server copies it (k8s.io/apiserver `pkg/admission/plugin/webhook/request`
+/// `CreateV1AdmissionReview`: `Extra` from the authenticated user).
+pub fn user_info(user: &str, extra: &Extra) -> Value {
+    let mut info = json!({"username": user, "groups": groups(user)});
+    if !extra.is_empty() {
+        info["extra"] = json!(extra);
+    }
+    info
 }
 
 #[cfg(test)]
@@ -144,7 +151,10 @@ mod tests {
         assert_eq!(user_of_token("emu."), None);
         assert_eq!(node_name_of(&node("n1")), Some("n1"));
         assert_eq!(node_name_of(ADMIN), None);
-        assert_eq!(user_info(&node("a"))["groups"][0], "system:nodes");
+        assert_eq!(
+            user_info(&node("a"), &Extra::new())["groups"][0],
+            "system:nodes"
+        );
         let extra = Extra::from([(NODE_NAME_EXTRA.to_string(), vec!["n1".to_string()])]);
         let id = identity_of_token(&token_with_extra(AGENT, &extra)).unwrap();
         assert_eq!((id.name.as_str(), &id.extra), (AGENT, &extra));

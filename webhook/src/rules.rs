@@ -252,6 +252,30 @@ fn is_node_itself(username: Option<&str>, node: Option<&str>) -> bool {
     }
 }
 
+/// The ServiceAccount name of nodegate's agent, in any namespace, as the
+/// confinement matches it (`nodegate-webhook confinement`).
+pub const AGENT_SERVICE_ACCOUNT: &str = "nodegate-agent";
+/// The claim a pod-bound token carries: the node its pod runs on.
+pub const NODE_CLAIM: &str = "authentication.kubernetes.io/node-name";
+
+/// The agent of `node` itself: `nodegate-agent`'s pod-bound token with that
+/// node's claim. Its confinement lets it touch only its own node's gates.
+fn is_own_agent(user: &k8s_openapi::api::authentication::v1::UserInfo, node: Option<&str>) -> bool {
+    let sa = user
+        .username
+        .as_deref()
+        .and_then(|u| u.strip_prefix("system:serviceaccount:"))
+        .and_then(|u| u.split_once(':'))
+        .is_some_and(|(_, name)| name == AGENT_SERVICE_ACCOUNT);
+    let claim = user
+        .extra
+        .as_ref()
+        .and_then(|e| e.get(NODE_CLAIM))
+        .and_then(|v| v.first())
+        .map(String::as_str);
+    sa && node.is_some() && claim == node
+}
+
 impl Rules {
     /// Refuses duplicates (same key and effect): the API server would reject
     /// a Node carrying both.
@@ -348,6 +372,13 @@ impl Rules {
         // patching it would fail the kubelet's write.
         if is_node_itself(req.user_info.username.as_deref(), node.name()) {
             return Decision::allow(rule, "update by the node itself");
+        }
+        // The node's own agent opens its gates one at a time: a gate it
+        // removes while another still holds the node (before the last one's
+        // patch records the boot) is meant, and adding it back would undo
+        // each such write, write after write.
+        if is_own_agent(&req.user_info, node.name()) {
+            return Decision::allow(rule, "update by the node's own agent");
         }
         let old_boot = req.old_object.as_ref().and_then(NodeView::boot_id);
         if !rebooted_since_ready(node.ready_boot_id(), old_boot) {

@@ -287,7 +287,7 @@ impl Admission {
             "requestResource": gvr,
             "name": a.name,
             "operation": a.operation.as_str(),
-            "userInfo": users::user_info(a.user),
+            "userInfo": users::user_info(a.user, a.extra),
             "object": obj,
             "oldObject": old,
             "dryRun": a.dry_run,

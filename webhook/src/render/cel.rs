@@ -68,6 +68,23 @@ pub fn create_or_update_after_reboot() -> String {
     )
 }
 
+/// Not an UPDATE by the node's own agent (`nodegate-agent`'s token bound to
+/// a pod on this node): it opens its gates one at a time, and a gate it
+/// removes before the last one records the boot must stand
+/// (`Rules::update_after_reboot`).
+pub fn not_the_nodes_own_agent() -> String {
+    let claim = string(crate::rules::NODE_CLAIM);
+    let sa = string(&format!(":{}", crate::rules::AGENT_SERVICE_ACCOUNT));
+    format!(
+        "request.operation == 'CREATE'\n\
+         || !(has(request.userInfo.username)\n      \
+              && request.userInfo.username.startsWith('system:serviceaccount:')\n      \
+              && request.userInfo.username.endsWith({sa})\n      \
+              && has(request.userInfo.extra) && {claim} in request.userInfo.extra\n      \
+              && request.userInfo.extra[{claim}] == [object.metadata.name])"
+    )
+}
+
 /// `t` (a taint map) is not on the object under review, by key and effect.
 pub fn lacks(t: &str) -> String {
     format!(

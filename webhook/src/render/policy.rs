@@ -69,6 +69,7 @@ pub fn render_owned(
     let taints: Vec<TaintSpec> = ordinary.iter().chain(boot).cloned().collect();
     let not_excluded = cel::indent(&cel::not_excluded(), 8);
     let create_or_update = cel::indent(&cel::create_or_update_after_reboot(), 8);
+    let own_agent = cel::indent(&cel::not_the_nodes_own_agent(), 8);
     let lacks = cel::indent(&cel::lacks("t"), 10);
     let (owned_header, owned_missing) = if owned.is_empty() {
         (String::new(), String::new())
@@ -137,6 +138,12 @@ spec:
     - name: create-or-update-after-reboot
       expression: >-
         {create_or_update}
+    # The node's own agent opens its gates one at a time: a gate it removes
+    # before its last one's patch records the boot must stand, not come back
+    # in the same write, write after write.
+    - name: not-the-nodes-own-agent
+      expression: >-
+        {own_agent}
   variables:
     # The configured taints the node does not carry (same key and effect), as
     # plain maps: variables are compiled without the Object.* and JSONPatch

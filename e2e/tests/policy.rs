@@ -89,6 +89,79 @@ fn through_policy(taints: &[TaintSpec], c: &RuleCase) -> Value {
     obj
 }
 
+/// Several gates: the node's own agent opens one before the last one's
+/// patch records the boot. Neither the webhook nor the policy adds it back
+/// (that would loop); the agent token of another node, or an admin, gets
+/// it added back by both.
+#[test]
+fn a_gate_the_nodes_own_agent_opens_alone_stays_open_under_both() {
+    let taints: Vec<TaintSpec> = vec![
+        DEFAULT_TAINT.parse().unwrap(),
+        "nodegate.dev/csi-not-ready=true:NoSchedule"
+            .parse()
+            .unwrap(),
+    ];
+    let csi = json!({"key": "nodegate.dev/csi-not-ready", "value": "true", "effect": "NoSchedule"});
+    let cni = json!({"key": fixtures::CILIUM, "value": "true", "effect": "NoSchedule"});
+    let node = |t: Value| {
+        fixtures::with_taints(
+            fixtures::with_annotation(
+                fixtures::kubelet_node("n1", "boot-2", 0),
+                nodegate_shared::keys::READY_BOOT_ID_ANNOTATION,
+                "boot-1",
+            ),
+            t,
+        )
+    };
+    let agent = "system:serviceaccount:nodegate:nodegate-agent";
+    let docs = documents(&render(&taints, &[], ApiVersion::V1));
+    let invocations = policy::from_objects(&[&docs[0]], &[&docs[1]]);
+    let rules = Rules::new(taints.clone()).unwrap();
+    for (who, user, claim, regated) in [
+        ("the node's own agent", agent, Some("n1"), false),
+        ("the agent's token of another node", agent, Some("n2"), true),
+        ("an admin", fixtures::ADMIN, None, true),
+    ] {
+        let extra: nodegate_emulator::users::Extra = claim
+            .map(|c| {
+                [(
+                    "authentication.kubernetes.io/node-name".to_string(),
+                    vec![c.to_string()],
+                )]
+                .into()
+            })
+            .unwrap_or_default();
+        let (obj, old) = (
+            node(json!([csi.clone()])),
+            node(json!([cni.clone(), csi.clone()])),
+        );
+        let a = Attributes {
+            res: &resources::NODES,
+            subresource: "",
+            operation: Operation::Update,
+            name: "n1",
+            namespace: "",
+            user,
+            extra: &extra,
+            dry_run: false,
+            options: json!({}),
+        };
+        let mut by_policy = obj.clone();
+        let (_, errors) = policy::run(&invocations[0], &a, &mut by_policy, &old);
+        assert!(errors.is_empty(), "{who}: {errors:?}");
+        let mut review = fixtures::review("u", "UPDATE", None, user, obj.clone(), Some(old), false);
+        if let Some(c) = claim {
+            review["request"]["userInfo"]["extra"] =
+                json!({"authentication.kubernetes.io/node-name": [c]});
+        }
+        let req = review::decode(&serde_json::to_vec(&review).unwrap()).unwrap();
+        let by_webhook = rules.review(&req).added.is_some();
+        let back = taint_keys(&by_policy).contains(&fixtures::CILIUM.to_string());
+        assert_eq!(back, regated, "{who}: the policy");
+        assert_eq!(by_webhook, regated, "{who}: the webhook");
+    }
+}
+
 fn taint_keys(n: &Value) -> Vec<String> {
     n["spec"]["taints"]
         .as_array()

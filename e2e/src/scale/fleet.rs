@@ -70,6 +70,8 @@ struct AgentRun {
     uid: String,
     /// `None` while the container is stopped (or crashed).
     kind: Option<AgentKind>,
+    /// The running container's token's `jti` ([`Fleet::cut_off`]).
+    jti: Option<String>,
 }
 
 struct NodeRun {
@@ -96,6 +98,43 @@ pub struct Times {
     pub agent_restarted: HashMap<String, Instant>,
     /// The first start of each node's network agent container.
     pub network_started: HashMap<String, Instant>,
+    /// With several gates: when the stand-in of gate `k` (1.., the gates
+    /// after the network agent's) turned ready on each node, latest boot.
+    pub gate_ready: HashMap<(String, usize), Instant>,
+}
+
+impl Times {
+    /// When every one of the first `gates` gates' stand-ins was ready on
+    /// `name` (the network agent's alone with one gate): "ready" in the
+    /// figures.
+    pub fn all_ready(&self, name: &str, gates: usize) -> Option<Instant> {
+        let mut at = *self.network_ready.get(name)?;
+        for k in 1..gates {
+            at = at.max(*self.gate_ready.get(&(name.to_string(), k))?);
+        }
+        Some(at)
+    }
+
+    /// When gate `k`'s own stand-in was ready on `name` (gate 0's is the
+    /// network agent's).
+    pub fn gate_ready_at(&self, name: &str, k: usize) -> Option<Instant> {
+        if k == 0 {
+            self.network_ready.get(name).copied()
+        } else {
+            self.gate_ready.get(&(name.to_string(), k)).copied()
+        }
+    }
+}
+
+/// The stand-ins of the gates after the network agent's (`--gates`): each
+/// writes its readiness file into the node's probe directory.
+#[derive(Debug, Clone, Default)]
+struct GateSignals {
+    /// The file of gate 1, 2, … by name.
+    files: Vec<String>,
+    /// Gate `k` turns ready `k` × this after the network agent; zero: every
+    /// gate at once, the directory's files appearing together (a rename).
+    stagger: Duration,
 }
 
 /// The order in which a node's two signals of a ready network agent come:
@@ -134,6 +173,8 @@ pub struct Fleet {
     ready_order: Mutex<ReadyOrder>,
     /// Nodes with an order of their own.
     node_ready_order: Mutex<HashMap<String, ReadyOrder>>,
+    /// The other gates' stand-ins (none with one gate).
+    gate_signals: Mutex<GateSignals>,
 }
 
 impl std::fmt::Debug for Fleet {
@@ -141,6 +182,81 @@ impl std::fmt::Debug for Fleet {
         f.debug_struct("Fleet").finish_non_exhaustive()
     }
 }
+
+/// The ConfigMap (in `nodegate`) of the agent tokens whose node crashed:
+/// [`CRASH_POLICY`]'s parameter.
+pub const CRASHED: &str = "nodegate-scale-crashed";
+
+/// A crashed node writes nothing on the way down. A real agent dies with
+/// it; an agent here is a task, and dropping it closes its stop channel,
+/// which the agent takes for a SIGTERM: its shutdown re-taint would reach
+/// the API server before the node's re-registration, and do the webhook's
+/// re-gate for it. So before a crash the harness lists the agent's token
+/// (its `jti`, the API server's `credential-id`) in [`CRASHED`], and this
+/// policy refuses every write made with it ([`Fleet::cut_off`]). Each
+/// agent's next container has a new token.
+pub const CRASH_POLICY: &str = r#"
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicy
+metadata:
+  name: nodegate-scale-crashed
+spec:
+  failurePolicy: Fail
+  paramKind:
+    apiVersion: v1
+    kind: ConfigMap
+  matchConstraints:
+    resourceRules:
+      - apiGroups: ["*"]
+        apiVersions: ["*"]
+        operations: ["CREATE", "UPDATE", "DELETE"]
+        resources: ["*"]
+  matchConditions:
+    - name: nodegate-agent
+      expression: request.userInfo.username == 'system:serviceaccount:nodegate:nodegate-agent'
+  validations:
+    - expression: >-
+        !has(request.userInfo.extra)
+        || !('authentication.kubernetes.io/credential-id' in request.userInfo.extra)
+        || !request.userInfo.extra['authentication.kubernetes.io/credential-id'].exists(c,
+             c.startsWith('JTI=') && c.substring(4) in (has(params.data) ? params.data : {}))
+      message: the node crashed (scale harness)
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicyBinding
+metadata:
+  name: nodegate-scale-crashed
+spec:
+  policyName: nodegate-scale-crashed
+  validationActions: [Deny]
+  paramRef:
+    name: nodegate-scale-crashed
+    namespace: nodegate
+    parameterNotFoundAction: Allow
+---
+apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: nodegate-scale-crashed
+  namespace: nodegate
+"#;
+
+/// The `jti` claim of a ServiceAccount token (a JWT).
+pub fn token_jti(token: &str) -> Option<String> {
+    use base64::Engine;
+    let payload = token.split('.').nth(1)?;
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(payload.trim_end_matches('='))
+        .ok()?;
+    let claims: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
+    claims["jti"].as_str().map(str::to_string)
+}
+
+/// The network agent's CNI config, the shipped file probe's file.
+const CNI_FILE: &str = "05-cilium.conflist";
+/// What every stand-in's readiness file holds (a file probe wants it
+/// non-empty).
+const SIGNAL: &[u8] = b"{\"cniVersion\":\"0.4.0\"}";
 
 pub fn node_name(i: usize) -> String {
     format!("sim-{i:05}")
@@ -152,10 +268,16 @@ pub fn node_name(i: usize) -> String {
 /// The HTTP probe of 127.0.0.1:9879 is left out: every simulated node shares
 /// one network namespace, so it cannot be per node; the file probe (the
 /// shipped second probe) stands for both.
+///
+/// With `--gates` (several gates) the same in the declaration: each gate's
+/// HTTP probes left out, each file probe moved into the node's own
+/// directory under its file name.
 pub fn agent_argv(shipped: &[String], node: &str, node_dir: &Path) -> Vec<String> {
     let mut argv = vec!["nodegate-agent".to_string(), format!("--node-name={node}")];
     for a in shipped {
-        if a.starts_with("--probe-http") {
+        if let Some(decl) = a.strip_prefix("--gates=") {
+            argv.push(format!("--gates={}", node_gates(decl, node_dir)));
+        } else if a.starts_with("--probe-http") {
             continue;
         } else if a.starts_with("--probe-file=") {
             argv.push(format!(
@@ -174,6 +296,25 @@ pub fn agent_argv(shipped: &[String], node: &str, node_dir: &Path) -> Vec<String
         }
     }
     argv
+}
+
+/// The declaration `decl` (one line of JSON) for one simulated node; left
+/// as it is if it does not parse (the agent then says why).
+fn node_gates(decl: &str, node_dir: &Path) -> String {
+    let Ok(mut gates) = nodegate_shared::gates::Gates::parse(decl) else {
+        return decl.to_string();
+    };
+    for g in &mut gates.gates {
+        g.probes.http.clear();
+        for f in &mut g.probes.file {
+            let name = Path::new(f.as_str())
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            *f = node_dir.join("cni").join(name).display().to_string();
+        }
+    }
+    gates.to_flag()
 }
 
 impl Fleet {
@@ -201,7 +342,31 @@ impl Fleet {
             changed: Notify::new(),
             ready_order: Mutex::default(),
             node_ready_order: Mutex::default(),
+            gate_signals: Mutex::default(),
         }
+    }
+
+    /// Several gates: the stand-ins of gates 1, 2, … write `files` (by name,
+    /// into the node's probe directory), gate `k` at `k` × `stagger` after
+    /// the network agent is ready.
+    pub fn set_gate_signals(&self, files: Vec<String>, stagger: Duration) {
+        *self.gate_signals.lock().unwrap_or_else(|e| e.into_inner()) =
+            GateSignals { files, stagger };
+    }
+
+    /// The other gates' stagger from now on (zero: all at once).
+    pub fn set_gate_stagger(&self, stagger: Duration) {
+        self.gate_signals
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .stagger = stagger;
+    }
+
+    fn signals(&self) -> GateSignals {
+        self.gate_signals
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// The order of the probe and Ready for network agents that turn ready
@@ -357,11 +522,11 @@ impl Fleet {
                 {
                     return Ok(());
                 }
-                self.probe_passes(node)?;
+                self.probe_passes(node, boot_id)?;
                 self.kubelet_ready(node);
             }
             ReadyOrder::ProbeFirst(after) => {
-                self.probe_passes(node)?;
+                self.probe_passes(node, boot_id)?;
                 self.later(node, boot_id, after, false);
             }
             ReadyOrder::ReadyFirst(after) => {
@@ -394,7 +559,7 @@ impl Fleet {
                 return;
             }
             if probe {
-                if let Err(e) = me.probe_passes(&node) {
+                if let Err(e) = me.probe_passes(&node, &boot_id) {
                     tracing::warn!(error = %e, "stand-in probe");
                 }
             } else {
@@ -403,18 +568,73 @@ impl Fleet {
         });
     }
 
-    /// The CNI config file the agent's file probe reads appears.
-    fn probe_passes(&self, node: &NodeShared) -> anyhow::Result<()> {
-        nodegate_certs::write_atomic(
-            &self.probe_file(&node.name),
-            b"{\"cniVersion\":\"0.4.0\"}",
-            0o644,
-        )?;
+    /// The CNI config file the agent's file probe reads appears, and with
+    /// several gates the other stand-ins' files: each `k` × the stagger
+    /// later, or with no stagger every one at once (the node's probe
+    /// directory renamed into place with all of them in it, so that one
+    /// probe round of the agent sees all or none).
+    fn probe_passes(self: &Arc<Self>, node: &Arc<NodeShared>, boot_id: &str) -> anyhow::Result<()> {
+        let sig = self.signals();
+        if sig.files.is_empty() {
+            return self.write_signal(&node.name, CNI_FILE);
+        }
+        if sig.stagger.is_zero() {
+            let dir = self.probe_dir(&node.name);
+            let tmp = self
+                .node_dir(&node.name)
+                .join(format!(".cni-{}", uuid::Uuid::new_v4().simple()));
+            std::fs::create_dir_all(&tmp)?;
+            for f in std::iter::once(CNI_FILE).chain(sig.files.iter().map(String::as_str)) {
+                std::fs::write(tmp.join(f), SIGNAL)?;
+            }
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::rename(&tmp, &dir)?;
+            let now = Instant::now();
+            let mut t = self.times();
+            for k in 1..=sig.files.len() {
+                t.gate_ready.insert((node.name.clone(), k), now);
+            }
+            return Ok(());
+        }
+        self.write_signal(&node.name, CNI_FILE)?;
+        for (i, file) in sig.files.into_iter().enumerate() {
+            let k = i + 1;
+            let (me, node, boot_id) = (self.clone(), node.clone(), boot_id.to_string());
+            let after = sig.stagger * k as u32;
+            tokio::spawn(async move {
+                tokio::time::sleep(after).await;
+                if !me.live(&node, &boot_id) {
+                    return;
+                }
+                match me.write_signal(&node.name, &file) {
+                    Ok(()) => {
+                        me.times()
+                            .gate_ready
+                            .insert((node.name.clone(), k), Instant::now());
+                    }
+                    Err(e) => tracing::warn!(error = %e, "gate stand-in not ready"),
+                }
+            });
+        }
         Ok(())
     }
 
+    /// One stand-in's readiness file appears in the node's probe directory.
+    fn write_signal(&self, name: &str, file: &str) -> anyhow::Result<()> {
+        let dir = self.probe_dir(name);
+        std::fs::create_dir_all(&dir)?;
+        nodegate_certs::write_atomic(&dir.join(file), SIGNAL, 0o644)?;
+        Ok(())
+    }
+
+    /// The directory of every stand-in's readiness file on node `name`:
+    /// its CNI config directory.
+    fn probe_dir(&self, name: &str) -> PathBuf {
+        self.node_dir(name).join("cni")
+    }
+
     fn probe_file(&self, name: &str) -> PathBuf {
-        self.node_dir(name).join("cni/05-cilium.conflist")
+        self.probe_dir(name).join(CNI_FILE)
     }
 
     /// The kubelet reports the network ready ("Ready" in every figure).
@@ -429,8 +649,34 @@ impl Fleet {
         tracing::debug!(node = %node.name, "network agent ready");
     }
 
+    /// Cuts the running agents of `names` off the API server before they
+    /// crash ([`CRASH_POLICY`]): their tokens listed, then long enough for
+    /// the API server's policy to read them.
+    pub async fn cut_off(&self, names: &[String]) -> anyhow::Result<()> {
+        let jtis: serde_json::Map<String, serde_json::Value> = {
+            let nodes = self.lock();
+            names
+                .iter()
+                .filter_map(|n| nodes.get(n)?.agent.as_ref()?.jti.clone())
+                .map(|j| (j, serde_json::Value::String(String::new())))
+                .collect()
+        };
+        let api: Api<k8s_openapi::api::core::v1::ConfigMap> =
+            Api::namespaced(self.admin.clone(), "nodegate");
+        api.patch(
+            CRASHED,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "data": jtis })),
+        )
+        .await
+        .context("listing the crashing agents' tokens")?;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        Ok(())
+    }
+
     /// A crash: every process of the node killed (the kubelet, the agent,
-    /// the stand-in) with nothing written on the way down, its /var/run
+    /// the stand-in) with nothing written on the way down (for an agent
+    /// task, only once [`Self::cut_off`]: see [`CRASH_POLICY`]), its /var/run
     /// (state dir) emptied; the CNI config goes too, as the health endpoint
     /// the shipped HTTP probe reads would. Then [`Self::boot`].
     pub fn crash(&self, name: &str) -> anyhow::Result<()> {
@@ -462,7 +708,13 @@ impl Fleet {
             run.shared.network_ready.store(false, Ordering::SeqCst);
         }
         let d = self.node_dir(name);
-        let _ = std::fs::remove_file(d.join("cni/05-cilium.conflist"));
+        if self.signals().files.is_empty() {
+            let _ = std::fs::remove_file(self.probe_file(name));
+        } else {
+            // Every stand-in's file goes; the directory too, so that they
+            // can all come back in one rename.
+            let _ = std::fs::remove_dir_all(self.probe_dir(name));
+        }
         let _ = std::fs::remove_dir_all(d.join("run"));
         std::fs::create_dir_all(d.join("run/nodegate"))?;
         Ok(())
@@ -520,12 +772,13 @@ impl Fleet {
         let mut backoff = Duration::from_millis(100);
         loop {
             match self.start_agent(&shared, &pod, &uid).await {
-                Ok(kind) => {
+                Ok((kind, jti)) => {
                     let unwanted = {
                         let mut nodes = self.lock();
                         match nodes.get_mut(name).and_then(|r| r.agent.as_mut()) {
                             Some(a) if a.uid == uid && a.kind.is_none() => {
                                 a.kind = Some(kind);
+                                a.jti = jti;
                                 None
                             }
                             // The Pod went (or the node crashed) meanwhile.
@@ -560,7 +813,7 @@ impl Fleet {
         node: &NodeShared,
         pod: &str,
         uid: &str,
-    ) -> anyhow::Result<AgentKind> {
+    ) -> anyhow::Result<(AgentKind, Option<String>)> {
         let sa: Api<ServiceAccount> = Api::namespaced(node.client.clone(), "nodegate");
         let req: TokenRequest = serde_json::from_value(json!({
             "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
@@ -572,6 +825,7 @@ impl Fleet {
             .await
             .context("TokenRequest as the node")?;
         let token = tr.status.context("TokenRequest without status")?.token;
+        let jti = token_jti(&token);
         let argv = agent_argv(&self.agent_argv, &node.name, &self.node_dir(&node.name));
         {
             let mut t = self.times();
@@ -602,7 +856,7 @@ impl Fleet {
                 ],
             )?;
             *self.agent_pid.lock().unwrap_or_else(|e| e.into_inner()) = p.pid();
-            return Ok(AgentKind::Process(p));
+            return Ok((AgentKind::Process(p), jti));
         }
         let args = <nodegate_agent::Args as clap::Parser>::try_parse_from(&argv)?;
         let client = self.client(json!({ "token": token }))?;
@@ -622,10 +876,13 @@ impl Fleet {
                 tracing::warn!(node = %name, error = %e, "agent stopped with an error");
             }
         });
-        Ok(AgentKind::Task {
-            stop: Some(tx),
-            task,
-        })
+        Ok((
+            AgentKind::Task {
+                stop: Some(tx),
+                task,
+            },
+            jti,
+        ))
     }
 
     /// The kubelets' pod work, from one watch of every Pod bound to a node.
@@ -713,6 +970,7 @@ impl Fleet {
                 pod: pod.name_any(),
                 uid: uid.clone(),
                 kind: None,
+                jti: None,
             });
         }
         drop(nodes);
@@ -811,5 +1069,53 @@ async fn stop_kind(kind: AgentKind) {
             let _ = tokio::time::timeout(Duration::from_secs(20), task).await;
         }
         AgentKind::Process(p) => p.stop(Duration::from_secs(20)).await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tokens_jti_is_its_payloads() {
+        use base64::Engine;
+        let b64 = |s: &str| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(s);
+        let token = format!(
+            "{}.{}.sig",
+            b64(r#"{"alg":"RS256"}"#),
+            b64(r#"{"jti":"0f1e","sub":"system:serviceaccount:nodegate:nodegate-agent"}"#)
+        );
+        assert_eq!(token_jti(&token).as_deref(), Some("0f1e"));
+        assert_eq!(token_jti("not-a-jwt"), None);
+    }
+
+    /// Each simulated node's agent gets the DaemonSet's flags with its own
+    /// files: with `--gates`, every gate's file probe in the node's
+    /// directory and no HTTP probe (one network namespace for all nodes).
+    #[test]
+    fn each_nodes_agent_probes_its_own_files_for_every_gate() {
+        let variant = crate::scale::gates::variant_args_for_test();
+        let argv = agent_argv(&variant, "sim-00001", Path::new("/s/nodes/sim-00001"));
+        let gates = argv
+            .iter()
+            .find_map(|a| a.strip_prefix("--gates="))
+            .expect("--gates");
+        let gates = nodegate_shared::gates::Gates::parse(gates).unwrap();
+        let files: Vec<&str> = gates
+            .gates
+            .iter()
+            .flat_map(|g| g.probes.file.iter().map(String::as_str))
+            .collect();
+        assert_eq!(
+            files,
+            [
+                "/s/nodes/sim-00001/cni/05-cilium.conflist",
+                "/s/nodes/sim-00001/cni/csi.ready",
+                "/s/nodes/sim-00001/cni/gpu.ready",
+            ]
+        );
+        assert!(gates.gates.iter().all(|g| g.probes.http.is_empty()));
+        assert!(argv.iter().any(|a| a == "--node-name=sim-00001"));
+        assert!(!argv.iter().any(|a| a.starts_with("--taint=")));
     }
 }

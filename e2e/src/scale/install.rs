@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use k8s_openapi::api::authentication::v1::TokenRequest;
-use k8s_openapi::api::core::v1::ServiceAccount;
+use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
 use kube::api::PostParams;
 use kube::{Api, Client};
 use serde_json::json;
@@ -223,6 +223,42 @@ pub async fn sa_token(admin: &Client, sa: &str) -> anyhow::Result<String> {
     Ok(tr.status.context("no token")?.token)
 }
 
+/// A token of `nodegate-webhook` bound to the Pod `nodegate-webhook-<i>`,
+/// as the StatefulSet's replica `i` has: its `pod-name` and `pod-uid`
+/// claims are what the webhook's confinement asks of a Node write. No
+/// webhook Pod runs here (the replicas are processes), so the Pod is created
+/// with a scheduling gate that nothing removes: it is never bound, and
+/// exists only for its token to be bound to.
+pub async fn webhook_pod_token(admin: &Client, i: usize) -> anyhow::Result<String> {
+    let name = format!("nodegate-webhook-{i}");
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "nodegate");
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": "nodegate",
+                     "labels": {"app.kubernetes.io/part-of": "nodegate-scale"}},
+        "spec": {
+            "serviceAccountName": "nodegate-webhook",
+            "schedulingGates": [{"name": "nodegate.dev/scale-never"}],
+            "containers": [{"name": "webhook", "image": "nodegate/nodegate-webhook"}],
+        },
+    }))?;
+    let pod = match pods.create(&PostParams::default(), &pod).await {
+        Ok(p) => p,
+        Err(kube::Error::Api(e)) if e.code == 409 => pods.get(&name).await?,
+        Err(e) => return Err(e).context("the webhook replica's Pod"),
+    };
+    let uid = pod.metadata.uid.context("a Pod without uid")?;
+    let api: Api<ServiceAccount> = Api::namespaced(admin.clone(), "nodegate");
+    let req: TokenRequest = serde_json::from_value(json!({
+        "spec": {"audiences": [], "expirationSeconds": 86400,
+                 "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": name, "uid": uid}},
+    }))?;
+    let tr: TokenRequest = api
+        .create_subresource("token", "nodegate-webhook", &PostParams::default(), &req)
+        .await
+        .context("a token bound to the webhook replica's Pod")?;
+    Ok(tr.status.context("no token")?.token)
+}
+
 #[derive(Debug)]
 pub struct Install {
     pub webhooks: Vec<Proc>,
@@ -425,13 +461,15 @@ async fn start_webhooks(
     files: &WebhookFiles,
 ) -> anyhow::Result<(Vec<Proc>, Vec<String>)> {
     let log = cp.dir.join("log");
-    let token = sa_token(admin, "nodegate-webhook").await?;
-    let wkc = cp.dir.join("webhook.kubeconfig");
-    write_kubeconfig(&wkc, &cp.server, &cp.ca_pem, None, Some(&token))?;
     let webhook_bin = existing("nodegate-webhook")?;
     let mut webhooks = Vec::new();
     let mut webhook_admin = Vec::new();
     for (i, ip) in ips.iter().enumerate() {
+        // The confinement lets the webhook write a Node only with the token
+        // of a Pod of its StatefulSet: each replica's own.
+        let token = webhook_pod_token(admin, i).await?;
+        let wkc = cp.dir.join(format!("webhook-{i}.kubeconfig"));
+        write_kubeconfig(&wkc, &cp.server, &cp.ca_pem, None, Some(&token))?;
         let admin_port = free_port(*ip)?;
         let shipped = variant.args("webhook/statefulset.yaml")?;
         webhooks.push(Proc::spawn(

@@ -3,6 +3,7 @@
 //! API calls with its own node credential and its own nodegate-agent with a
 //! token bound to its agent Pod. See e2e/scale/README.md.
 //!
+//! - [`gates`]: several gates in one install (`--gates`);
 //! - [`control_plane`]: etcd, kube-apiserver, kube-controller-manager,
 //!   kube-scheduler as child processes, on a dummy interface's private /24;
 //!   [`control_plane_args`]: their command lines, from the flags shared with
@@ -19,6 +20,7 @@
 pub mod control_plane;
 pub mod control_plane_args;
 pub mod fleet;
+pub mod gates;
 pub mod install;
 pub mod kubelet;
 pub mod observe;
@@ -51,6 +53,25 @@ pub struct Config {
     /// nodegate agent's own start has less time to hide in.
     #[arg(long, env = "NODEGATE_SCALE_NETWORK_START", default_value = "5s", value_parser = nodegate_shared::duration::parse)]
     pub network_start: Duration,
+    /// Gates in the install: 1 is the shipped one
+    /// (`nodegate.dev/agent-not-ready`, opened by the network agent's
+    /// probes); 2 adds `nodegate.dev/csi-not-ready`, 3 also
+    /// `nodegate.dev/gpu-not-ready`, each opened by its own stand-in's file:
+    /// the webhook with a `--taint` each, the agents with `--gates`
+    /// (e2e/scale/README.md).
+    #[arg(long, env = "NODEGATE_SCALE_GATES", default_value_t = 1,
+          value_parser = clap::value_parser!(u8).range(1..=gates::MAX as i64))]
+    pub gates: u8,
+    /// With several gates, gate k's stand-in turns ready k × this after the
+    /// network agent (the storm's first boots): a join costs one agent
+    /// write per gate.
+    #[arg(long, env = "NODEGATE_SCALE_GATE_STAGGER", default_value = "2s", value_parser = nodegate_shared::duration::parse)]
+    pub gate_stagger: Duration,
+    /// The same after a reboot (the wave): 0, every gate's stand-in ready
+    /// at once with the network agent (their files appear together), so
+    /// the agent opens them in one patch.
+    #[arg(long, env = "NODEGATE_SCALE_WAVE_GATE_STAGGER", default_value = "0s", value_parser = nodegate_shared::duration::parse)]
+    pub wave_gate_stagger: Duration,
     /// `--kube-api-qps` and `--kube-api-burst` of kube-controller-manager and
     /// kube-scheduler: 100, as Kubernetes' own scalability jobs run them
     /// (their defaults, 20/30 and 50/100, pace the DaemonSet controller's Pod
@@ -108,7 +129,8 @@ pub async fn run(cfg: Config) -> anyhow::Result<Report> {
     };
     let _ = std::fs::remove_dir_all(&cfg.dir);
     std::fs::create_dir_all(&cfg.dir)?;
-    let inotify = InotifyLimit::raise(cfg.nodes)?;
+    // One inotify instance per file probe: one per gate per agent.
+    let inotify = InotifyLimit::raise(cfg.nodes * usize::from(cfg.gates))?;
     let pki = pki::Pki::new()?;
     let cp =
         control_plane::ControlPlane::start(&cfg.dir, net.clone(), &pki, cfg.controller_qps).await;
@@ -170,7 +192,18 @@ async fn with_cluster(
         || async { sa.get_opt("default").await.ok().flatten() },
     )
     .await?;
-    let inst = install::install(cp, pki, &admin).await?;
+    let gates = usize::from(cfg.gates);
+    let variant = if gates > 1 {
+        gates::variant(gates)?
+    } else {
+        install::Variant::default()
+    };
+    let inst = install::install_with(cp, pki, &admin, &variant).await?;
+    install::kubectl(
+        &cp.admin_kubeconfig,
+        &["apply", "--server-side", "-f", "-"],
+        Some(fleet::CRASH_POLICY),
+    )?;
     let mut pids = BTreeMap::new();
     for name in [
         "etcd",
@@ -193,10 +226,11 @@ async fn with_cluster(
         cp,
         pki,
         admin.clone(),
-        install::shipped_args("agent/daemonset.yaml")?,
+        variant.args("agent/daemonset.yaml")?,
         agent_bin.exists().then_some(agent_bin),
         cfg.network_start,
     ));
+    fleet.set_gate_signals(gates::extra_files(gates), cfg.gate_stagger);
     tokio::spawn(fleet.clone().follow_pods());
     let rec = observe::start(cp.admin_config().await?)?;
     let ctx = scenarios::Ctx {
@@ -207,6 +241,9 @@ async fn with_cluster(
         webhook_admin: inst.webhook_admin.clone(),
         audit_log: cfg.dir.join("log/audit.log"),
         pids,
+        gates,
+        gate_stagger: cfg.gate_stagger,
+        wave_gate_stagger: cfg.wave_gate_stagger,
     };
     let mut report = Report::default();
     let n = cfg.nodes;

@@ -1,46 +1,73 @@
 //! What the scenarios assert, from the one observer ([`crate::observe`])
-//! with a slim projection: of each Node version whether it carries the
-//! gate and its boot ID; of each bound Pod its node and whether it
-//! tolerates the gate. A pod bound while its node was gated is one whose
-//! first bound version falls after a gated version of the node and before
-//! the next ungated one.
+//! with a slim projection: of each Node version which of nodegate's gates
+//! ([`super::gates::GATES`]) it carries and its boot ID; of each bound Pod
+//! its node and which gates it tolerates. A pod bound while its node was
+//! gated is one whose first bound version falls after a version of the node
+//! carrying a gate the pod does not tolerate and before the next version
+//! without it. With one gate (the shipped install) the others never appear.
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 
+use super::gates;
 use crate::observe::{Observer, Projection, Seen, Watches};
-use crate::real_nodes::objects::{GATE, boot_id, gated};
+use crate::real_nodes::objects::boot_id;
 
 /// What the scale harness keeps of a Node version.
 #[derive(Debug, Clone)]
 pub struct NodeState {
+    /// It carries one of nodegate's gates or more.
     pub gated: bool,
+    /// Which: bit `k` for gate `k` of [`gates::GATES`].
+    pub gates: u8,
     pub boot_id: String,
+}
+
+impl NodeState {
+    pub fn new(gates: u8, boot_id: String) -> Self {
+        Self {
+            gated: gates != 0,
+            gates,
+            boot_id,
+        }
+    }
 }
 
 impl Projection<Node> for NodeState {
     fn project(node: &Node) -> Option<Self> {
-        Some(NodeState {
-            gated: gated(node),
-            boot_id: boot_id(node).unwrap_or_default(),
-        })
+        Some(NodeState::new(
+            gate_bits(node),
+            boot_id(node).unwrap_or_default(),
+        ))
     }
+}
+
+/// The gates `node` carries (each `key:NoSchedule`), one bit each.
+pub fn gate_bits(node: &Node) -> u8 {
+    let taints = node.spec.as_ref().and_then(|s| s.taints.as_ref());
+    let mut bits = 0;
+    for (k, key) in gates::keys(gates::MAX).into_iter().enumerate() {
+        if taints.is_some_and(|ts| ts.iter().any(|t| t.key == key && t.effect == "NoSchedule")) {
+            bits |= 1 << k;
+        }
+    }
+    bits
 }
 
 /// What the scale harness keeps of a bound Pod's version.
 #[derive(Debug, Clone)]
 pub struct Binding {
     pub node: String,
-    /// The pod tolerates the gate (the agent's and the network agent's
-    /// DaemonSet Pods tolerate every taint): its binding to a gated node is
-    /// what the gate allows.
-    pub tolerates_gate: bool,
+    /// The gates the pod tolerates, one bit each (the agent's and the
+    /// network agent's DaemonSet Pods tolerate every taint): its binding to
+    /// a node held by those only is what the gates allow.
+    pub tolerated: u8,
 }
 
 impl Projection<Pod> for Binding {
     fn project(pod: &Pod) -> Option<Self> {
         Some(Binding {
             node: pod.spec.as_ref()?.node_name.clone()?,
-            tolerates_gate: tolerates_gate(pod),
+            tolerated: tolerated(pod),
         })
     }
 }
@@ -64,41 +91,61 @@ pub fn seen(v: &NodeVersion) -> tokio::time::Instant {
     tokio::time::Instant::from_std(v.at)
 }
 
-/// Was `node` gated at revision `at` (its latest version at or before it)?
-pub fn gated_at(versions: &[NodeVersion], at: u64) -> bool {
+/// The gates `node` carried at revision `at` (its latest version at or
+/// before it).
+pub fn gates_at(versions: &[NodeVersion], at: u64) -> u8 {
     versions
         .iter()
         .rev()
         .find(|v| v.rv <= at)
-        .is_some_and(|v| v.obj.gated)
+        .map_or(0, |v| v.obj.gates)
+}
+
+/// Was `node` gated at revision `at`?
+pub fn gated_at(versions: &[NodeVersion], at: u64) -> bool {
+    gates_at(versions, at) != 0
 }
 
 /// Does `pod` tolerate the gate's NoSchedule taint (as the scheduler's
 /// `TaintToleration` plugin matches a toleration to a taint)?
 pub fn tolerates_gate(pod: &Pod) -> bool {
-    let tolerations = pod.spec.as_ref().and_then(|s| s.tolerations.as_ref());
-    tolerations.is_some_and(|ts| {
-        ts.iter().any(|t| {
-            let key = t.key.as_deref().unwrap_or("");
-            let exists = t.operator.as_deref() == Some("Exists");
-            let effect = t.effect.as_deref().unwrap_or("");
-            let key_ok = if key.is_empty() { exists } else { key == GATE };
-            let value_ok = exists || t.value.as_deref() == Some("true");
-            key_ok && value_ok && (effect.is_empty() || effect == "NoSchedule")
-        })
-    })
+    tolerated(pod) & 1 != 0
 }
 
-/// Pods that do not tolerate the gate bound to a node while it was gated.
+/// The gates whose NoSchedule taint (`key=true`) `pod` tolerates, one bit
+/// each, as the scheduler's `TaintToleration` plugin matches a toleration
+/// to a taint.
+pub fn tolerated(pod: &Pod) -> u8 {
+    let tolerations = pod.spec.as_ref().and_then(|s| s.tolerations.as_ref());
+    let mut bits = 0;
+    for (k, gate) in gates::keys(gates::MAX).into_iter().enumerate() {
+        let ok = tolerations.is_some_and(|ts| {
+            ts.iter().any(|t| {
+                let key = t.key.as_deref().unwrap_or("");
+                let exists = t.operator.as_deref() == Some("Exists");
+                let effect = t.effect.as_deref().unwrap_or("");
+                let key_ok = if key.is_empty() { exists } else { key == gate };
+                let value_ok = exists || t.value.as_deref() == Some("true");
+                key_ok && value_ok && (effect.is_empty() || effect == "NoSchedule")
+            })
+        });
+        if ok {
+            bits |= 1 << k;
+        }
+    }
+    bits
+}
+
+/// Pods bound to a node while it carried a gate they do not tolerate.
 pub fn bound_while_gated(rec: &Record, since_rv: u64) -> Vec<String> {
     rec.pods
         .iter()
         .filter_map(|(uid, vs)| Some((uid, vs.first()?)))
-        .filter(|(_, b)| b.rv > since_rv && !b.obj.tolerates_gate)
+        .filter(|(_, b)| b.rv > since_rv)
         .filter(|(_, b)| {
             rec.nodes
                 .get(&b.obj.node)
-                .is_some_and(|vs| gated_at(vs, b.rv))
+                .is_some_and(|vs| gates_at(vs, b.rv) & !b.obj.tolerated != 0)
         })
         .map(|(uid, b)| format!("{uid} on {}", b.obj.node))
         .collect()
@@ -128,6 +175,7 @@ mod tests {
 
     #[test]
     fn only_a_toleration_of_the_gate_lets_a_pod_onto_a_gated_node() {
+        const GATE: &str = crate::real_nodes::objects::GATE;
         let cases = [
             (serde_json::json!([{"operator": "Exists"}]), true),
             (
@@ -164,10 +212,7 @@ mod tests {
     }
 
     fn state(gated: bool) -> NodeState {
-        NodeState {
-            gated,
-            boot_id: String::new(),
-        }
+        NodeState::new(u8::from(gated), String::new())
     }
 
     #[test]
@@ -180,7 +225,7 @@ mod tests {
         );
         let bound = |node: &str, tolerates_gate: bool| Binding {
             node: node.into(),
-            tolerates_gate,
+            tolerated: if tolerates_gate { 0b111 } else { 0 },
         };
         // Bound at 15 (gated), later versions after 20 change nothing.
         rec.pods.insert(
@@ -197,5 +242,48 @@ mod tests {
         assert!(bound_while_gated(&rec, 15).is_empty());
         assert!(gated_at(&rec.nodes["n1"], 19));
         assert!(!gated_at(&rec.nodes["n1"], 9));
+    }
+
+    /// With several gates a pod must tolerate each gate its node carries:
+    /// one that tolerates the first gate only is bound while gated on a node
+    /// the second still holds.
+    #[test]
+    fn a_pod_must_tolerate_every_gate_its_node_still_carries() {
+        let mut rec = Record::default();
+        // n1: all three gates at 10, the first gone at 20, all at 30.
+        rec.nodes.insert(
+            "n1".into(),
+            vec![
+                seen(10, NodeState::new(0b111, String::new())),
+                seen(20, NodeState::new(0b110, String::new())),
+                seen(30, NodeState::new(0, String::new())),
+            ],
+        );
+        let bound = |tolerated: u8| Binding {
+            node: "n1".into(),
+            tolerated,
+        };
+        rec.pods
+            .insert("first-only".into(), vec![seen(25, bound(0b001))]);
+        rec.pods.insert("all".into(), vec![seen(25, bound(0b111))]);
+        rec.pods.insert("after".into(), vec![seen(31, bound(0))]);
+        assert_eq!(bound_while_gated(&rec, 0), ["first-only on n1"]);
+        let csi = pod(serde_json::json!([
+            {"key": "nodegate.dev/csi-not-ready", "operator": "Exists"}
+        ]));
+        assert_eq!(tolerated(&csi), 0b010);
+        assert_eq!(
+            tolerated(&pod(serde_json::json!([{"operator": "Exists"}]))),
+            0b111
+        );
+        let node: Node = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "n"},
+            "spec": {"taints": [
+                {"key": "nodegate.dev/gpu-not-ready", "value": "true", "effect": "NoSchedule"},
+                {"key": "nodegate.dev/agent-not-ready", "value": "true", "effect": "NoExecute"},
+            ]},
+        }))
+        .unwrap();
+        assert_eq!(gate_bits(&node), 0b100);
     }
 }

@@ -10,6 +10,7 @@ mod rollout;
 mod steady;
 mod storm;
 mod wave;
+mod writes;
 
 pub use prune::prune;
 pub use rollout::rollout;
@@ -64,6 +65,17 @@ pub struct Ctx<'a> {
     pub webhook_admin: Vec<String>,
     pub audit_log: std::path::PathBuf,
     pub pids: BTreeMap<String, u32>,
+    /// Gates in the install (`--gates`).
+    pub gates: usize,
+    /// The other gates' stand-ins: gate k ready k × this after the network
+    /// agent in the storm, and in the wave.
+    pub gate_stagger: Duration,
+    pub wave_gate_stagger: Duration,
+}
+
+/// The first `n` gates, one bit each ([`super::observe::NodeState::gates`]).
+fn all_gates(n: usize) -> u8 {
+    ((1u16 << n) - 1) as u8
 }
 
 fn ms(d: Duration) -> f64 {

@@ -1,15 +1,19 @@
 //! Scenario 1, the registration storm: `n` nodes registering evenly
-//! within `within`; every node's first stored version gated, none ungated
-//! before its network is ready, no Pod bound to a gated node.
+//! within `within`; every node's first stored version gated (by every
+//! gate), none ungated before its network (and every other gate's
+//! stand-in) is ready, no gate opened before its own stand-in, no Pod bound
+//! to a gated node; the writes each join cost.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use k8s_openapi::jiff::Timestamp;
 use tokio::time::Instant;
 
 use super::latency::{webhook_buckets, webhook_latency, write_latency};
+use super::writes::write_figures;
 use super::{
-    Ctx, P50_P99, P50_P99_MAX, Report, after_registration, all_ungated, bound_pods, cpu,
+    Ctx, P50_P99, P50_P99_MAX, Report, after_registration, all_gates, all_ungated, bound_pods, cpu,
     cpu_figures, deployment, ms, ms_quantiles, started_after_ready,
 };
 use crate::metrics::{self, Scrape};
@@ -32,6 +36,7 @@ pub async fn storm(c: &Ctx<'_>, r: &mut Report, n: usize, within: Duration) -> a
     cpu_figures(r, "storm", &run.cpu0, &run.cpu1, run.settle.as_secs_f64());
     let gates = gate_figures(c, r, n, &run.names);
     start_figures(c, r, &run.names);
+    r.figure("storm_gates", c.gates);
     webhook_latency(
         r,
         "storm",
@@ -41,7 +46,15 @@ pub async fn storm(c: &Ctx<'_>, r: &mut Report, n: usize, within: Duration) -> a
         &run.wh_after,
         &["CREATE"],
     );
-    write_latency(r, "storm", &run.before, &run.after);
+    let api = write_latency(r, "storm", &run.before, &run.after);
+    let writes = write_figures(
+        r,
+        "storm",
+        &c.audit_log,
+        (run.wall0, run.wall1),
+        &run.names,
+        api,
+    );
     let fail_open = run
         .after
         .sum("apiserver_admission_webhook_fail_open_count", &[])
@@ -57,6 +70,13 @@ pub async fn storm(c: &Ctx<'_>, r: &mut Report, n: usize, within: Duration) -> a
     let workload = bound_pods(&c.admin, "storm-workload").await?;
     r.figure("storm_workload_bound", workload);
     goals(r, n, &run.settled, &gates, fail_open, &bound);
+    r.goal(
+        writes.agent_max <= c.gates,
+        format!(
+            "storm: at most one agent write per gate per join ({} ≤ {})",
+            writes.agent_max, c.gates
+        ),
+    );
     Ok(())
 }
 
@@ -74,6 +94,9 @@ struct Run {
     wh_after: Vec<(f64, f64)>,
     cpu0: BTreeMap<String, f64>,
     cpu1: BTreeMap<String, f64>,
+    /// The same window on the audit log's clock.
+    wall0: Timestamp,
+    wall1: Timestamp,
 }
 
 /// Boots the `n` nodes evenly within `within` and waits until every one is
@@ -84,6 +107,7 @@ async fn register(c: &Ctx<'_>, n: usize, within: Duration) -> anyhow::Result<Run
     let before = metrics::apiserver(&c.admin).await?;
     let wh_before = webhook_buckets(&c.webhook_admin).await;
     let cpu0 = cpu(&c.pids);
+    let wall0 = Timestamp::now();
     let names: Vec<String> = (0..n).map(node_name).collect();
     // Credentials first: the storm's pace is the boots'.
     for i in 0..n {
@@ -96,12 +120,18 @@ async fn register(c: &Ctx<'_>, n: usize, within: Duration) -> anyhow::Result<Run
         c.fleet.boot(name)?;
     }
     let registered_in = t0.elapsed();
-    let deadline = Duration::from_secs(120) + c.fleet.network_start + within / 2;
+    let deadline = Duration::from_secs(120)
+        + c.fleet.network_start
+        + c.gate_stagger * (c.gates as u32 - 1)
+        + within / 2;
     let settled = wait_ok("every node registered and ungated", deadline, || async {
         all_ungated(&c.rec, &names).then_some(())
     })
     .await;
     let settle = t0.elapsed();
+    // The agents' last patches answered are in the audit log.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let wall1 = Timestamp::now();
     let after = metrics::apiserver(&c.admin).await?;
     let wh_after = webhook_buckets(&c.webhook_admin).await;
     let cpu1 = cpu(&c.pids);
@@ -116,12 +146,14 @@ async fn register(c: &Ctx<'_>, n: usize, within: Duration) -> anyhow::Result<Run
         wh_after,
         cpu0,
         cpu1,
+        wall0,
+        wall1,
     })
 }
 
-/// Of the nodes' stored versions: how many started gated, how many went
-/// ungated before their network was ready, and how long after ready the
-/// others went ungated.
+/// Of the nodes' stored versions: how many started gated by every gate,
+/// how many went ungated before every gate's stand-in was ready, how long
+/// after that the others went ungated, and each gate on its own.
 #[derive(Debug, Default)]
 struct Gates {
     gated_first: usize,
@@ -131,19 +163,28 @@ struct Gates {
     /// The same, of the nodes whose agent already ran at ready.
     untaint_agent_up: Vec<f64>,
     nodes_seen: usize,
+    /// (node, gate) pairs whose taint went before the gate's own stand-in
+    /// was ready.
+    gates_opened_early: usize,
+    /// A gate's stand-in ready → the first version without its taint, ms.
+    gate_open: Vec<f64>,
+    /// Node versions stored (every writer's), all nodes.
+    versions: usize,
 }
 
-fn gates(rec: &Record, times: &Times, names: &[String]) -> Gates {
+fn gates(rec: &Record, times: &Times, names: &[String], n_gates: usize) -> Gates {
     let mut g = Gates::default();
+    let all = all_gates(n_gates);
     for name in names {
         let Some(vs) = rec.nodes.get(name) else {
             continue;
         };
         g.nodes_seen += 1;
-        if vs.first().is_some_and(|v| v.obj.gated) {
+        g.versions += vs.len();
+        if vs.first().is_some_and(|v| v.obj.gates & all == all) {
             g.gated_first += 1;
         }
-        let ready = times.network_ready.get(name).copied();
+        let ready = times.all_ready(name, n_gates);
         let first_ungated = vs.iter().find(|v| !v.obj.gated);
         match (ready, first_ungated) {
             (Some(rd), Some(u)) if observe::seen(u) >= rd => {
@@ -155,6 +196,18 @@ fn gates(rec: &Record, times: &Times, names: &[String]) -> Gates {
             (_, Some(_)) => g.ungated_before_ready += 1,
             _ => {}
         }
+        if n_gates > 1 {
+            for k in 0..n_gates {
+                let opened = vs.iter().find(|v| v.obj.gates & (1 << k) == 0);
+                match (times.gate_ready_at(name, k), opened) {
+                    (Some(rd), Some(o)) if observe::seen(o) >= rd => {
+                        g.gate_open.push(ms(observe::seen(o) - rd));
+                    }
+                    (_, Some(_)) => g.gates_opened_early += 1,
+                    _ => {}
+                }
+            }
+        }
     }
     g
 }
@@ -163,6 +216,7 @@ fn gates(rec: &Record, times: &Times, names: &[String]) -> Gates {
 struct GateOutcome {
     gated_first: usize,
     ungated_before_ready: usize,
+    gates_opened_early: usize,
     p99: f64,
 }
 
@@ -170,14 +224,23 @@ fn gate_figures(c: &Ctx<'_>, r: &mut Report, n: usize, names: &[String]) -> Gate
     let g = {
         let rec = c.rec.lock();
         let times = c.fleet.times.lock().unwrap_or_else(|e| e.into_inner());
-        gates(&rec, &times, names)
+        gates(&rec, &times, names, c.gates)
     };
     r.figure(
         "storm_first_version_gated",
         format!("{}/{n}", g.gated_first),
     );
     r.figure("storm_nodes_seen", g.nodes_seen);
+    r.figure(
+        "storm_node_versions_per_node",
+        format!("{:.1}", g.versions as f64 / n.max(1) as f64),
+    );
     r.figure("storm_ungated_before_ready", g.ungated_before_ready);
+    if c.gates > 1 {
+        r.figure("storm_gates_opened_before_ready", g.gates_opened_early);
+        let mut open = g.gate_open;
+        ms_quantiles(r, "storm_gate_ready_to_open", &mut open, P50_P99);
+    }
     let mut u = g.untaint;
     let p99 = percentile(&mut u, 0.99);
     ms_quantiles(r, "storm_ready_to_untaint", &mut u, P50_P99_MAX);
@@ -188,6 +251,7 @@ fn gate_figures(c: &Ctx<'_>, r: &mut Report, n: usize, names: &[String]) -> Gate
     GateOutcome {
         gated_first: g.gated_first,
         ungated_before_ready: g.ungated_before_ready,
+        gates_opened_early: g.gates_opened_early,
         p99,
     }
 }
@@ -226,6 +290,13 @@ fn goals(
     r.goal(
         ungated_before_ready == 0,
         format!("storm: {ungated_before_ready} nodes ungated before ready"),
+    );
+    r.goal(
+        g.gates_opened_early == 0,
+        format!(
+            "storm: {} gates opened before their own stand-in was ready",
+            g.gates_opened_early
+        ),
     );
     r.goal(
         fail_open == 0.0,

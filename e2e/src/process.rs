@@ -25,6 +25,22 @@ pub fn bin_path(name: &str) -> PathBuf {
     dir.join(name)
 }
 
+/// `nodegate-webhook <args>`'s output: a manifest the generators print.
+pub fn webhook_output(args: &[String]) -> anyhow::Result<String> {
+    let bin = bin_path("nodegate-webhook");
+    let out = std::process::Command::new(&bin)
+        .args(args)
+        .output()
+        .with_context(|| format!("running {}", bin.display()))?;
+    anyhow::ensure!(
+        out.status.success(),
+        "nodegate-webhook {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    Ok(String::from_utf8(out.stdout)?)
+}
+
 fn existing_bin(name: &str, package: &str) -> anyhow::Result<PathBuf> {
     let p = bin_path(name);
     if !p.exists() {

@@ -3,8 +3,6 @@
 //! `--taint`, the confinement policies, the webhook configuration's
 //! conditions).
 
-use std::process::Command;
-
 use anyhow::Context;
 use serde_json::Value;
 
@@ -90,9 +88,9 @@ impl Profile {
             .collect();
         let mut confinement = vec!["confinement".to_string(), taint.clone()];
         confinement.extend(releases);
-        let mut text = generate(&confinement)?;
+        let mut text = crate::process::webhook_output(&confinement)?;
         text.push_str("\n---\n");
-        text.push_str(&generate(&[
+        text.push_str(&crate::process::webhook_output(&[
             "webhook-config".into(),
             taint.clone(),
             format!("--replicas={}", crate::process::REPLICAS),
@@ -119,22 +117,6 @@ impl Profile {
         }
         Ok(Variant { objects })
     }
-}
-
-/// `nodegate-webhook <args>`'s output.
-fn generate(args: &[String]) -> anyhow::Result<String> {
-    let bin = crate::process::bin_path("nodegate-webhook");
-    let out = Command::new(&bin)
-        .args(args)
-        .output()
-        .with_context(|| format!("running {}", bin.display()))?;
-    anyhow::ensure!(
-        out.status.success(),
-        "nodegate-webhook {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr).trim()
-    );
-    Ok(String::from_utf8(out.stdout)?)
 }
 
 #[cfg(test)]

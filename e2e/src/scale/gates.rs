@@ -13,8 +13,6 @@
 //! other gate is opened by a file in the same directory as the CNI config
 //! (per node, [`super::fleet::agent_argv`] moves them into the node's own).
 
-use std::process::Command;
-
 use anyhow::Context;
 use nodegate_shared::gates::{Gate, Gates, Probes, Taint};
 use serde_json::Value;
@@ -129,12 +127,12 @@ pub fn variant(n: usize) -> anyhow::Result<Variant> {
     let mut confinement = vec!["confinement".to_string()];
     confinement.extend(taints.iter().cloned());
     confinement.extend(releases);
-    let mut text = render(&confinement)?;
+    let mut text = crate::process::webhook_output(&confinement)?;
     text.push_str("\n---\n");
     let mut config = vec!["webhook-config".to_string()];
     config.extend(taints.iter().cloned());
     config.push(format!("--replicas={}", crate::process::REPLICAS));
-    text.push_str(&render(&config)?);
+    text.push_str(&crate::process::webhook_output(&config)?);
     let mut objects = by_kind_and_name(&text)?;
     let gates_flag = format!("--gates={}", decl.to_flag());
     for file in ["webhook/statefulset.yaml", "agent/daemonset.yaml"] {
@@ -203,22 +201,6 @@ pub(crate) fn variant_args_for_test() -> Vec<String> {
     let decl = declaration(MAX).unwrap_or_default();
     let shipped = shipped_args("agent/daemonset.yaml").unwrap_or_default();
     agent_args(shipped, &format!("--gates={}", decl.to_flag()))
-}
-
-/// `nodegate-webhook <args>`'s output.
-fn render(args: &[String]) -> anyhow::Result<String> {
-    let bin = crate::process::bin_path("nodegate-webhook");
-    let out = Command::new(&bin)
-        .args(args)
-        .output()
-        .with_context(|| format!("running {}", bin.display()))?;
-    anyhow::ensure!(
-        out.status.success(),
-        "nodegate-webhook {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr).trim()
-    );
-    Ok(String::from_utf8(out.stdout)?)
 }
 
 #[cfg(test)]

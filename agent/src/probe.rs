@@ -214,6 +214,14 @@ impl Probe {
             },
             (ProbeSpec::Exec(cmd), Kind::Exec) => run_exec(cmd, timeout).await,
             (ProbeSpec::Pod { .. }, Kind::Pod(store)) => {
+                // Until the watch's first list, an empty store says nothing:
+                // wait for it (within the probe's timeout) rather than fail a
+                // round, which would open this node's other gates a write
+                // apart from this one.
+                store
+                    .wait_until_ready()
+                    .await
+                    .map_err(|_| "the pod watch stopped".to_string())?;
                 if store.state().iter().any(|p| pod_ready(p)) {
                     Ok(())
                 } else {

@@ -89,6 +89,14 @@ fn story(versions: &[Node]) -> Vec<(bool, bool, bool)> {
     out
 }
 
+/// Waits until the watch has delivered a version in state `last`.
+async fn seen_up_to(seen: &Arc<Mutex<Vec<Node>>>, last: (bool, bool, bool)) {
+    eventually("the watch delivered the last version", || async {
+        story(&seen.lock().unwrap()).last() == Some(&last)
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_gate_opens_on_its_own_probes_and_all_come_back_at_reboot_and_stop() {
     let (c, nodes) = cluster().await;
@@ -172,6 +180,7 @@ async fn each_gate_opens_on_its_own_probes_and_all_come_back_at_reboot_and_stop(
         ready_boot_id(&node(&nodes, &name).await).as_deref() == Some(kubelet.boot_id())
     })
     .await;
+    seen_up_to(&seen, (false, false, true)).await;
     let after: Vec<(bool, bool)> = story(&seen.lock().unwrap())
         .into_iter()
         .map(|(a, b, _)| (a, b))
@@ -201,6 +210,7 @@ async fn each_gate_opens_on_its_own_probes_and_all_come_back_at_reboot_and_stop(
         ready_boot_id(&node(&nodes, &name).await).as_deref() == Some(kubelet.boot_id())
     })
     .await;
+    seen_up_to(&seen, (false, false, true)).await;
     let versions = seen.lock().unwrap().len();
     assert!(
         versions <= 12,
@@ -215,5 +225,75 @@ async fn each_gate_opens_on_its_own_probes_and_all_come_back_at_reboot_and_stop(
         "both gates back at shutdown"
     );
     watch.abort();
+    drop(webhook);
+}
+
+/// A gate opened by a Pod-Ready probe whose Pod is Ready before the agent
+/// starts opens with the others in the agent's first write: the probe waits
+/// for its watch's first list instead of failing the first round (which
+/// cost every agent start a write per gate).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ready_pod_gate_opens_with_the_others_in_one_write() {
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::api::{Patch, PatchParams, PostParams};
+    const NS: &str = "kube-system";
+    let (c, nodes) = cluster().await;
+    let Some(emu) = c.emulator() else {
+        println!("skipped on a real cluster: the test rewrites the install");
+        return;
+    };
+    let webhook = nodegate_e2e::WebhookProcess::start(nodegate_e2e::WebhookOptions {
+        taints: vec![DEFAULT_TAINT.into(), CSI.into()],
+        kubeconfig: Some(emu.webhook_kubeconfig().unwrap()),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    webhook
+        .attach(emu, Some(&render("webhook-config")))
+        .unwrap();
+    emu.apply(&render("confinement")).unwrap();
+    let name = c.node_name("pod-gate");
+    let kubelet = c.kubelet(&name).await.unwrap();
+    kubelet.register().await.unwrap();
+    let app = c.name("csi");
+    let pods: kube::Api<Pod> =
+        kube::Api::namespaced(c.client(nodegate_emulator::users::ADMIN).await.unwrap(), NS);
+    let pod_name = c.name("csi-node");
+    c.delete_on_drop("pods", NS, &pod_name);
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": pod_name, "namespace": NS, "labels": {"app": app}},
+        "spec": {"nodeName": name, "containers": [{"name": "c", "image": "csi"}]}
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    let ready = serde_json::json!({"status": {"phase": "Running",
+        "conditions": [{"type": "Ready", "status": "True"}]}});
+    pods.patch_status(&pod_name, &PatchParams::default(), &Patch::Merge(ready))
+        .await
+        .unwrap();
+    let (seen, watch) = record(&nodes, &name);
+    let dir = tempfile::tempdir().unwrap();
+    let cni = dir.path().join("cni");
+    std::fs::write(&cni, b"ok").unwrap();
+    let gates = serde_json::json!({"gates": [
+        {"name": "cni", "taint": DEFAULT_TAINT, "probes": {"file": [cni]}},
+        {"name": "csi", "taint": CSI, "probes": {"pod": [format!("{NS}/app={app}")]}},
+    ]})
+    .to_string();
+    let mut agent = Agent::start(&c, &name, &dir.path().join("state"), &["--gates", &gates]).await;
+    eventually("both gates open, the boot recorded", || async {
+        let n = node(&nodes, &name).await;
+        !our_taint(&n) && !has_taint(&n, CSI_KEY) && ready_boot_id(&n).is_some()
+    })
+    .await;
+    seen_up_to(&seen, (false, false, true)).await;
+    assert_eq!(
+        story(&seen.lock().unwrap()),
+        [(true, true, false), (false, false, true)],
+        "one write for gates ready together"
+    );
+    watch.abort();
+    agent.term().await;
     drop(webhook);
 }

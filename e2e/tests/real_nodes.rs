@@ -28,6 +28,8 @@ mod cilium;
 mod cilium_operator;
 #[path = "real_nodes/forged.rs"]
 mod forged;
+#[path = "real_nodes/gates.rs"]
+mod gates;
 #[path = "real_nodes/helm.rs"]
 mod helm;
 #[path = "real_nodes/install.rs"]
@@ -93,7 +95,7 @@ async fn nodegate_on_real_nodes() {
         nodes0.len() >= 2,
         "the harness brings up at least two nodes"
     );
-    // One group alone (`strict`, `cilium`, `lines`, `forged`, `helm`), on a cluster
+    // One group alone (`strict`, `gates`, `cilium`, `lines`, `forged`, `helm`), on a cluster
     // an earlier run left up with nodegate installed
     // (NODEGATE_REAL_NODES_KEEP=1): a shorter loop while working on it.
     let only = std::env::var("NODEGATE_REAL_NODES_ONLY").ok();
@@ -110,6 +112,7 @@ async fn nodegate_on_real_nodes() {
     };
     match only.as_deref() {
         Some("strict") => return strict::strict_mode(&c).await,
+        Some("gates") => return gates::gates(&c).await,
         Some("cilium") => return cilium::cilium(&c).await,
         Some("lines") => {
             outage::webhook_host_crash(&c).await;
@@ -122,7 +125,7 @@ async fn nodegate_on_real_nodes() {
         Some("helm-profile") => return helm::profile(&c).await,
         Some(other) => {
             panic!(
-                "NODEGATE_REAL_NODES_ONLY={other}: strict, cilium, lines, forged, helm, helm-upgrade or helm-profile"
+                "NODEGATE_REAL_NODES_ONLY={other}: strict, gates, cilium, lines, forged, helm, helm-upgrade or helm-profile"
             )
         }
         None => {}
@@ -145,4 +148,7 @@ async fn nodegate_on_real_nodes() {
     strict::strict_mode(&c).await;
     cilium::cilium(&c).await;
     helm::helm(&c).await;
+    // Last: the newest group, from the install the Helm group leaves
+    // (kustomize, pruning), back to it at its end.
+    gates::gates(&c).await;
 }

@@ -107,6 +107,17 @@ impl Harness {
     pub fn node_dir(&self, node: &str) -> PathBuf {
         self.state.join(node)
     }
+
+    /// The first `nodeN`, N from `from` on, that this cluster never made
+    /// (a rerun on a kept cluster takes the next one). Each scenario group
+    /// starts from a range of its own.
+    pub fn fresh_node(&self, from: u32) -> String {
+        let made = std::fs::read_to_string(self.state.join("nodes")).unwrap_or_default();
+        (from..)
+            .map(|i| format!("node{i}"))
+            .find(|n| !made.lines().any(|l| l.trim() == n) && !self.node_dir(n).exists())
+            .expect("a node name")
+    }
 }
 
 /// `out`'s stdout, or a panic naming `what` with its stderr.

@@ -9,6 +9,7 @@
 //!   fresh work directory, figures, polling with a deadline;
 //! - [`record`]: what the watches saw ([`crate::observe`] keeping whole
 //!   objects), by resourceVersion;
+//! - [`audit`]: who wrote a Node, from the API server's audit log;
 //! - [`live`]: reads and waits on the live cluster;
 //! - [`admission`]: admission as a client sees it (canary creates beside
 //!   the per-line counters, over a window);
@@ -19,6 +20,7 @@
 //! would fail.
 
 pub mod admission;
+pub mod audit;
 pub mod harness;
 pub mod lines;
 pub mod live;

@@ -34,16 +34,6 @@ const CILIUM_KEY: &str = "node.cilium.io/agent-not-ready";
 
 pub(crate) const CILIUM_NS: &str = "kube-system";
 
-/// The node this module joins, crashes and reboots: the first `nodeN` from
-/// node5 on that the harness never made (a rerun on a kept cluster joins
-/// another).
-fn fresh_node(h: &Harness) -> String {
-    (5..)
-        .map(|i| format!("node{i}"))
-        .find(|n| !h.node_dir(n).exists())
-        .unwrap()
-}
-
 /// Crash reboots in a row.
 const CRASHES: usize = 10;
 
@@ -272,7 +262,9 @@ pub(crate) async fn cilium(c: &Ctx) {
         check.status.success(),
         "nodegate-check failed beside Cilium"
     );
-    let node = fresh_node(h);
+    // The node this module joins, crashes and reboots: from node5 on (a
+    // rerun on a kept cluster joins another).
+    let node = h.fresh_node(5);
     let mut runs = vec![join(c, &node).await];
     summary("cilium_join", &runs);
     let mut crashes = Vec::new();

@@ -6,6 +6,7 @@ use std::process::{Child, Command, Stdio};
 
 use k8s_openapi::jiff::Timestamp;
 use nodegate_e2e::readme::repo_dir;
+use nodegate_e2e::real_nodes::audit::node_writes;
 use nodegate_e2e::real_nodes::harness::Harness;
 
 use crate::cilium::CILIUM_NS;
@@ -67,36 +68,19 @@ impl Writes {
 }
 
 pub(crate) fn writes(h: &Harness, nodes: &[&str], from: Timestamp, to: Timestamp) -> Writes {
-    let log = std::fs::read_to_string(h.state.join("log/audit.log")).unwrap_or_default();
     let mut w = Writes::default();
-    for line in log.lines() {
-        let Ok(e) = serde_json::from_str::<serde_json::Value>(line) else {
-            continue;
-        };
-        let at: Option<Timestamp> = e["requestReceivedTimestamp"]
-            .as_str()
-            .and_then(|t| t.parse().ok());
-        let name = e["objectRef"]["name"].as_str().unwrap_or_default();
-        if e["stage"] != "ResponseComplete"
-            || e["objectRef"]["resource"] != "nodes"
-            || !matches!(e["verb"].as_str(), Some("patch" | "update"))
-            || !nodes.contains(&name)
-            || at.is_none_or(|t| t < from || t > to)
-        {
+    for e in node_writes(h, nodes, from, to) {
+        if !e.is_change() {
             continue;
         }
-        let user = e["user"]["username"].as_str().unwrap_or_default();
-        let ok = e["responseStatus"]["code"]
-            .as_u64()
-            .is_some_and(|c| (200..300).contains(&c));
-        let counter = if user == OPERATOR_USER {
+        let counter = if e.user == OPERATOR_USER {
             &mut w.operator
-        } else if NODEGATE_USERS.contains(&user) {
+        } else if NODEGATE_USERS.contains(&e.user.as_str()) {
             &mut w.nodegate
         } else {
             continue;
         };
-        if ok {
+        if e.ok() {
             *counter += 1;
         } else {
             w.refused += 1;

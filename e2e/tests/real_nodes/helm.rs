@@ -287,19 +287,11 @@ async fn install(c: &Ctx) {
     }
 }
 
-/// A node name the harness has not used yet (`node9`, `node10`, …).
-fn fresh_node(c: &Ctx) -> String {
-    let used = std::fs::read_to_string(c.h.state.join("nodes")).unwrap_or_default();
-    (9..)
-        .map(|i| format!("node{i}"))
-        .find(|n| !used.lines().any(|l| l.trim() == n))
-        .unwrap()
-}
-
 /// A node joins and then crash-reboots under the chart: gated from its
 /// first stored version each time, opened once its agent is ready.
 async fn join_and_reboot(c: &Ctx) {
-    let node = fresh_node(c);
+    // A node name the harness has not used yet (`node9`, `node10`, …).
+    let node = c.h.fresh_node(9);
     let node = node.as_str();
     step(&format!(
         "helm: {node} joins gated from its first version; its crash reboot too"

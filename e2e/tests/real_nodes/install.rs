@@ -63,6 +63,12 @@ pub(crate) fn my_nodegate(h: &Harness, base: &str, components: &[&str]) {
         .iter()
         .map(|c| format!("../manifests/components/{c}"))
         .collect();
+    my_nodegate_with(h, base, &components);
+}
+
+/// [`my_nodegate`] with each component's directory given relative to
+/// `my-nodegate/` (one the user generated, say, beside the shipped ones).
+pub(crate) fn my_nodegate_with(h: &Harness, base: &str, components: &[String]) {
     std::fs::create_dir_all(h.work.path().join("my-nodegate")).unwrap();
     std::fs::write(
         h.work.path().join("my-nodegate/kustomization.yaml"),

@@ -11,12 +11,12 @@ use std::path::Path;
 use std::process::Command;
 use std::sync::{Arc, Mutex};
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
-use kube::runtime::watcher;
 use nodegate_shared::keys::DEFAULT_TAINT;
 
-use support::nodes::{cluster, has_taint, node, node_events, our_taint, ready_boot_id};
+use support::nodes::{
+    cluster, has_taint, node, node_events, our_taint, ready_boot_id, record_versions,
+};
 use support::process::Agent;
 use support::wait::eventually;
 
@@ -42,6 +42,23 @@ fn render(what: &str) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
+/// The webhook for both gates, its lines and the confinement, in place of
+/// the default install's.
+async fn two_gate_webhook(emu: &nodegate_emulator::Emulator) -> nodegate_e2e::WebhookProcess {
+    let webhook = nodegate_e2e::WebhookProcess::start(nodegate_e2e::WebhookOptions {
+        taints: vec![DEFAULT_TAINT.into(), CSI.into()],
+        kubeconfig: Some(emu.webhook_kubeconfig().unwrap()),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    webhook
+        .attach(emu, Some(&render("webhook-config")))
+        .unwrap();
+    emu.apply(&render("confinement")).unwrap();
+    webhook
+}
+
 /// The agent's declaration: `cni` opened by one file, `csi` by another.
 fn gates(cni: &Path, csi: &Path) -> String {
     serde_json::json!({"gates": [
@@ -49,24 +66,6 @@ fn gates(cni: &Path, csi: &Path) -> String {
         {"name": "csi", "taint": CSI, "probes": {"file": [csi]}},
     ]})
     .to_string()
-}
-
-/// The node's taint keys of ours, version by version, from a watch.
-fn record(
-    nodes: &kube::Api<Node>,
-    name: &str,
-) -> (Arc<Mutex<Vec<Node>>>, tokio::task::JoinHandle<()>) {
-    let seen = Arc::new(Mutex::new(Vec::<Node>::new()));
-    let versions = seen.clone();
-    let watch = tokio::spawn(
-        watcher::watch_object(nodes.clone(), name).for_each(move |e| {
-            if let Ok(Some(n)) = e {
-                versions.lock().unwrap().push(n);
-            }
-            async {}
-        }),
-    );
-    (seen, watch)
 }
 
 fn keys(n: &Node) -> (bool, bool, bool) {
@@ -104,18 +103,7 @@ async fn each_gate_opens_on_its_own_probes_and_all_come_back_at_reboot_and_stop(
         println!("skipped on a real cluster: the test rewrites the install");
         return;
     };
-    // The webhook, its lines and the confinement for both gates.
-    let webhook = nodegate_e2e::WebhookProcess::start(nodegate_e2e::WebhookOptions {
-        taints: vec![DEFAULT_TAINT.into(), CSI.into()],
-        kubeconfig: Some(emu.webhook_kubeconfig().unwrap()),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
-    webhook
-        .attach(emu, Some(&render("webhook-config")))
-        .unwrap();
-    emu.apply(&render("confinement")).unwrap();
+    let webhook = two_gate_webhook(emu).await;
 
     // One gate after the other: two writes, the bootID with the last.
     let name = c.node_name("two-gates");
@@ -125,7 +113,7 @@ async fn each_gate_opens_on_its_own_probes_and_all_come_back_at_reboot_and_stop(
         our_taint(&created) && has_taint(&created, CSI_KEY),
         "both gates at create"
     );
-    let (seen, watch) = record(&nodes, &name);
+    let (seen, watch) = record_versions(&nodes, &name);
     let dir = tempfile::tempdir().unwrap();
     let (cni, csi) = (dir.path().join("cni"), dir.path().join("csi"));
     std::fs::write(&cni, b"ok").unwrap();
@@ -242,17 +230,7 @@ async fn a_ready_pod_gate_opens_with_the_others_in_one_write() {
         println!("skipped on a real cluster: the test rewrites the install");
         return;
     };
-    let webhook = nodegate_e2e::WebhookProcess::start(nodegate_e2e::WebhookOptions {
-        taints: vec![DEFAULT_TAINT.into(), CSI.into()],
-        kubeconfig: Some(emu.webhook_kubeconfig().unwrap()),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
-    webhook
-        .attach(emu, Some(&render("webhook-config")))
-        .unwrap();
-    emu.apply(&render("confinement")).unwrap();
+    let webhook = two_gate_webhook(emu).await;
     let name = c.node_name("pod-gate");
     let kubelet = c.kubelet(&name).await.unwrap();
     kubelet.register().await.unwrap();
@@ -272,7 +250,7 @@ async fn a_ready_pod_gate_opens_with_the_others_in_one_write() {
     pods.patch_status(&pod_name, &PatchParams::default(), &Patch::Merge(ready))
         .await
         .unwrap();
-    let (seen, watch) = record(&nodes, &name);
+    let (seen, watch) = record_versions(&nodes, &name);
     let dir = tempfile::tempdir().unwrap();
     let cni = dir.path().join("cni");
     std::fs::write(&cni, b"ok").unwrap();

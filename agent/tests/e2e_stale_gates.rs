@@ -8,7 +8,6 @@
 mod support;
 
 use std::path::Path;
-use std::sync::{Arc, Mutex};
 
 use clap::Parser;
 use k8s_openapi::api::core::v1::Node;
@@ -23,7 +22,7 @@ use nodegate_shared::node::taints_json as taints_of;
 use nodegate_shared::taint::shipped_gates;
 use serde_json::{Value, json};
 
-use support::nodes::{cluster, node, ready_boot_id};
+use support::nodes::{cluster, node, ready_boot_id, record_versions};
 use support::process::Agent;
 use support::wait::eventually;
 
@@ -141,18 +140,7 @@ async fn until_ready(
     flags: &[String],
     boot_id: &str,
 ) -> Vec<Node> {
-    use futures::StreamExt;
-    use kube::runtime::watcher;
-    let seen = Arc::new(Mutex::new(Vec::<Node>::new()));
-    let versions = seen.clone();
-    let watch = tokio::spawn(
-        watcher::watch_object(nodes.clone(), name).for_each(move |e| {
-            if let Ok(Some(n)) = e {
-                versions.lock().unwrap().push(n);
-            }
-            async {}
-        }),
-    );
+    let (seen, watch) = record_versions(nodes, name);
     let dir = tempfile::tempdir().unwrap();
     let probe = dir.path().join("ready");
     std::fs::write(&probe, b"ok").unwrap();

@@ -6,7 +6,6 @@
 mod support;
 
 use std::path::Path;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
@@ -16,7 +15,7 @@ use nodegate_emulator::users;
 use nodegate_shared::keys::DEFAULT_TAINT;
 use serde_json::json;
 
-use support::nodes::{cluster, has_taint, node, our_taint, ready_boot_id};
+use support::nodes::{cluster, has_taint, node, our_taint, ready_boot_id, record_versions};
 use support::process::Agent;
 use support::wait::eventually;
 
@@ -234,8 +233,6 @@ fn passing_probe(dir: &Path) -> String {
 /// the install.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn switching_key_profiles_leaves_no_node_ungated_and_no_stale_taint() {
-    use futures::StreamExt;
-    use kube::runtime::watcher;
     let (c, nodes) = cluster().await;
     let Some(emu) = c.emulator() else {
         eprintln!("skipped on a real cluster: the test rewrites the install");
@@ -246,16 +243,7 @@ async fn switching_key_profiles_leaves_no_node_ungated_and_no_stale_taint() {
     assert!(our_taint(&kubelet_old.register().await.unwrap()));
 
     // Every version of the old node, from here on.
-    let seen = Arc::new(Mutex::new(Vec::<Node>::new()));
-    let versions = seen.clone();
-    let watch = tokio::spawn(
-        watcher::watch_object(nodes.clone(), &old).for_each(move |e| {
-            if let Ok(Some(n)) = e {
-                versions.lock().unwrap().push(n);
-            }
-            async {}
-        }),
-    );
+    let (seen, watch) = record_versions(&nodes, &old);
 
     // The profile's webhook, lines and confinement replace the default ones.
     let webhook = nodegate_e2e::WebhookProcess::start(nodegate_e2e::WebhookOptions {

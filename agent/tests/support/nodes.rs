@@ -1,9 +1,13 @@
 //! The test's cluster, its Nodes (read, made, their taints and boots) and
 //! their Events.
 
+use std::sync::{Arc, Mutex};
+
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Event, Node};
 use kube::Api;
 use kube::api::{ListParams, PostParams};
+use kube::runtime::watcher;
 use nodegate_e2e::cluster::Cluster;
 use nodegate_emulator::users;
 use serde_json::json;
@@ -85,4 +89,23 @@ pub async fn create(api: &Api<Node>, name: &str, i: usize) -> String {
         .metadata
         .uid
         .unwrap()
+}
+
+/// Every version of Node `name` from here on, as a watch delivers them, and
+/// the task to abort when done.
+pub fn record_versions(
+    nodes: &Api<Node>,
+    name: &str,
+) -> (Arc<Mutex<Vec<Node>>>, tokio::task::JoinHandle<()>) {
+    let seen = Arc::new(Mutex::new(Vec::<Node>::new()));
+    let versions = seen.clone();
+    let watch = tokio::spawn(
+        watcher::watch_object(nodes.clone(), name).for_each(move |e| {
+            if let Ok(Some(n)) = e {
+                versions.lock().unwrap().push(n);
+            }
+            async {}
+        }),
+    );
+    (seen, watch)
 }
